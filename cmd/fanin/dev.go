@@ -1,0 +1,76 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fanin-ml/fanin/internal/devstack"
+)
+
+func devCmd() *cobra.Command {
+	var dataDir, httpAddr string
+	var natsPort, runtimes int
+	var dc demoConfig
+	var withDemo, natsLogs bool
+	cmd := &cobra.Command{
+		Use:   "dev",
+		Short: "Run all of fanin on an embedded NATS server (with --demo: train a model through it)",
+		Example: `  fanin dev --demo --steps 50     # train the demo model for 50 steps, print a summary, exit
+  fanin dev                        # serve until Ctrl-C; create jobs with 'fanin jobs create'`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if dataDir == "" {
+				dataDir = defaultDataDir()
+			}
+			if err := os.MkdirAll(dataDir, 0o755); err != nil {
+				return fmt.Errorf("--data-dir: %w", err)
+			}
+			log := slog.Default()
+			st, err := devstack.Start(cmd.Context(), devstack.Config{
+				DataDir: dataDir, NATSPort: natsPort, HTTPAddr: httpAddr, Runtimes: runtimes, Logger: log, NATSLogs: natsLogs,
+			})
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "fanin dev %s\n  NATS     %s\n  HTTP API %s\n  data     %s\n  runtimes %d\n",
+				version, st.URL, st.HTTPURL, dataDir, runtimes)
+			if withDemo {
+				if err := runDemo(cmd.Context(), st, dc, out); err != nil {
+					return err
+				}
+				if dc.steps > 0 {
+					return nil
+				}
+			}
+			fmt.Fprintln(out, "serving; Ctrl-C stops")
+			<-cmd.Context().Done()
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&dataDir, "data-dir", "", "JetStream storage (default: the user cache dir, fanin/dev)")
+	f.IntVar(&natsPort, "nats-port", 4222, "NATS client port (-1: any free port)")
+	f.StringVar(&httpAddr, "http", "127.0.0.1:8080", "HTTP API listen address (port 0: any free port)")
+	f.IntVar(&runtimes, "runtimes", 3, "runtimes in the pool")
+	f.BoolVar(&natsLogs, "nats-logs", false, "print the embedded NATS server's logs")
+	f.BoolVar(&withDemo, "demo", false, "train the demo model through fanin")
+	f.IntVar(&dc.steps, "steps", 0, "with --demo: train this many steps, then exit (0: until Ctrl-C)")
+	f.IntVar(&dc.ranks, "ranks", 4, "with --demo: workers (logical ranks)")
+	f.StringVar(&dc.function, "function", "adam", "with --demo: aggregation function (adam, sgd, momentum, ...)")
+	f.Float64Var(&dc.lr, "lr", 0.01, "with --demo: learning rate")
+	f.IntVar(&dc.every, "every", 5, "with --demo: print a line every this many steps")
+	return cmd
+}
+
+func defaultDataDir() string {
+	if dir, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(dir, "fanin", "dev")
+	}
+	return filepath.Join(os.TempDir(), "fanin-dev")
+}

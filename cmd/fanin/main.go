@@ -1,0 +1,58 @@
+// Command fanin runs fanin: everything at once on an embedded NATS server (`fanin dev`), or one part
+// against an external NATS (`fanin runtime|gateway|autoscaler`), and talks to a running one.
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+// version is stamped at build time: -ldflags "-X main.version=v0.1.0".
+var version = "dev"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:])
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fanin:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string) error {
+	root := &cobra.Command{
+		Use:           "fanin",
+		Short:         "fanin: an elastic aggregation service for distributed deep learning",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Version:       version,
+	}
+	var level string
+	root.PersistentFlags().StringVar(&level, "log-level", envOr("FANIN_LOG_LEVEL", "info"), "log level: debug, info, warn, error")
+	root.PersistentPreRunE = func(*cobra.Command, []string) error {
+		var l slog.Level
+		if err := l.UnmarshalText([]byte(level)); err != nil {
+			return fmt.Errorf("--log-level: %q is not debug, info, warn or error", level)
+		}
+		slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})))
+		return nil
+	}
+	root.AddCommand(devCmd(), runtimeCmd(), gatewayCmd(), autoscalerCmd(), jobsCmd(), benchCmd())
+	root.SetArgs(args)
+	return root.ExecuteContext(ctx)
+}
+
+func envOr(key, def string) string {
+	if v := strings.TrimSpace(os.Getenv(key)); v != "" {
+		return v
+	}
+	return def
+}

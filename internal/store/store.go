@@ -1,0 +1,192 @@
+// Package store creates and opens the JetStream state that fanin's components share: the key-value
+// buckets of jobs, placement and runtimes, and each job's streams.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fanin-ml/fanin/functions"
+	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// Buckets are the shared key-value buckets.
+type Buckets struct {
+	Jobs      jetstream.KeyValue
+	Placement jetstream.KeyValue
+	Runtimes  jetstream.KeyValue
+}
+
+// RuntimeTTL is how long a runtime's registration lives without a heartbeat.
+const RuntimeTTL = 10 * time.Second
+
+// OpenBuckets creates the buckets if they do not exist and opens them. Every component calls it at
+// start, so none depends on another having run first.
+func OpenBuckets(ctx context.Context, js jetstream.JetStream) (*Buckets, error) {
+	var b Buckets
+	var err error
+	if b.Jobs, err = ensureKV(ctx, js, jetstream.KeyValueConfig{
+		Bucket: wire.JobsBucket, Description: "fanin job records", Storage: jetstream.FileStorage, History: 1,
+	}); err != nil {
+		return nil, err
+	}
+	if b.Placement, err = ensureKV(ctx, js, jetstream.KeyValueConfig{
+		Bucket: wire.PlacementBucket, Description: "fanin shard placement", Storage: jetstream.FileStorage, History: 1,
+	}); err != nil {
+		return nil, err
+	}
+	if b.Runtimes, err = ensureKV(ctx, js, jetstream.KeyValueConfig{
+		Bucket: wire.RuntimesBucket, Description: "fanin runtime registry", Storage: jetstream.MemoryStorage,
+		History: 1, TTL: RuntimeTTL,
+	}); err != nil {
+		return nil, err
+	}
+	return &b, nil
+}
+
+func ensureKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	kv, err := js.KeyValue(ctx, cfg.Bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = js.CreateKeyValue(ctx, cfg)
+		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			kv, err = js.KeyValue(ctx, cfg.Bucket) // another component won the race
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open bucket %s: %w", cfg.Bucket, err)
+	}
+	return kv, nil
+}
+
+// CheckpointBytes is the size of one shard checkpoint of a job: parameters and optimizer state.
+func CheckpointBytes(rec *job.Record, shard job.Shard) (int, error) {
+	fn, err := rec.Spec.NewFunc()
+	if err != nil {
+		return 0, err
+	}
+	return (1 + fn.Slots()) * shard.Bytes(), nil
+}
+
+// CheckFits reports a specific error when the job's messages would exceed the server's max_payload.
+func CheckFits(rec *job.Record, maxPayload int64) error {
+	fn, err := rec.Spec.NewFunc()
+	if err != nil {
+		return err
+	}
+	largest := 0
+	for _, s := range rec.Layout.Shards {
+		largest = max(largest, s.Bytes())
+	}
+	need := int64((1+fn.Slots())*largest) + wire.Headroom
+	if need > maxPayload {
+		return fmt.Errorf("%w: shard_size: a shard checkpoint of %s (%d vector(s) of %s) plus headers needs max_payload >= %d bytes, the NATS server allows %d: use a smaller shard_size or raise max_payload",
+			job.ErrInvalidSpec, job.ByteSize((1+fn.Slots())*largest), 1+fn.Slots(), job.ByteSize(largest), need, maxPayload)
+	}
+	return nil
+}
+
+// CreateJobStreams creates the gradient and parameter streams of a job.
+func CreateJobStreams(ctx context.Context, js jetstream.JetStream, rec *job.Record, maxPayload int64) error {
+	id := rec.Spec.ID
+	storage := jetstream.MemoryStorage
+	if rec.Spec.Storage == "file" {
+		storage = jetstream.FileStorage
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		Name:        wire.GradStream(id),
+		Description: "fanin gradients of job " + id,
+		Subjects:    []string{wire.GradWildcard(id)},
+		Storage:     storage,
+		Replicas:    rec.Spec.Replicas,
+		Retention:   jetstream.LimitsPolicy,
+		MaxMsgSize:  int32(min(maxPayload, 1<<31-1)),
+		Duplicates:  2 * time.Minute,
+	}); err != nil {
+		return fmt.Errorf("create gradient stream of job %s: %w", id, err)
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		Name:              wire.ParamsStream(id),
+		Description:       "fanin parameters and checkpoints of job " + id,
+		Subjects:          []string{wire.ParamsWildcard(id), wire.CkptWildcard(id)},
+		Storage:           storage,
+		Replicas:          rec.Spec.Replicas,
+		MaxMsgsPerSubject: 1,
+		AllowDirect:       true,
+		Duplicates:        2 * time.Minute,
+	}); err != nil {
+		return fmt.Errorf("create parameter stream of job %s: %w", id, err)
+	}
+	return nil
+}
+
+// DeleteJobStreams removes a job's streams; missing streams are not an error.
+func DeleteJobStreams(ctx context.Context, js jetstream.JetStream, id string) error {
+	var errs []error
+	for _, name := range []string{wire.GradStream(id), wire.ParamsStream(id)} {
+		if err := js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			errs = append(errs, fmt.Errorf("delete stream %s: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// PublishInitial publishes the step-0 parameters of every shard computed from the spec's init.
+func PublishInitial(ctx context.Context, js jetstream.JetStream, rec *job.Record) error {
+	var buf []float32
+	var out []byte
+	for _, s := range rec.Layout.Shards {
+		buf = resize(buf, s.Len)
+		rec.Spec.InitShard(s.Off, buf)
+		out = resizeBytes(out, s.Bytes())
+		functions.EncodeLE(out, buf)
+		if err := PublishParams(ctx, js, rec.Spec.ID, s.ID, 0, 0, out); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// PublishParams publishes (idempotently, by message id) one shard's parameters after step.
+func PublishParams(ctx context.Context, js jetstream.JetStream, jobID string, shard int, step int64, seq uint64, data []byte) error {
+	m := ParamsMsg(jobID, shard, step, seq, data)
+	if _, err := js.PublishMsg(ctx, m); err != nil {
+		return fmt.Errorf("publish parameters of shard %d step %d: %w", shard, step, err)
+	}
+	return nil
+}
+
+// ParamsMsg builds a parameters message.
+func ParamsMsg(jobID string, shard int, step int64, seq uint64, data []byte) *nats.Msg {
+	m := nats.NewMsg(wire.ParamsSubject(jobID, shard))
+	SetParamsHeaders(m.Header, jobID, shard, step, seq)
+	m.Data = data
+	return m
+}
+
+// SetParamsHeaders fills the headers of a parameters message.
+func SetParamsHeaders(h nats.Header, jobID string, shard int, step int64, seq uint64) {
+	h.Set(wire.HdrStep, fmt.Sprint(step))
+	h.Set(wire.HdrSeq, fmt.Sprint(seq))
+	h.Set(wire.HdrDtype, wire.DtypeF32)
+	h.Set(wire.HdrMsgID, wire.ParamsMsgID(jobID, shard, step))
+}
+
+func resize(b []float32, n int) []float32 {
+	if cap(b) < n {
+		return make([]float32, n)
+	}
+	return b[:n]
+}
+
+func resizeBytes(b []byte, n int) []byte {
+	if cap(b) < n {
+		return make([]byte, n)
+	}
+	return b[:n]
+}

@@ -1,0 +1,66 @@
+// Package testutil holds helpers shared by fanin's tests: polling for a condition, a quiet logger,
+// a running in-process fanin, and deterministic gradients.
+package testutil
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/fanin-ml/fanin/internal/devstack"
+)
+
+// CheckFor polls f every step until it returns nil, failing the test with f's last error after wait.
+func CheckFor(t testing.TB, wait, step time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(wait)
+	var err error
+	for {
+		if err = f(); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met after %v: %v", wait, err)
+		}
+		time.Sleep(step)
+	}
+}
+
+// Logger logs warnings and errors to stderr when FANIN_TEST_LOG is set, otherwise nothing.
+func Logger() *slog.Logger {
+	if os.Getenv("FANIN_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// Stack starts an in-process fanin (embedded NATS on a free port, gateway, placer and runtimes)
+// and stops it when the test ends.
+func Stack(t testing.TB, runtimes int) *devstack.Stack {
+	t.Helper()
+	st, err := devstack.Start(context.Background(), devstack.Config{
+		DataDir: t.TempDir(), NATSPort: -1, HTTPAddr: "127.0.0.1:0", Runtimes: runtimes, Logger: Logger(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	return st
+}
+
+// Gradient fills g with a deterministic pseudo-gradient of rank at step that depends on the
+// current parameters, as a real model's would: g[i] = 0.5*p[i] + 0.01*noise(step, rank, i).
+// Driver and reference call it with the same parameters, so they see the same gradients.
+func Gradient(g, params []float32, step int64, rank int) {
+	for i := range g {
+		z := uint64(step)*0x9E3779B97F4A7C15 ^ uint64(rank)*0xBF58476D1CE4E5B9 ^ uint64(i)*0x94D049BB133111EB
+		z = (z ^ (z >> 31)) * 0xD6E8FEB86659FD93
+		z ^= z >> 32
+		noise := float32(int32(uint32(z))) / float32(math.MaxInt32)
+		g[i] = float32(0.5*params[i]) + float32(0.01*noise)
+	}
+}

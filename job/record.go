@@ -1,0 +1,16 @@
+package job
+
+import "time"
+
+// Record is what fanin stores for a job (JetStream KV bucket fanin-jobs, key = job id). Workers in any
+// language read it to learn the layout: `nats kv get fanin-jobs <job>`.
+type Record struct {
+	Spec    Spec      `json:"spec"`
+	Layout  Layout    `json:"layout"`
+	Created time.Time `json:"created"`
+}
+
+// NewRecord derives the record of a validated spec.
+func NewRecord(s Spec, now time.Time) Record {
+	return Record{Spec: s, Layout: s.Layout(), Created: now.UTC()}
+}

@@ -1,0 +1,299 @@
+package job
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/fanin-ml/fanin/functions"
+)
+
+// Spec is what a user submits to create a job. Zero fields take the defaults of Normalize.
+type Spec struct {
+	ID       string   `json:"id"`
+	Tensors  []Tensor `json:"tensors"`
+	Ranks    int      `json:"ranks"`
+	Sync     string   `json:"sync,omitempty"` // bsp (default); ssp and asp are not implemented yet
+	Function Function `json:"function"`
+	Init     Init     `json:"init,omitempty"`
+	// ShardSize is the target shard size in bytes: 1048576, or a string such as "1MiB", "256KiB".
+	ShardSize ByteSize `json:"shard_size,omitempty"`
+	Storage   string   `json:"storage,omitempty"`  // memory (default) or file: JetStream storage of the job's streams
+	Replicas  int      `json:"replicas,omitempty"` // JetStream replicas, 1 (default), 3 or 5
+	// AllowNonFinite accepts NaN and Inf in gradients; by default they are rejected.
+	AllowNonFinite bool `json:"allow_nonfinite,omitempty"`
+}
+
+// Tensor is one named parameter tensor; its elements are flattened row-major.
+type Tensor struct {
+	Name  string `json:"name"`
+	Shape []int  `json:"shape"`
+}
+
+// Function names the aggregation function and its hyper-parameters.
+type Function struct {
+	Name  string             `json:"name"`
+	Hyper map[string]float64 `json:"hyper,omitempty"`
+}
+
+// Init says where the initial parameters come from.
+type Init struct {
+	Kind  string  `json:"kind,omitempty"`  // zeros (default), uniform, normal, or upload (the client publishes step 0)
+	Seed  uint64  `json:"seed,omitempty"`  // uniform and normal
+	Scale float64 `json:"scale,omitempty"` // uniform: values in [-scale, scale); normal: standard deviation. Default 0.01
+}
+
+// Limits of a spec.
+const (
+	MinShardSize     = 4 << 10
+	MaxShardSize     = 8 << 20
+	DefaultShardSize = 1 << 20
+	MaxRanks         = 4096
+	MaxTensors       = 100000
+	MaxElements      = 1 << 32 // 16 GiB of float32
+	MaxShards        = 1 << 20
+)
+
+var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+
+// ErrInvalidSpec is wrapped by every validation error.
+var ErrInvalidSpec = errors.New("invalid job spec")
+
+// FieldError is one problem with one field of a spec.
+type FieldError struct {
+	Field string // JSON path, e.g. "tensors[2].shape"
+	Msg   string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
+func (e *FieldError) Unwrap() error { return ErrInvalidSpec }
+
+// SpecError lists every problem found in a spec.
+type SpecError struct{ Fields []*FieldError }
+
+func (e *SpecError) Error() string {
+	msgs := make([]string, len(e.Fields))
+	for i, f := range e.Fields {
+		msgs[i] = f.Error()
+	}
+	return "invalid job spec: " + strings.Join(msgs, "; ")
+}
+func (e *SpecError) Unwrap() error { return ErrInvalidSpec }
+
+// Parse decodes a spec from JSON or YAML, rejecting unknown fields, then normalizes and validates it.
+func Parse(data []byte) (*Spec, error) {
+	js, err := yaml.YAMLToJSON(data)
+	if err != nil {
+		return nil, fmt.Errorf("%w: not JSON or YAML: %v", ErrInvalidSpec, err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.DisallowUnknownFields()
+	var s Spec
+	if err := dec.Decode(&s); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidSpec, err)
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("%w: trailing data after the spec", ErrInvalidSpec)
+	}
+	s.Normalize()
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// Normalize fills defaults in place.
+func (s *Spec) Normalize() {
+	if s.Sync == "" {
+		s.Sync = "bsp"
+	}
+	if s.Init.Kind == "" {
+		s.Init.Kind = "zeros"
+	}
+	if s.Init.Scale == 0 && (s.Init.Kind == "uniform" || s.Init.Kind == "normal") {
+		s.Init.Scale = 0.01
+	}
+	if s.ShardSize == 0 {
+		s.ShardSize = DefaultShardSize
+	}
+	if s.Storage == "" {
+		s.Storage = "memory"
+	}
+	if s.Replicas == 0 {
+		s.Replicas = 1
+	}
+}
+
+// Validate checks every field and returns a *SpecError listing all problems, or nil.
+func (s *Spec) Validate() error {
+	var errs []*FieldError
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)})
+	}
+	if !idPattern.MatchString(s.ID) {
+		bad("id", "must be 1-63 characters of a-z, 0-9 and '-', starting with a letter or digit, got %q", s.ID)
+	}
+	switch {
+	case len(s.Tensors) == 0:
+		bad("tensors", "at least one tensor is required")
+	case len(s.Tensors) > MaxTensors:
+		bad("tensors", "at most %d tensors, got %d", MaxTensors, len(s.Tensors))
+	}
+	seen := make(map[string]bool, len(s.Tensors))
+	var total int64
+	for i, t := range s.Tensors {
+		f := "tensors[" + strconv.Itoa(i) + "]"
+		if t.Name == "" {
+			bad(f+".name", "required")
+		} else if seen[t.Name] {
+			bad(f+".name", "duplicate tensor name %q", t.Name)
+		}
+		seen[t.Name] = true
+		if len(t.Shape) == 0 {
+			bad(f+".shape", "required (use [1] for a scalar)")
+			continue
+		}
+		n := int64(1)
+		for j, d := range t.Shape {
+			if d < 1 {
+				bad(f+".shape["+strconv.Itoa(j)+"]", "must be >= 1, got %d", d)
+				n = 0
+				break
+			}
+			if n > MaxElements/int64(d) {
+				n = MaxElements + 1
+				break
+			}
+			n *= int64(d)
+		}
+		total += n
+		if total > MaxElements {
+			bad(f+".shape", "the model exceeds %d elements", int64(MaxElements))
+			break
+		}
+	}
+	if s.Ranks < 1 || s.Ranks > MaxRanks {
+		bad("ranks", "must be 1..%d, got %d", MaxRanks, s.Ranks)
+	}
+	switch s.Sync {
+	case "bsp":
+	case "ssp", "asp":
+		bad("sync", "%q is not implemented yet; only \"bsp\" is", s.Sync)
+	default:
+		bad("sync", "must be bsp, ssp or asp, got %q", s.Sync)
+	}
+	if _, err := functions.New(s.Function.Name, s.Function.Hyper); err != nil {
+		bad("function", "%v", err)
+	}
+	switch s.Init.Kind {
+	case "zeros", "upload":
+	case "uniform", "normal":
+		if !(s.Init.Scale > 0) || math.IsInf(s.Init.Scale, 0) {
+			bad("init.scale", "must be a finite number > 0, got %v", s.Init.Scale)
+		}
+	default:
+		bad("init.kind", "must be zeros, uniform, normal or upload, got %q", s.Init.Kind)
+	}
+	if s.ShardSize < MinShardSize || s.ShardSize > MaxShardSize || s.ShardSize%4 != 0 {
+		bad("shard_size", "must be 4 KiB..8 MiB and a multiple of 4 bytes, got %s", s.ShardSize)
+	}
+	if s.Storage != "memory" && s.Storage != "file" {
+		bad("storage", "must be memory or file, got %q", s.Storage)
+	}
+	if s.Replicas != 1 && s.Replicas != 3 && s.Replicas != 5 {
+		bad("replicas", "must be 1, 3 or 5, got %d", s.Replicas)
+	}
+	if len(errs) == 0 && total > 0 {
+		if n := int64(s.Layout().NumShards()); n > MaxShards {
+			bad("shard_size", "gives %d shards, more than %d: use larger shards", n, MaxShards)
+		}
+	}
+	if len(errs) > 0 {
+		return &SpecError{Fields: errs}
+	}
+	return nil
+}
+
+// NumElements is the length of the flattened parameter vector.
+func (s *Spec) NumElements() int {
+	n := 0
+	for _, t := range s.Tensors {
+		n += t.Elements()
+	}
+	return n
+}
+
+// Elements is the number of elements of the tensor.
+func (t Tensor) Elements() int {
+	n := 1
+	for _, d := range t.Shape {
+		n *= d
+	}
+	return n
+}
+
+// NewFunc returns the spec's configured aggregation function.
+func (s *Spec) NewFunc() (functions.Func, error) {
+	return functions.New(s.Function.Name, s.Function.Hyper)
+}
+
+// ByteSize is a size in bytes that reads from a number or from a string with a unit (KiB, MiB, KB, MB).
+type ByteSize int64
+
+var units = []struct {
+	suffix string
+	mult   int64
+}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1000}, {"MB", 1000 * 1000}, {"B", 1}}
+
+// ParseByteSize reads "1048576", "1MiB", "256 KiB" or "4KB".
+func ParseByteSize(s string) (ByteSize, error) {
+	t := strings.TrimSpace(s)
+	mult := int64(1)
+	for _, u := range units {
+		if strings.HasSuffix(t, u.suffix) {
+			t, mult = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(t, 10, 64)
+	if err != nil || n < 0 || n > math.MaxInt64/mult {
+		return 0, fmt.Errorf("%q is not a size: use bytes or a unit such as 256KiB or 1MiB", s)
+	}
+	return ByteSize(n * mult), nil
+}
+
+// UnmarshalJSON accepts a number of bytes or a string with a unit.
+func (b *ByteSize) UnmarshalJSON(data []byte) error {
+	var n int64
+	if err := json.Unmarshal(data, &n); err == nil {
+		*b = ByteSize(n)
+		return nil
+	}
+	var s string
+	if err := json.Unmarshal(data, &s); err != nil {
+		return fmt.Errorf("shard_size: %s is not a size", data)
+	}
+	v, err := ParseByteSize(s)
+	if err != nil {
+		return fmt.Errorf("shard_size: %w", err)
+	}
+	*b = v
+	return nil
+}
+
+func (b ByteSize) String() string {
+	switch {
+	case b >= 1<<20 && b%(1<<20) == 0:
+		return strconv.FormatInt(int64(b>>20), 10) + " MiB"
+	case b >= 1<<10 && b%(1<<10) == 0:
+		return strconv.FormatInt(int64(b>>10), 10) + " KiB"
+	}
+	return strconv.FormatInt(int64(b), 10) + " B"
+}

@@ -1,0 +1,81 @@
+package runtime
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// acker publishes messages asynchronously and runs each one's callback once JetStream has stored
+// it (ok) or given up (not ok), in submission order. It owns its goroutine (run) and its queue.
+type acker struct {
+	js    jetstream.JetStream
+	log   *slog.Logger
+	queue chan ackItem // written by submit, read by run
+}
+
+type ackItem struct {
+	msg  *nats.Msg
+	fut  jetstream.PubAckFuture
+	err  error
+	done func(ok bool)
+}
+
+// ackRetries is how many times a failed publish is retried; the message id makes a retry of a
+// message JetStream did store a no-op.
+const ackRetries = 5
+
+func newAcker(js jetstream.JetStream, log *slog.Logger) *acker {
+	return &acker{js: js, log: log, queue: make(chan ackItem, 4096)}
+}
+
+// submit publishes msg; msg and its data must stay untouched until done is called.
+func (a *acker) submit(msg *nats.Msg, done func(ok bool)) {
+	fut, err := a.js.PublishMsgAsync(msg)
+	a.queue <- ackItem{msg: msg, fut: fut, err: err, done: done}
+}
+
+func (a *acker) run(ctx context.Context) {
+	for {
+		select {
+		case it := <-a.queue:
+			it.done(a.wait(ctx, it))
+		case <-ctx.Done():
+			for { // fail whatever is left so that no owner waits forever
+				select {
+				case it := <-a.queue:
+					it.done(false)
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+func (a *acker) wait(ctx context.Context, it ackItem) bool {
+	err := it.err
+	if err == nil {
+		select {
+		case <-it.fut.Ok():
+			return true
+		case err = <-it.fut.Err():
+		case <-ctx.Done():
+			return false
+		}
+	}
+	for i := 0; i < ackRetries && ctx.Err() == nil; i++ {
+		a.log.Warn("publish not acknowledged; retrying", "subject", it.msg.Subject, "err", err, "attempt", i+1)
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err = a.js.PublishMsg(pctx, it.msg)
+		cancel()
+		if err == nil {
+			return true
+		}
+	}
+	a.log.Error("publish failed; the shard will replay from its last snapshot", "subject", it.msg.Subject, "err", err)
+	return false
+}

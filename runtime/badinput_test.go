@@ -1,0 +1,186 @@
+package runtime_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fanin-ml/fanin/functions"
+	"github.com/fanin-ml/fanin/internal/embed"
+	"github.com/fanin-ml/fanin/internal/testutil"
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// TestBadInputRejected sends each class of malformed gradient between good steps. Each is refused
+// with its specific reason, reported to the sender's Fanin-Reply-To, counted, and the job's
+// parameters still equal the reference byte for byte.
+func TestBadInputRejected(t *testing.T) {
+	st := testutil.Stack(t, 2)
+	ctx := context.Background()
+	rec, err := st.Gateway.CreateJob(ctx, testSpec("bad", "sgd", map[string]float64{"lr": 0.1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(st.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ps, _ := js.Stream(ctx, wire.ParamsStream(rec.Spec.ID))
+	inbox := nc.NewInbox()
+	reports, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	shard := rec.Layout.Shards[1]
+	good := func(step int64, rank int, data []byte) *nats.Msg {
+		m := nats.NewMsg(wire.GradSubject(rec.Spec.ID, shard.ID))
+		m.Header.Set(wire.HdrStep, strconv.FormatInt(step, 10))
+		m.Header.Set(wire.HdrRank, strconv.Itoa(rank))
+		m.Header.Set(wire.HdrDtype, wire.DtypeF32)
+		m.Header.Set(wire.HdrReplyTo, inbox)
+		m.Data = data
+		return m
+	}
+	zeros := make([]byte, shard.Bytes())
+	withNaN := bytes.Clone(zeros)
+	binary.LittleEndian.PutUint32(withNaN[40:], math.Float32bits(float32(math.NaN())))
+
+	// Train two good steps so that "stale" has something to be stale against.
+	params := fetchStep(t, ps, rec, 0)
+	fn, _ := rec.Spec.NewFunc()
+	ref := functions.NewReference(fn, 4, rec.Layout.Ranges(), params)
+	grads := make([][]float32, 4)
+	for r := range grads {
+		grads[r] = make([]float32, rec.Layout.Elements)
+	}
+	goodStep := func(step int64, skipShard1Rank0 bool) {
+		for r := range 4 {
+			testutil.Gradient(grads[r], params, step, r)
+			for _, s := range rec.Layout.Shards {
+				if skipShard1Rank0 && s.ID == shard.ID && r == 0 {
+					continue
+				}
+				m := nats.NewMsg(wire.GradSubject(rec.Spec.ID, s.ID))
+				m.Header.Set(wire.HdrStep, strconv.FormatInt(step, 10))
+				m.Header.Set(wire.HdrRank, strconv.Itoa(r))
+				m.Header.Set(wire.HdrDtype, wire.DtypeF32)
+				m.Data = f32bytes(grads[r][s.Off : s.Off+s.Len])
+				if _, err := js.PublishMsg(ctx, m); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	for step := int64(1); step <= 2; step++ {
+		goodStep(step, false)
+		ref.Step(grads, nil)
+		params = fetchStep(t, ps, rec, step)
+	}
+	// Step 3 is open on shard 1: every rank but rank 0 has sent it.
+	goodStep(3, true)
+
+	cases := []struct {
+		name string
+		msg  func() *nats.Msg
+		want wire.Reason
+	}{
+		{"short payload", func() *nats.Msg { return good(3, 0, zeros[:100]) }, wire.ReasonBadLength},
+		{"not whole floats", func() *nats.Msg { return good(3, 0, zeros[:len(zeros)-1]) }, wire.ReasonBadLength},
+		{"oversized payload", func() *nats.Msg { return good(3, 0, make([]byte, shard.Bytes()+4)) }, wire.ReasonOversized},
+		{"rank out of range", func() *nats.Msg { return good(3, 4, zeros) }, wire.ReasonRankRange},
+		{"stale step", func() *nats.Msg { return good(2, 0, zeros) }, wire.ReasonStaleStep},
+		{"future step", func() *nats.Msg { return good(5, 0, zeros) }, wire.ReasonFutureStep},
+		{"duplicate rank", func() *nats.Msg { return good(3, 1, zeros) }, wire.ReasonDuplicate},
+		{"NaN", func() *nats.Msg { return good(3, 0, withNaN) }, wire.ReasonNonFinite},
+		{"missing step", func() *nats.Msg { m := good(3, 0, zeros); m.Header.Del(wire.HdrStep); return m }, wire.ReasonMissingHeader},
+		{"missing rank", func() *nats.Msg { m := good(3, 0, zeros); m.Header.Del(wire.HdrRank); return m }, wire.ReasonMissingHeader},
+		{"missing dtype", func() *nats.Msg { m := good(3, 0, zeros); m.Header.Del(wire.HdrDtype); return m }, wire.ReasonMissingHeader},
+		{"bad step", func() *nats.Msg { m := good(3, 0, zeros); m.Header.Set(wire.HdrStep, "-3"); return m }, wire.ReasonBadHeader},
+		{"bad dtype", func() *nats.Msg { m := good(3, 0, zeros); m.Header.Set(wire.HdrDtype, "f16"); return m }, wire.ReasonBadDtype},
+		{"unknown shard", func() *nats.Msg {
+			m := good(3, 0, zeros)
+			m.Subject = wire.GradSubject(rec.Spec.ID, 99)
+			return m
+		}, wire.ReasonUnknownShard},
+	}
+	rejectsBefore := map[wire.Reason]int64{}
+	count := func() map[wire.Reason]int64 {
+		sum := map[wire.Reason]int64{}
+		for _, rt := range st.Runtimes {
+			for k, v := range rt.Stats().Rejects {
+				sum[k] += v
+			}
+		}
+		return sum
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rejectsBefore = count()
+			if _, err := js.PublishMsg(ctx, c.msg()); err != nil {
+				t.Fatalf("publish: %v", err)
+			}
+			m, err := reports.NextMsg(10 * time.Second)
+			if err != nil {
+				t.Fatalf("no rejection report: %v", err)
+			}
+			rej, err := wire.UnmarshalReject(m.Data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rej.Reason != c.want || m.Header.Get(wire.HdrReject) != string(c.want) {
+				t.Fatalf("reason %q (%s), want %q", rej.Reason, rej.Detail, c.want)
+			}
+			if rej.Job != rec.Spec.ID || rej.Detail == "" {
+				t.Fatalf("report lacks job or detail: %+v", rej)
+			}
+			testutil.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+				if got := count()[c.want]; got != rejectsBefore[c.want]+1 {
+					return fmt.Errorf("%s counted %d times, want %d", c.want, got, rejectsBefore[c.want]+1)
+				}
+				return nil
+			})
+		})
+	}
+
+	t.Run("unknown job", func(t *testing.T) {
+		m := good(1, 0, zeros)
+		m.Subject = wire.GradSubject("no-such-job", 0)
+		_, err := js.PublishMsg(ctx, m)
+		if !errors.Is(err, jetstream.ErrNoStreamResponse) && !errors.Is(err, nats.ErrNoResponders) {
+			t.Fatalf("publish to an unknown job: %v, want no stream response", err)
+		}
+	})
+	t.Run("over max_payload", func(t *testing.T) {
+		m := good(3, 0, make([]byte, embed.MaxPayload+1))
+		_, err := js.PublishMsg(ctx, m)
+		if !errors.Is(err, nats.ErrMaxPayload) {
+			t.Fatalf("publish over max_payload: %v, want %v", err, nats.ErrMaxPayload)
+		}
+	})
+
+	// The open step completes with the real rank-0 gradient; the result is the reference's.
+	m := good(3, 0, f32bytes(grads[0][shard.Off:shard.Off+shard.Len]))
+	if _, err := js.PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	ref.Step(grads, nil)
+	params = fetchStep(t, ps, rec, 3)
+	if !bytes.Equal(f32bytes(params), f32bytes(ref.Params())) {
+		t.Fatal("after the bad inputs, parameters differ from the reference")
+	}
+	if _, err := reports.NextMsg(200 * time.Millisecond); err == nil {
+		t.Fatal("a good gradient was reported as rejected")
+	}
+}

@@ -1,0 +1,271 @@
+package runtime_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fanin-ml/fanin/functions"
+	"github.com/fanin-ml/fanin/internal/devstack"
+	"github.com/fanin-ml/fanin/internal/testutil"
+	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/sdk"
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// testSpec has 7 shards of 4 KiB or less: a split matrix, a small vector alone, a split vector.
+func testSpec(id, fn string, hyper map[string]float64) job.Spec {
+	return job.Spec{
+		ID:        id,
+		Tensors:   []job.Tensor{{Name: "w", Shape: []int{64, 40}}, {Name: "b", Shape: []int{40}}, {Name: "v", Shape: []int{3000}}},
+		Ranks:     4,
+		Function:  job.Function{Name: fn, Hyper: hyper},
+		Init:      job.Init{Kind: "normal", Seed: 7, Scale: 0.1},
+		ShardSize: 4 << 10,
+	}
+}
+
+func f32bytes(v []float32) []byte {
+	b := make([]byte, 4*len(v))
+	functions.EncodeLE(b, v)
+	return b
+}
+
+// fetchStep waits until every shard's published parameters are at step and returns them.
+func fetchStep(t *testing.T, ps jetstream.Stream, rec *job.Record, step int64) []float32 {
+	t.Helper()
+	out := make([]float32, rec.Layout.Elements)
+	for _, s := range rec.Layout.Shards {
+		testutil.CheckFor(t, 20*time.Second, 2*time.Millisecond, func() error {
+			m, err := ps.GetLastMsgForSubject(context.Background(), wire.ParamsSubject(rec.Spec.ID, s.ID))
+			if err != nil {
+				return err
+			}
+			got, err := wire.ParseStep(m.Header)
+			if err != nil {
+				return err
+			}
+			if got != step {
+				return fmt.Errorf("shard %d at step %d, want %d", s.ID, got, step)
+			}
+			functions.CopyLE(out[s.Off:s.Off+s.Len], m.Data)
+			return nil
+		})
+	}
+	return out
+}
+
+func invocations(st *devstack.Stack) int64 {
+	var n int64
+	for _, rt := range st.Runtimes {
+		n += rt.Stats().Invocations
+	}
+	return n
+}
+
+// TestShuffledResentBitExact: 4 ranks, 3 runtimes, 50 steps, every step's messages published in a
+// random order with some sent twice under the same id (JetStream drops them) and some re-sent under
+// a new id (the runtime refuses them): the parameters equal the reference byte for byte at every
+// step, and the runtimes applied exactly steps x shards updates.
+func TestShuffledResentBitExact(t *testing.T) {
+	st := testutil.Stack(t, 3)
+	ctx := context.Background()
+	nc, err := nats.Connect(st.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+
+	const steps = 50
+	cases := []struct {
+		fn    string
+		hyper map[string]float64
+	}{
+		{"sgd", map[string]float64{"lr": 0.1, "weight_decay": 0.01}},
+		{"momentum", map[string]float64{"lr": 0.05, "momentum": 0.9}},
+		{"adam", map[string]float64{"lr": 0.01}},
+	}
+	var applied int64
+	for ci, c := range cases {
+		t.Run(c.fn, func(t *testing.T) {
+			rec, err := st.Gateway.CreateJob(ctx, testSpec("shuf-"+c.fn, c.fn, c.hyper))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := rec.Layout.NumShards(); n != 7 {
+				t.Fatalf("layout has %d shards, the test wants 7", n)
+			}
+			ps, err := js.Stream(ctx, wire.ParamsStream(rec.Spec.ID))
+			if err != nil {
+				t.Fatal(err)
+			}
+			params := fetchStep(t, ps, rec, 0)
+			init := make([]float32, rec.Layout.Elements)
+			rec.Spec.InitShard(0, init)
+			if !bytes.Equal(f32bytes(params), f32bytes(init)) {
+				t.Fatal("published initial parameters differ from the spec's init")
+			}
+			fn, _ := rec.Spec.NewFunc()
+			ref := functions.NewReference(fn, 4, rec.Layout.Ranges(), init)
+			rng := rand.New(rand.NewPCG(uint64(ci), 42))
+			grads := make([][]float32, 4)
+			for r := range grads {
+				grads[r] = make([]float32, rec.Layout.Elements)
+			}
+			for step := int64(1); step <= steps; step++ {
+				type out struct {
+					shard job.Shard
+					rank  int
+				}
+				var msgs []out
+				for r := range 4 {
+					testutil.Gradient(grads[r], params, step, r)
+					for _, s := range rec.Layout.Shards {
+						msgs = append(msgs, out{s, r})
+					}
+				}
+				rng.Shuffle(len(msgs), func(i, j int) { msgs[i], msgs[j] = msgs[j], msgs[i] })
+				for _, o := range msgs {
+					m := nats.NewMsg(wire.GradSubject(rec.Spec.ID, o.shard.ID))
+					m.Header.Set(wire.HdrStep, strconv.FormatInt(step, 10))
+					m.Header.Set(wire.HdrRank, strconv.Itoa(o.rank))
+					m.Header.Set(wire.HdrDtype, wire.DtypeF32)
+					m.Header.Set(wire.HdrMsgID, wire.GradMsgID(rec.Spec.ID, o.shard.ID, step, o.rank))
+					m.Data = f32bytes(grads[o.rank][o.shard.Off : o.shard.Off+o.shard.Len])
+					if _, err := js.PublishMsg(ctx, m); err != nil {
+						t.Fatal(err)
+					}
+					switch p := rng.Float64(); {
+					case p < 0.15: // a retry with the same id
+						ack, err := js.PublishMsg(ctx, m)
+						if err != nil || !ack.Duplicate {
+							t.Fatalf("re-send with the same id: ack %+v err %v, want a duplicate ack", ack, err)
+						}
+					case p < 0.20: // a re-send JetStream cannot recognise
+						m.Header.Set(wire.HdrMsgID, wire.GradMsgID(rec.Spec.ID, o.shard.ID, step, o.rank)+".again")
+						if _, err := js.PublishMsg(ctx, m); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+				ref.Step(grads, nil)
+				params = fetchStep(t, ps, rec, step)
+				if !bytes.Equal(f32bytes(params), f32bytes(ref.Params())) {
+					t.Fatalf("step %d: parameters differ from the reference", step)
+				}
+			}
+			applied += steps * int64(rec.Layout.NumShards())
+			testutil.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+				if got := invocations(st); got != applied {
+					return fmt.Errorf("runtimes applied %d updates, want exactly %d", got, applied)
+				}
+				return nil
+			})
+		})
+	}
+	placed := 0
+	for _, rt := range st.Runtimes {
+		if len(rt.Shards()) > 0 {
+			placed++
+		}
+	}
+	if placed != 3 {
+		t.Errorf("shards were served by %d runtimes, want all 3", placed)
+	}
+}
+
+// trainWithWorkers runs ranks SDK workers from their current step to step `to`.
+func trainWithWorkers(t *testing.T, workers []*sdk.Worker, ref *functions.Reference, params []float32, from, to int64) []float32 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	n := len(params)
+	grads := make([][]float32, len(workers))
+	for r := range grads {
+		grads[r] = make([]float32, n)
+	}
+	for step := from + 1; step <= to; step++ {
+		for r := range workers {
+			testutil.Gradient(grads[r], params, step, r)
+		}
+		results := make([][]float32, len(workers))
+		errs := make([]error, len(workers))
+		var wg sync.WaitGroup
+		for r, w := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				results[r], errs[r] = w.Step(ctx, grads[r])
+			}()
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		ref.Step(grads, nil)
+		for r := range workers {
+			if !bytes.Equal(f32bytes(results[r]), f32bytes(ref.Params())) {
+				t.Fatalf("step %d: rank %d received parameters that differ from the reference", step, r)
+			}
+		}
+		params = append(params[:0], results[0]...)
+	}
+	return params
+}
+
+// TestLateWorkerGetsCurrentParams: four SDK workers train 20 steps; rank 3's worker leaves and a new
+// one joins: it fetches the step-20 parameters, and training continues bit-exact to step 30.
+func TestLateWorkerGetsCurrentParams(t *testing.T) {
+	st := testutil.Stack(t, 3)
+	ctx := context.Background()
+	rec, err := st.Gateway.CreateJob(ctx, testSpec("late", "adam", map[string]float64{"lr": 0.01}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	workers := make([]*sdk.Worker, 4)
+	for r := range workers {
+		c, err := sdk.Connect(ctx, st.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if workers[r], err = c.Worker(ctx, rec.Spec.ID, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	step, params, err := workers[0].Params(ctx)
+	if err != nil || step != 0 {
+		t.Fatalf("initial params: step %d err %v", step, err)
+	}
+	fn, _ := rec.Spec.NewFunc()
+	ref := functions.NewReference(fn, 4, rec.Layout.Ranges(), params)
+	params = trainWithWorkers(t, workers, ref, append([]float32(nil), params...), 0, 20)
+
+	workers[3].Close()
+	late, err := sdk.Connect(ctx, st.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Close()
+	if workers[3], err = late.Worker(ctx, rec.Spec.ID, 3); err != nil {
+		t.Fatal(err)
+	}
+	step, got, err := workers[3].Params(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if step != 20 || !bytes.Equal(f32bytes(got), f32bytes(ref.Params())) {
+		t.Fatalf("late worker got step %d, want the step-20 parameters of the reference", step)
+	}
+	trainWithWorkers(t, workers, ref, params, 20, 30)
+}

@@ -1,0 +1,102 @@
+package runtime
+
+import (
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// Stats are a runtime's counters since it started.
+type Stats struct {
+	invocations atomic.Int64
+	bytesIn     atomic.Int64
+	fnNanos     atomic.Int64
+}
+
+// StatsSnapshot is a copy of the counters.
+type StatsSnapshot struct {
+	Invocations int64                 // shard updates applied
+	BytesIn     int64                 // gradient bytes accepted
+	FuncTime    time.Duration         // time spent in the function
+	Rejects     map[wire.Reason]int64 // rejected inputs by reason
+}
+
+// Stats returns the runtime's counters.
+func (r *Runtime) Stats() StatsSnapshot {
+	return StatsSnapshot{
+		Invocations: r.stats.invocations.Load(),
+		BytesIn:     r.stats.bytesIn.Load(),
+		FuncTime:    time.Duration(r.stats.fnNanos.Load()),
+		Rejects:     r.rejects.counts(),
+	}
+}
+
+// rejectLog counts rejections by job and reason and logs each cause at most once per interval.
+type rejectLog struct {
+	log      *slog.Logger
+	now      func() time.Time
+	interval time.Duration
+
+	mu     sync.Mutex // guards the maps
+	byCode map[wire.Reason]int64
+	last   map[string]time.Time // job/reason -> when last logged
+	quiet  map[string]int64     // job/reason -> rejections not logged since
+}
+
+func newRejectLog(log *slog.Logger, now func() time.Time) *rejectLog {
+	return &rejectLog{
+		log: log, now: now, interval: 10 * time.Second,
+		byCode: make(map[wire.Reason]int64), last: make(map[string]time.Time), quiet: make(map[string]int64),
+	}
+}
+
+func (l *rejectLog) add(rej *wire.Reject) {
+	key := rej.Job + "/" + string(rej.Reason)
+	now := l.now()
+	l.mu.Lock()
+	l.byCode[rej.Reason]++
+	logIt := now.Sub(l.last[key]) >= l.interval
+	suppressed := l.quiet[key]
+	if logIt {
+		l.last[key] = now
+		l.quiet[key] = 0
+	} else {
+		l.quiet[key]++
+	}
+	l.mu.Unlock()
+	if logIt {
+		l.log.Warn("input rejected", "job", rej.Job, "shard", rej.Shard, "step", rej.Step, "rank", rej.Rank,
+			"reason", rej.Reason, "detail", rej.Detail, "suppressed_since_last", suppressed)
+	}
+}
+
+func (l *rejectLog) counts() map[wire.Reason]int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m := make(map[wire.Reason]int64, len(l.byCode))
+	for k, v := range l.byCode {
+		m[k] = v
+	}
+	return m
+}
+
+// reject counts and logs a rejection, tells the sender if it gave a Fanin-Reply-To, and publishes it
+// on the job's rejects subject for observers.
+func (r *Runtime) reject(rej *wire.Reject, replyTo string) {
+	r.rejects.add(rej)
+	body := rej.Marshal()
+	if replyTo != "" {
+		m := nats.NewMsg(replyTo)
+		m.Header.Set(wire.HdrReject, string(rej.Reason))
+		m.Data = body
+		_ = r.nc.PublishMsg(m) // best effort: the sender may be gone
+	}
+	if rej.Job != "" {
+		_ = r.nc.Publish(wire.RejectsSubject(rej.Job), body)
+	}
+}

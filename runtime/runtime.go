@@ -1,0 +1,346 @@
+package runtime
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	goruntime "runtime"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fanin-ml/fanin/internal/store"
+	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// Runtime hosts shard executors. Create it with New, run it with Run.
+type Runtime struct {
+	id    string
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	log   *slog.Logger
+	cores int
+	now   func() time.Time
+
+	heartbeat time.Duration
+	sweep     time.Duration
+
+	cpu     chan struct{} // a token per core: bounds concurrent aggregation work
+	buckets *store.Buckets
+	acks    *acker
+	purger  *purger
+	rejects *rejectLog
+	stats   Stats
+
+	mu     sync.Mutex // guards shards and jobs
+	shards map[string]*shardExec
+	jobs   map[string]*jobInfo
+	wg     sync.WaitGroup // the shard executors' goroutines
+}
+
+// jobInfo is what the shards of one job share on this runtime.
+type jobInfo struct {
+	rec    *job.Record
+	grads  jetstream.Stream
+	params jetstream.Stream
+	refs   int
+}
+
+// Option configures a Runtime.
+type Option func(*Runtime) error
+
+// WithID sets the runtime's id (default: "rt-" and a random suffix).
+func WithID(id string) Option {
+	return func(r *Runtime) error {
+		if id == "" {
+			return errors.New("runtime id must not be empty")
+		}
+		r.id = id
+		return nil
+	}
+}
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option {
+	return func(r *Runtime) error { r.log = l; return nil }
+}
+
+// WithCores sets how many shard invocations run at once and the capacity the runtime reports
+// (default GOMAXPROCS).
+func WithCores(n int) Option {
+	return func(r *Runtime) error {
+		if n < 1 {
+			return fmt.Errorf("cores must be >= 1, got %d", n)
+		}
+		r.cores = n
+		return nil
+	}
+}
+
+// New returns a runtime that talks to NATS over nc. Options: WithID, WithLogger, WithCores.
+func New(nc *nats.Conn, opts ...Option) (*Runtime, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	r := &Runtime{
+		id:        "rt-" + uuid.NewString()[:8],
+		nc:        nc,
+		js:        js,
+		log:       slog.Default(),
+		cores:     goruntime.GOMAXPROCS(0),
+		now:       time.Now,
+		heartbeat: 2 * time.Second,
+		sweep:     2 * time.Second,
+		shards:    make(map[string]*shardExec),
+		jobs:      make(map[string]*jobInfo),
+	}
+	for _, o := range opts {
+		if err := o(r); err != nil {
+			return nil, err
+		}
+	}
+	r.log = r.log.With("runtime", r.id)
+	r.cpu = make(chan struct{}, r.cores)
+	r.rejects = newRejectLog(r.log, r.now)
+	return r, nil
+}
+
+// ID is the runtime's id, as it appears in the placement.
+func (r *Runtime) ID() string { return r.id }
+
+// Run registers the runtime, serves the shards placed on it until ctx is done, then stops every
+// shard (each writes its final checkpoint) and deregisters.
+func (r *Runtime) Run(ctx context.Context) error {
+	b, err := store.OpenBuckets(ctx, r.js)
+	if err != nil {
+		return err
+	}
+	r.buckets = b
+	started := r.now()
+	if err := r.register(ctx, started); err != nil {
+		return err
+	}
+	watcher, err := b.Placement.WatchAll(ctx)
+	if err != nil {
+		return fmt.Errorf("watch placement: %w", err)
+	}
+
+	var bg sync.WaitGroup
+	loops, stopLoops := context.WithCancel(context.Background())
+	r.acks = newAcker(r.js, r.log)
+	r.purger = newPurger(r.log)
+	bg.Add(3)
+	go func() { defer bg.Done(); r.acks.run(loops) }()
+	go func() { defer bg.Done(); r.purger.run(loops) }()
+	go func() { defer bg.Done(); r.beat(loops, started) }()
+	r.log.Info("runtime started", "cores", r.cores)
+
+	defer func() {
+		_ = watcher.Stop()
+		r.stopAll()
+		r.wg.Wait()
+		stopLoops()
+		bg.Wait()
+		dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = b.Runtimes.Delete(dctx, r.id)
+		cancel()
+		r.log.Info("runtime stopped")
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e, ok := <-watcher.Updates():
+			if !ok {
+				return errors.New("placement watch closed")
+			}
+			if e != nil {
+				r.onPlacement(ctx, e)
+			}
+		}
+	}
+}
+
+func (r *Runtime) register(ctx context.Context, started time.Time) error {
+	info, _ := json.Marshal(wire.RuntimeInfo{ID: r.id, Cores: r.cores, Started: started.UTC(), Beat: r.now().UTC()})
+	if _, err := r.buckets.Runtimes.Put(ctx, r.id, info); err != nil {
+		return fmt.Errorf("register runtime %s: %w", r.id, err)
+	}
+	return nil
+}
+
+func (r *Runtime) beat(ctx context.Context, started time.Time) {
+	t := time.NewTicker(r.heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := r.register(ctx, started); err != nil && ctx.Err() == nil {
+				r.log.Warn("heartbeat failed", "err", err)
+			}
+		}
+	}
+}
+
+// onPlacement starts or stops the executor of the shard an entry names.
+func (r *Runtime) onPlacement(ctx context.Context, e jetstream.KeyValueEntry) {
+	key := e.Key()
+	var p wire.Placement
+	mine := false
+	if e.Operation() == jetstream.KeyValuePut {
+		if err := json.Unmarshal(e.Value(), &p); err != nil {
+			r.log.Warn("bad placement entry", "key", key, "err", err)
+			return
+		}
+		mine = p.Runtime == r.id
+	}
+	r.mu.Lock()
+	x, running := r.shards[key]
+	r.mu.Unlock()
+	switch {
+	case mine && !running:
+		jobID, shard, err := splitPlacementKey(key)
+		if err != nil {
+			r.log.Warn("bad placement key", "key", key, "err", err)
+			return
+		}
+		r.startShard(ctx, key, jobID, shard, p.Epoch)
+	case !mine && running:
+		r.stopShard(x)
+	}
+}
+
+func (r *Runtime) startShard(ctx context.Context, key, jobID string, shard int, epoch uint64) {
+	ji, err := r.acquireJob(ctx, jobID)
+	if err != nil {
+		r.log.Warn("cannot serve shard", "job", jobID, "shard", shard, "err", err)
+		return
+	}
+	if shard >= ji.rec.Layout.NumShards() {
+		r.releaseJob(jobID)
+		r.log.Warn("placement names a shard the job does not have", "job", jobID, "shard", shard)
+		return
+	}
+	x, err := newShardExec(r, ji, shard, epoch)
+	if err != nil {
+		r.releaseJob(jobID)
+		r.log.Warn("cannot serve shard", "job", jobID, "shard", shard, "err", err)
+		return
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	x.cancel = cancel
+	r.mu.Lock()
+	r.shards[key] = x
+	r.mu.Unlock()
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		x.run(sctx)
+		r.mu.Lock()
+		if r.shards[key] == x {
+			delete(r.shards, key)
+		}
+		r.mu.Unlock()
+		r.releaseJob(jobID)
+	}()
+}
+
+// stopShard stops one executor and waits until it has written its final checkpoint.
+func (r *Runtime) stopShard(x *shardExec) {
+	x.cancel()
+	<-x.done
+}
+
+func (r *Runtime) stopAll() {
+	r.mu.Lock()
+	all := make([]*shardExec, 0, len(r.shards))
+	for _, x := range r.shards {
+		all = append(all, x)
+	}
+	r.mu.Unlock()
+	for _, x := range all {
+		x.cancel()
+	}
+	for _, x := range all {
+		<-x.done
+	}
+}
+
+func (r *Runtime) acquireJob(ctx context.Context, id string) (*jobInfo, error) {
+	r.mu.Lock()
+	if ji := r.jobs[id]; ji != nil {
+		ji.refs++
+		r.mu.Unlock()
+		return ji, nil
+	}
+	r.mu.Unlock()
+
+	e, err := r.buckets.Jobs.Get(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("read job %s: %w", id, err)
+	}
+	var rec job.Record
+	if err := json.Unmarshal(e.Value(), &rec); err != nil {
+		return nil, fmt.Errorf("decode job %s: %w", id, err)
+	}
+	grads, err := r.js.Stream(ctx, wire.GradStream(id))
+	if err != nil {
+		return nil, fmt.Errorf("open gradient stream of job %s: %w", id, err)
+	}
+	params, err := r.js.Stream(ctx, wire.ParamsStream(id))
+	if err != nil {
+		return nil, fmt.Errorf("open parameter stream of job %s: %w", id, err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if ji := r.jobs[id]; ji != nil { // another shard of the job got here first
+		ji.refs++
+		return ji, nil
+	}
+	ji := &jobInfo{rec: &rec, grads: grads, params: params, refs: 1}
+	r.jobs[id] = ji
+	return ji, nil
+}
+
+func (r *Runtime) releaseJob(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if ji := r.jobs[id]; ji != nil {
+		if ji.refs--; ji.refs <= 0 {
+			delete(r.jobs, id)
+		}
+	}
+}
+
+func splitPlacementKey(key string) (string, int, error) {
+	for i := len(key) - 1; i >= 0; i-- {
+		if key[i] == '.' {
+			shard, ok := wire.ShardFromSubject(key)
+			if !ok || i == 0 {
+				break
+			}
+			return key[:i], shard, nil
+		}
+	}
+	return "", 0, fmt.Errorf("placement key %q is not <job>.<shard>", key)
+}
+
+// Shards lists the keys (<job>.<shard>) of the shards this runtime serves now.
+func (r *Runtime) Shards() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	keys := make([]string, 0, len(r.shards))
+	for k := range r.shards {
+		keys = append(keys, k)
+	}
+	return keys
+}

@@ -1,0 +1,495 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fanin-ml/fanin/functions"
+	"github.com/fanin-ml/fanin/internal/store"
+	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// shardExec serves one shard: it gathers the N ranks of each step in rank order, applies the
+// function, publishes the parameters and checkpoints.
+//
+// Exactly once: a snapshot (parameters message for stateless functions, checkpoint message for
+// stateful ones) carries the stream sequence of the last gradient message it covers. The executor
+// restores the newest snapshot and replays the gradient stream from the next sequence; the
+// decision on every message depends only on the state and the message, so replay reproduces the
+// same steps bit for bit. Gradients are purged only up to a snapshot that JetStream acknowledged.
+type shardExec struct {
+	r      *Runtime
+	ji     *jobInfo
+	shard  job.Shard
+	fn     functions.Func
+	ranks  int
+	epoch  uint64
+	key    string
+	log    *slog.Logger
+	gradSj string
+
+	weighted  bool
+	finite    bool  // reject NaN and Inf
+	ckptEvery int64 // stateful functions checkpoint every ckptEvery steps
+
+	cancel context.CancelFunc
+	done   chan struct{} // closed when run returns
+
+	mu      sync.Mutex // guards everything below; held by the message handler
+	stopped bool
+	params  []float32
+	state   [][]float32
+	acc     []float32
+	step    int64  // last applied step
+	seq     uint64 // stream sequence of the last message consumed
+	stepSeq uint64 // stream sequence of the message that completed step
+	next    int    // next rank to fold into acc
+	have    []bool // ranks received for step+1
+	pend    [][]byte
+	weights []float64
+	wsum    float64
+
+	outs    chan *outBuf // free parameter buffers: at most cap(outs) publishes in flight
+	ckptBuf *outBuf
+
+	// Written by ack callbacks, which must never take mu: the handler may hold mu while it waits
+	// for a buffer that only the acker can free.
+	ckptBusy atomic.Bool  // a checkpoint is in flight and owns ckptBuf
+	ckptAt   atomic.Int64 // step of the newest stored checkpoint
+}
+
+// outBuf is a reusable outgoing message; it returns to its pool when JetStream acknowledges it.
+type outBuf struct {
+	msg  *nats.Msg
+	data []byte
+}
+
+func newShardExec(r *Runtime, ji *jobInfo, shard int, epoch uint64) (*shardExec, error) {
+	fn, err := ji.rec.Spec.NewFunc()
+	if err != nil {
+		return nil, err
+	}
+	s := ji.rec.Layout.Shards[shard]
+	n := ji.rec.Spec.Ranks
+	x := &shardExec{
+		r: r, ji: ji, shard: s, fn: fn, ranks: n, epoch: epoch,
+		key:       wire.PlacementKey(ji.rec.Spec.ID, shard),
+		log:       r.log.With("job", ji.rec.Spec.ID, "shard", shard),
+		gradSj:    wire.GradSubject(ji.rec.Spec.ID, shard),
+		weighted:  functions.Weighted(fn.Name()),
+		finite:    !ji.rec.Spec.AllowNonFinite,
+		done:      make(chan struct{}),
+		params:    make([]float32, s.Len),
+		acc:       make([]float32, s.Len),
+		have:      make([]bool, n),
+		pend:      make([][]byte, n),
+		weights:   make([]float64, n),
+		outs:      make(chan *outBuf, 2),
+		ckptEvery: max(1, int64((1+fn.Slots())/n)),
+	}
+	for range 2 {
+		x.outs <- &outBuf{msg: nats.NewMsg(wire.ParamsSubject(ji.rec.Spec.ID, shard)), data: make([]byte, s.Bytes())}
+	}
+	if fn.Slots() > 0 {
+		x.state = make([][]float32, fn.Slots())
+		for i := range x.state {
+			x.state[i] = make([]float32, s.Len)
+		}
+		x.ckptBuf = &outBuf{msg: nats.NewMsg(wire.CkptSubject(ji.rec.Spec.ID, shard)), data: make([]byte, (1+fn.Slots())*s.Bytes())}
+	}
+	return x, nil
+}
+
+// run restores the shard and consumes its gradients until ctx is done, retrying on failure.
+func (x *shardExec) run(ctx context.Context) {
+	defer close(x.done)
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := x.serve(ctx)
+		if err == nil || ctx.Err() != nil {
+			break
+		}
+		x.log.Warn("shard executor failed; retrying", "err", err, "in", backoff)
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+	x.finish()
+}
+
+func (x *shardExec) serve(ctx context.Context) error {
+	if err := x.restore(ctx); err != nil {
+		return err
+	}
+	x.mu.Lock()
+	start := x.seq + 1
+	x.stopped = false
+	x.mu.Unlock()
+	cons, err := x.ji.grads.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{x.gradSj},
+		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:    start,
+	})
+	if err != nil {
+		return fmt.Errorf("create consumer: %w", err)
+	}
+	msgBytes := x.shard.Bytes() + wire.Headroom
+	failed := make(chan error, 1)
+	cc, err := cons.Consume(x.handle,
+		// Buffer at most two steps of this shard's gradients in the client: flow control, not loss.
+		jetstream.PullMaxBytes(max(2*x.ranks*msgBytes, 2*msgBytes)),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrStreamNotFound) {
+				select {
+				case failed <- err:
+				default:
+				}
+			}
+		}))
+	if err != nil {
+		return fmt.Errorf("consume: %w", err)
+	}
+	x.log.Debug("serving shard", "from_step", x.step, "from_seq", start)
+
+	var sweep <-chan time.Time
+	if x.shard.ID == 0 { // one shard per job sweeps messages addressed to shards that do not exist
+		t := time.NewTicker(x.r.sweep)
+		defer t.Stop()
+		sweep = t.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			cc.Stop()
+			<-cc.Closed()
+			return nil
+		case err := <-failed:
+			cc.Stop()
+			<-cc.Closed()
+			return err
+		case <-sweep:
+			x.sweepUnknownShards(ctx)
+		}
+	}
+}
+
+// restore loads the newest snapshot of the shard: its checkpoint, or for stateless functions its
+// latest parameters if newer. With neither (init "upload"), it waits for the step-0 parameters.
+func (x *shardExec) restore(ctx context.Context) error {
+	for {
+		ck, ckErr := x.ji.params.GetLastMsgForSubject(ctx, wire.CkptSubject(x.ji.rec.Spec.ID, x.shard.ID))
+		pm, pmErr := x.ji.params.GetLastMsgForSubject(ctx, wire.ParamsSubject(x.ji.rec.Spec.ID, x.shard.ID))
+		for _, err := range []error{ckErr, pmErr} {
+			if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+				return fmt.Errorf("read snapshot: %w", err)
+			}
+		}
+		stateful := x.fn.Slots() > 0
+		switch {
+		case ck != nil && (pm == nil || stateful || snapStep(ck) >= snapStep(pm)):
+			return x.load(ck, true)
+		case pm != nil && (!stateful || snapStep(pm) == 0):
+			if err := x.load(pm, false); err != nil {
+				return err
+			}
+			if stateful { // the first checkpoint: replay needs it once step 0 is overwritten
+				return x.checkpointSync(ctx)
+			}
+			return nil
+		case pm != nil:
+			return fmt.Errorf("shard has parameters at step %d but no checkpoint of its optimizer state", snapStep(pm))
+		}
+		select { // init "upload": wait for the client's step-0 parameters
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func snapStep(m *jetstream.RawStreamMsg) int64 {
+	s, _ := wire.ParseStep(m.Header)
+	return s
+}
+
+func (x *shardExec) load(m *jetstream.RawStreamMsg, withState bool) error {
+	step, err := wire.ParseStep(m.Header)
+	if err != nil {
+		return fmt.Errorf("snapshot: %w", err)
+	}
+	seq, err := wire.ParseSeq(m.Header)
+	if err != nil {
+		return fmt.Errorf("snapshot: %w", err)
+	}
+	vecs := 1
+	if withState {
+		vecs += len(x.state)
+	}
+	if len(m.Data) != vecs*x.shard.Bytes() {
+		return fmt.Errorf("snapshot at step %d has %d bytes, want %d", step, len(m.Data), vecs*x.shard.Bytes())
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	b := x.shard.Bytes()
+	functions.CopyLE(x.params, m.Data[:b])
+	if withState {
+		for i, s := range x.state {
+			functions.CopyLE(s, m.Data[(i+1)*b:(i+2)*b])
+		}
+		x.ckptAt.Store(step)
+	} else if len(x.state) > 0 {
+		x.fn.InitState(x.state)
+	}
+	x.step, x.seq, x.stepSeq = step, seq, seq
+	x.resetGather()
+	return nil
+}
+
+// handle is the consumer callback: it runs once per gradient message, in stream order.
+func (x *shardExec) handle(m jetstream.Msg) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.stopped {
+		return
+	}
+	seq, ok := wire.StreamSeq(m.Reply())
+	if !ok {
+		x.log.Error("message without stream sequence", "reply", m.Reply())
+		return
+	}
+	if seq <= x.seq { // redelivered after a consumer reset: already decided
+		return
+	}
+	x.seq = seq
+	data := m.Data()
+	meta, rej := wire.ParseGradHeaders(m.Headers())
+	if rej == nil {
+		rej = x.admit(&meta, data)
+	}
+	if rej != nil {
+		rej.Job, rej.Shard = x.ji.rec.Spec.ID, x.shard.ID
+		if rej.Step == 0 {
+			rej.Step = meta.Step
+		}
+		if rej.Rank < 0 && meta.Rank < x.ranks {
+			rej.Rank = meta.Rank
+		}
+		x.r.reject(rej, meta.ReplyTo)
+		return
+	}
+	x.r.stats.bytesIn.Add(int64(len(data)))
+	x.r.cpu <- struct{}{}
+	x.fold(meta.Rank, meta.Weight, data)
+	complete := x.next == x.ranks
+	if complete {
+		x.apply()
+	}
+	<-x.r.cpu
+	if complete {
+		x.publishParams()
+		if len(x.state) > 0 && x.step-x.ckptAt.Load() >= x.ckptEvery {
+			x.checkpointAsync()
+		}
+	}
+}
+
+// admit checks a gradient against the shard's state and returns why it is refused, or nil.
+func (x *shardExec) admit(meta *wire.GradMeta, data []byte) *wire.Reject {
+	switch {
+	case meta.Rank >= x.ranks:
+		return wire.Rejectf(wire.ReasonRankRange, "rank %d is not in 0..%d (the job has %d ranks)", meta.Rank, x.ranks-1, x.ranks)
+	case meta.Step <= x.step:
+		return wire.Rejectf(wire.ReasonStaleStep, "step %d was already applied (shard %d is at step %d)", meta.Step, x.shard.ID, x.step)
+	case meta.Step > x.step+1:
+		return wire.Rejectf(wire.ReasonFutureStep, "step %d is ahead of step %d, the next step of shard %d (bsp)", meta.Step, x.step+1, x.shard.ID)
+	case len(data) > x.shard.Bytes():
+		return wire.Rejectf(wire.ReasonOversized, "payload is %d bytes, shard %d holds %d bytes (%d float32)", len(data), x.shard.ID, x.shard.Bytes(), x.shard.Len)
+	case len(data) < x.shard.Bytes():
+		return wire.Rejectf(wire.ReasonBadLength, "payload is %d bytes, shard %d holds %d bytes (%d float32)", len(data), x.shard.ID, x.shard.Bytes(), x.shard.Len)
+	case x.have[meta.Rank]:
+		return wire.Rejectf(wire.ReasonDuplicate, "rank %d already sent step %d of shard %d", meta.Rank, meta.Step, x.shard.ID)
+	}
+	if x.finite {
+		if i := functions.NonFinite(data); i >= 0 {
+			return wire.Rejectf(wire.ReasonNonFinite, "element %d of shard %d is NaN or Inf and the job does not allow them", i, x.shard.ID)
+		}
+	}
+	return nil
+}
+
+// fold adds rank's gradient to the running sum if it is the next rank in order, then every buffered
+// rank that follows it; a rank that arrives early waits in pend (its payload, not a copy).
+func (x *shardExec) fold(rank int, w float64, data []byte) {
+	x.have[rank] = true
+	x.weights[rank] = w
+	if rank != x.next {
+		x.pend[rank] = data
+		return
+	}
+	x.foldOne(data)
+	for x.next < x.ranks && x.have[x.next] {
+		data, x.pend[x.next] = x.pend[x.next], nil
+		x.foldOne(data)
+	}
+}
+
+func (x *shardExec) foldOne(data []byte) {
+	w := x.weights[x.next]
+	switch {
+	case x.weighted && x.next == 0:
+		functions.ScaleLE(x.acc, float32(w), data)
+	case x.weighted:
+		functions.AxpyLE(x.acc, float32(w), data)
+	case x.next == 0:
+		functions.CopyLE(x.acc, data)
+	default:
+		functions.AddLE(x.acc, data)
+	}
+	if x.weighted {
+		x.wsum += w
+	} else {
+		x.wsum++
+	}
+	x.next++
+}
+
+// apply runs the function on the gathered sum.
+func (x *shardExec) apply() {
+	start := time.Now()
+	x.fn.Apply(&functions.Update{
+		Params: x.params, Grad: x.acc, State: x.state,
+		Step: x.step + 1, Ranks: x.ranks, WeightSum: x.wsum,
+	})
+	x.step++
+	x.stepSeq = x.seq
+	x.resetGather()
+	x.r.stats.invocations.Add(1)
+	x.r.stats.fnNanos.Add(int64(time.Since(start)))
+}
+
+func (x *shardExec) resetGather() {
+	x.next, x.wsum = 0, 0
+	clear(x.have)
+	clear(x.pend)
+}
+
+// publishParams publishes the parameters after x.step. It blocks only when two earlier publishes
+// of this shard are still unacknowledged.
+func (x *shardExec) publishParams() {
+	ob := <-x.outs
+	functions.EncodeLE(ob.data, x.params)
+	ob.msg.Data = ob.data
+	store.SetParamsHeaders(ob.msg.Header, x.ji.rec.Spec.ID, x.shard.ID, x.step, x.stepSeq)
+	purgeTo := uint64(0)
+	if len(x.state) == 0 { // the parameters are the snapshot: once stored, older gradients can go
+		purgeTo = x.stepSeq + 1
+	}
+	x.r.acks.submit(ob.msg, func(ok bool) {
+		if ok && purgeTo > 0 {
+			x.r.purger.schedule(x.ji.grads, x.gradSj, purgeTo)
+		}
+		x.outs <- ob
+	})
+}
+
+// checkpointAsync writes parameters and optimizer state unless a checkpoint is still in flight;
+// the hot path never waits for it.
+func (x *shardExec) checkpointAsync() {
+	if !x.ckptBusy.CompareAndSwap(false, true) {
+		return
+	}
+	x.fillCkpt()
+	purgeTo := x.stepSeq + 1
+	step := x.step
+	x.r.acks.submit(x.ckptBuf.msg, func(ok bool) {
+		if ok {
+			x.r.purger.schedule(x.ji.grads, x.gradSj, purgeTo)
+		}
+		if ok {
+			storeMax(&x.ckptAt, step)
+		}
+		x.ckptBusy.Store(false)
+	})
+}
+
+func (x *shardExec) fillCkpt() {
+	b := x.shard.Bytes()
+	functions.EncodeLE(x.ckptBuf.data[:b], x.params)
+	for i, s := range x.state {
+		functions.EncodeLE(x.ckptBuf.data[(i+1)*b:(i+2)*b], s)
+	}
+	h := x.ckptBuf.msg.Header
+	h.Set(wire.HdrStep, strconv.FormatInt(x.step, 10))
+	h.Set(wire.HdrSeq, strconv.FormatUint(x.stepSeq, 10))
+	h.Set(wire.HdrDtype, wire.DtypeF32)
+	h.Set(wire.HdrMsgID, x.ji.rec.Spec.ID+".c."+strconv.Itoa(x.shard.ID)+"."+strconv.FormatInt(x.step, 10))
+	x.ckptBuf.msg.Data = x.ckptBuf.data
+}
+
+// checkpointSync writes a checkpoint and waits for JetStream to store it.
+func (x *shardExec) checkpointSync(ctx context.Context) error {
+	for !x.ckptBusy.CompareAndSwap(false, true) { // an asynchronous checkpoint owns the buffer
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	defer x.ckptBusy.Store(false)
+	x.mu.Lock()
+	x.fillCkpt()
+	step, purgeTo := x.step, x.stepSeq+1
+	x.mu.Unlock()
+	if _, err := x.r.js.PublishMsg(ctx, x.ckptBuf.msg); err != nil {
+		return fmt.Errorf("checkpoint at step %d: %w", step, err)
+	}
+	storeMax(&x.ckptAt, step)
+	x.r.purger.schedule(x.ji.grads, x.gradSj, purgeTo)
+	return nil
+}
+
+func storeMax(a *atomic.Int64, v int64) {
+	for {
+		old := a.Load()
+		if v <= old || a.CompareAndSwap(old, v) {
+			return
+		}
+	}
+}
+
+// finish runs when the executor stops: no more messages are handled, in-flight publishes are
+// awaited, and a stateful shard writes a final checkpoint so the next owner replays nothing.
+func (x *shardExec) finish() {
+	x.mu.Lock()
+	x.stopped = true
+	dirty := len(x.state) > 0 && x.step > x.ckptAt.Load()
+	x.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for range cap(x.outs) { // wait until every parameter publish is acknowledged
+		select {
+		case ob := <-x.outs:
+			defer func() { x.outs <- ob }()
+		case <-ctx.Done():
+			x.log.Warn("parameters still unacknowledged at stop; the next owner will replay them")
+			return
+		}
+	}
+	if dirty {
+		if err := x.checkpointSync(ctx); err != nil {
+			x.log.Warn("final checkpoint failed; the next owner will replay from the previous one", "err", err)
+		}
+	}
+}

@@ -1,0 +1,380 @@
+package sdk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fanin-ml/fanin/functions"
+	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// Worker acts as one logical rank of a job: Step publishes the rank's gradients for the next step and
+// returns the parameters after it. A Worker is not safe for concurrent use.
+type Worker struct {
+	c      *Client
+	rec    *job.Record
+	params jetstream.Stream
+	rank   int
+	weight string // HdrWeight value, or "" for unweighted
+	fetch  time.Duration
+
+	step    int64 // step of the parameters held in w.vec; -1 before the first fetch
+	vec     []float32
+	attempt int // Step calls for the same step after a failure: makes the message ids new
+	msgs    []*nats.Msg
+	enc     []byte // encoding buffer on big-endian machines
+	inbox   string
+	psub    *nats.Subscription
+	rsub    *nats.Subscription
+	rejects chan *wire.Reject // written by the reject subscription, read by Step
+
+	mu      sync.Mutex // guards the fields below, written by the parameter subscription
+	want    int64      // the step Step waits for; 0 when not waiting
+	got     []int64    // per shard: step of the parameters copied into vec
+	missing int
+	ready   chan struct{} // closed when missing reaches 0
+}
+
+// WorkerOption configures a Worker.
+type WorkerOption func(*Worker) error
+
+// WithWeight sets the rank's weight for weighted functions (fedavg: its sample count).
+func WithWeight(w float64) WorkerOption {
+	return func(wk *Worker) error {
+		if !(w > 0) {
+			return fmt.Errorf("weight must be > 0, got %v", w)
+		}
+		wk.weight = strconv.FormatFloat(w, 'g', -1, 64)
+		return nil
+	}
+}
+
+// WithFetchAfter sets how long Step waits for pushed parameters before it fetches them from the
+// stream (default 1s): the fallback for a worker that missed a push.
+func WithFetchAfter(d time.Duration) WorkerOption {
+	return func(wk *Worker) error { wk.fetch = d; return nil }
+}
+
+// Worker joins job id as rank. Options: WithWeight, WithFetchAfter.
+func (c *Client) Worker(ctx context.Context, id string, rank int, opts ...WorkerOption) (*Worker, error) {
+	rec, err := c.Job(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if rank < 0 || rank >= rec.Spec.Ranks {
+		return nil, fmt.Errorf("job %q: %w", id, wire.Rejectf(wire.ReasonRankRange, "rank %d is not in 0..%d", rank, rec.Spec.Ranks-1))
+	}
+	ps, err := c.js.Stream(ctx, wire.ParamsStream(id))
+	if err != nil {
+		return nil, fmt.Errorf("job %q: open parameter stream: %w", id, err)
+	}
+	w := &Worker{
+		c: c, rec: rec, params: ps, rank: rank, fetch: time.Second, step: -1,
+		vec:     make([]float32, rec.Layout.Elements),
+		got:     make([]int64, rec.Layout.NumShards()),
+		msgs:    make([]*nats.Msg, rec.Layout.NumShards()),
+		inbox:   c.nc.NewInbox(),
+		rejects: make(chan *wire.Reject, 64),
+	}
+	for _, o := range opts {
+		if err := o(w); err != nil {
+			return nil, err
+		}
+	}
+	for i, s := range rec.Layout.Shards {
+		m := nats.NewMsg(wire.GradSubject(id, s.ID))
+		m.Header.Set(wire.HdrRank, strconv.Itoa(rank))
+		m.Header.Set(wire.HdrDtype, wire.DtypeF32)
+		m.Header.Set(wire.HdrReplyTo, w.inbox)
+		if w.weight != "" {
+			m.Header.Set(wire.HdrWeight, w.weight)
+		}
+		w.msgs[i] = m
+	}
+	if w.psub, err = c.nc.Subscribe(wire.ParamsWildcard(id), w.onParams); err != nil {
+		return nil, err
+	}
+	// A push is never lost silently: a slow worker falls back to fetching. Allow a whole model.
+	_ = w.psub.SetPendingLimits(-1, max(64<<20, 2*4*rec.Layout.Elements))
+	if w.rsub, err = c.nc.Subscribe(w.inbox, w.onReject); err != nil {
+		w.psub.Unsubscribe()
+		return nil, err
+	}
+	return w, nil
+}
+
+// Job is the job's record.
+func (w *Worker) Job() *job.Record { return w.rec }
+
+// Rank is the worker's logical rank.
+func (w *Worker) Rank() int { return w.rank }
+
+// StepCount is the step of the parameters the worker holds (0 = initial), -1 before it has any.
+func (w *Worker) StepCount() int64 { return w.step }
+
+// Close stops the worker's subscriptions.
+func (w *Worker) Close() error {
+	return errors.Join(w.psub.Unsubscribe(), w.rsub.Unsubscribe())
+}
+
+// Params fetches the latest parameters of every shard from the stream: how a worker that joins late
+// or restarts catches up. It returns the step they follow and the flattened vector, which the worker
+// owns and overwrites on the next call to Params or Step.
+func (w *Worker) Params(ctx context.Context) (int64, []float32, error) {
+	step := int64(-1)
+	for _, s := range w.rec.Layout.Shards {
+		got, err := w.fetchShard(ctx, s, -1)
+		if err != nil {
+			return 0, nil, err
+		}
+		if step < 0 || got < step {
+			step = got
+		}
+	}
+	w.step = step
+	return step, w.vec, nil
+}
+
+// fetchShard copies the shard's latest parameters into vec if they are for step want (any step if
+// want < 0) and returns their step.
+func (w *Worker) fetchShard(ctx context.Context, s job.Shard, want int64) (int64, error) {
+	m, err := w.params.GetLastMsgForSubject(ctx, wire.ParamsSubject(w.rec.Spec.ID, s.ID))
+	if err != nil {
+		return 0, fmt.Errorf("fetch parameters of shard %d: %w", s.ID, err)
+	}
+	step, err := wire.ParseStep(m.Header)
+	if err != nil {
+		return 0, fmt.Errorf("shard %d: %w", s.ID, err)
+	}
+	if len(m.Data) != s.Bytes() {
+		return 0, fmt.Errorf("shard %d: parameters are %d bytes, want %d", s.ID, len(m.Data), s.Bytes())
+	}
+	if want < 0 || step == want {
+		w.mu.Lock()
+		if w.got[s.ID] < step || want < 0 {
+			functions.CopyLE(w.vec[s.Off:s.Off+s.Len], m.Data)
+			w.got[s.ID] = step
+		}
+		w.mu.Unlock()
+	}
+	return step, nil
+}
+
+// Step publishes the rank's gradient of the whole model for the next step and waits for the
+// parameters after it. The returned slice is owned by the worker and overwritten by the next call.
+// grads is only read, and is no longer referenced when Step returns.
+//
+// A retry cannot apply anything twice: each message carries an id that JetStream de-duplicates,
+// and the runtime refuses a second gradient from the same rank for the same step.
+func (w *Worker) Step(ctx context.Context, grads []float32) ([]float32, error) {
+	if len(grads) != w.rec.Layout.Elements {
+		return nil, fmt.Errorf("step: %d gradients, job %q has %d parameters", len(grads), w.rec.Spec.ID, w.rec.Layout.Elements)
+	}
+	if w.step < 0 {
+		if _, _, err := w.Params(ctx); err != nil {
+			return nil, err
+		}
+	}
+	t := w.step + 1
+	w.expect(t)
+	defer w.expect(0)
+	if err := w.publish(ctx, t, grads); err != nil {
+		w.attempt++
+		return nil, err
+	}
+	if err := w.await(ctx, t); err != nil {
+		w.attempt++
+		return nil, err
+	}
+	w.step, w.attempt = t, 0
+	return w.vec, nil
+}
+
+func (w *Worker) expect(t int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.want = t
+	if t == 0 {
+		return
+	}
+	w.missing = 0
+	for _, g := range w.got {
+		if g < t {
+			w.missing++
+		}
+	}
+	w.ready = make(chan struct{})
+	if w.missing == 0 {
+		close(w.ready)
+	}
+}
+
+func (w *Worker) publish(ctx context.Context, t int64, grads []float32) error {
+	stepStr := strconv.FormatInt(t, 10)
+	futs := make([]jetstream.PubAckFuture, len(w.msgs))
+	for i, s := range w.rec.Layout.Shards {
+		m := w.msgs[i]
+		m.Header.Set(wire.HdrStep, stepStr)
+		id := wire.GradMsgID(w.rec.Spec.ID, s.ID, t, w.rank)
+		if w.attempt > 0 {
+			id += ".a" + strconv.Itoa(w.attempt)
+		}
+		m.Header.Set(wire.HdrMsgID, id)
+		m.Data = w.bytesOf(grads[s.Off:s.Off+s.Len], s.Off)
+		f, err := w.c.js.PublishMsgAsync(m)
+		if err != nil {
+			return w.pubError(s, err)
+		}
+		futs[i] = f
+	}
+	for i, f := range futs {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			// Retry once synchronously with the same id: JetStream drops it if the first one landed.
+			if _, err2 := w.c.js.PublishMsg(ctx, w.msgs[i]); err2 != nil {
+				return w.pubError(w.rec.Layout.Shards[i], errors.Join(err, err2))
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// pubError names why NATS or JetStream refused a gradient.
+func (w *Worker) pubError(s job.Shard, err error) error {
+	var rej *wire.Reject
+	switch {
+	case errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse):
+		rej = wire.Rejectf(wire.ReasonUnknownJob, "no stream stores job %q: the job does not exist or was deleted", w.rec.Spec.ID)
+	case errors.Is(err, nats.ErrMaxPayload):
+		rej = wire.Rejectf(wire.ReasonOversized, "shard %d is %d bytes, more than the NATS server's max_payload %d", s.ID, s.Bytes(), w.c.nc.MaxPayload())
+	default:
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum {
+			rej = wire.Rejectf(wire.ReasonOversized, "shard %d: %v", s.ID, apiErr)
+		}
+	}
+	if rej != nil {
+		rej.Job, rej.Shard, rej.Rank = w.rec.Spec.ID, s.ID, w.rank
+		return rej
+	}
+	return fmt.Errorf("publish gradient of shard %d: %w", s.ID, err)
+}
+
+// await waits until every shard's parameters for step t are in, fetching from the stream what was
+// not pushed in time, and fails on a rejection of this step.
+func (w *Worker) await(ctx context.Context, t int64) error {
+	w.mu.Lock()
+	ready := w.ready
+	w.mu.Unlock()
+	wait := w.fetch
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ready:
+			return nil
+		case rej := <-w.rejects:
+			if rej.Step != t || (w.attempt > 0 && rej.Reason == wire.ReasonDuplicate) {
+				continue // an old step's report, or the echo of our own retry
+			}
+			return rej
+		case <-timer.C:
+			for _, s := range w.rec.Layout.Shards {
+				w.mu.Lock()
+				have := w.got[s.ID] >= t
+				w.mu.Unlock()
+				if !have {
+					if _, err := w.fetchShard(ctx, s, t); err != nil {
+						return err
+					}
+					w.markIfComplete(t)
+				}
+			}
+			wait = min(2*wait, 10*time.Second)
+			timer.Reset(wait)
+		case <-ctx.Done():
+			return fmt.Errorf("step %d: waiting for parameters: %w", t, ctx.Err())
+		}
+	}
+}
+
+func (w *Worker) markIfComplete(t int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.want != t || w.missing == 0 {
+		return
+	}
+	w.missing = 0
+	for _, g := range w.got {
+		if g < t {
+			w.missing++
+		}
+	}
+	if w.missing == 0 {
+		close(w.ready)
+	}
+}
+
+// onParams copies pushed parameters of the awaited step into vec.
+func (w *Worker) onParams(m *nats.Msg) {
+	id, ok := wire.ShardFromSubject(m.Subject)
+	if !ok || id >= len(w.got) {
+		return
+	}
+	step, err := wire.ParseStep(m.Header)
+	if err != nil {
+		return
+	}
+	s := w.rec.Layout.Shards[id]
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.want == 0 || step != w.want || w.got[id] >= step || len(m.Data) != s.Bytes() {
+		return
+	}
+	functions.CopyLE(w.vec[s.Off:s.Off+s.Len], m.Data)
+	w.got[id] = step
+	if w.missing--; w.missing == 0 {
+		close(w.ready)
+	}
+}
+
+func (w *Worker) onReject(m *nats.Msg) {
+	rej, err := wire.UnmarshalReject(m.Data)
+	if err != nil {
+		return
+	}
+	select {
+	case w.rejects <- rej:
+	default: // Step reads them; if nobody does, old reports are not worth blocking for
+	}
+}
+
+// bytesOf returns the little-endian bytes of v: the memory itself on little-endian machines.
+func (w *Worker) bytesOf(v []float32, off int) []byte {
+	if len(v) == 0 {
+		return nil
+	}
+	if littleEndian {
+		return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v))
+	}
+	if len(w.enc) < 4*len(w.vec) {
+		w.enc = make([]byte, 4*len(w.vec))
+	}
+	b := w.enc[4*off : 4*off+4*len(v)]
+	functions.EncodeLE(b, v)
+	return b
+}
+
+var littleEndian = func() bool { x := uint16(1); return *(*byte)(unsafe.Pointer(&x)) == 1 }()

@@ -1,0 +1,129 @@
+package wire
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Header names. NATS headers are case-sensitive: send them spelled exactly so.
+const (
+	HdrStep    = "Fanin-Step"     // gradients: the step they belong to (1, 2, ...); params: the step they follow (0 = initial)
+	HdrRank    = "Fanin-Rank"     // gradients: the logical rank 0..N-1
+	HdrDtype   = "Fanin-Dtype"    // element type of the payload; only "f32" today
+	HdrWeight  = "Fanin-Weight"   // gradients of weighted functions (fedavg): the rank's weight, e.g. its sample count
+	HdrReplyTo = "Fanin-Reply-To" // gradients: a subject where a rejection of this message is reported
+	HdrSeq     = "Fanin-Seq"      // params and checkpoints: the last gradient stream sequence folded in
+	HdrMsgID   = nats.MsgIdHdr    // "Nats-Msg-Id": de-duplication by JetStream
+	HdrReject  = "Fanin-Reject"   // rejection reports: the reason code
+)
+
+// DtypeF32 is little-endian IEEE-754 binary32, the only element type on the wire today.
+const DtypeF32 = "f32"
+
+// Headroom is what a message needs beyond its payload for subject, headers and protocol framing.
+// A NATS server must allow max_payload >= shard bytes + Headroom.
+const Headroom = 64 << 10
+
+// GradMsgID is the de-duplication id of one rank's gradient for one shard and step.
+func GradMsgID(job string, shard int, step int64, rank int) string {
+	return job + ".g." + strconv.Itoa(shard) + "." + strconv.FormatInt(step, 10) + "." + strconv.Itoa(rank)
+}
+
+// ParamsMsgID is the de-duplication id of one shard's parameters after one step.
+func ParamsMsgID(job string, shard int, step int64) string {
+	return job + ".p." + strconv.Itoa(shard) + "." + strconv.FormatInt(step, 10)
+}
+
+// GradMeta is what a gradient message's headers say.
+type GradMeta struct {
+	Step    int64
+	Rank    int
+	Weight  float64 // 1 unless HdrWeight is set
+	ReplyTo string
+}
+
+// ParseGradHeaders reads and checks the headers of a gradient message. It allocates nothing.
+func ParseGradHeaders(h nats.Header) (GradMeta, *Reject) {
+	m := GradMeta{Weight: 1}
+	if h == nil {
+		return m, Rejectf(ReasonMissingHeader, "message has no headers; %s, %s and %s are required", HdrStep, HdrRank, HdrDtype)
+	}
+	m.ReplyTo = first(h, HdrReplyTo)
+	step, ok := first(h, HdrStep), true
+	if step == "" {
+		return m, Rejectf(ReasonMissingHeader, "header %s is missing", HdrStep)
+	}
+	if m.Step, ok = parseInt(step); !ok || m.Step < 1 {
+		return m, Rejectf(ReasonBadHeader, "header %s: %q is not a step number >= 1", HdrStep, step)
+	}
+	rank := first(h, HdrRank)
+	if rank == "" {
+		return m, Rejectf(ReasonMissingHeader, "header %s is missing", HdrRank)
+	}
+	r, ok := parseInt(rank)
+	if !ok || r < 0 || r > math.MaxInt32 {
+		return m, Rejectf(ReasonBadHeader, "header %s: %q is not a rank number >= 0", HdrRank, rank)
+	}
+	m.Rank = int(r)
+	switch dt := first(h, HdrDtype); dt {
+	case DtypeF32:
+	case "":
+		return m, Rejectf(ReasonMissingHeader, "header %s is missing", HdrDtype)
+	default:
+		return m, Rejectf(ReasonBadDtype, "header %s: %q is not supported (only %q)", HdrDtype, dt, DtypeF32)
+	}
+	if w := first(h, HdrWeight); w != "" {
+		f, err := strconv.ParseFloat(w, 64)
+		if err != nil || !(f > 0) || math.IsInf(f, 0) {
+			return m, Rejectf(ReasonBadHeader, "header %s: %q is not a finite weight > 0", HdrWeight, w)
+		}
+		m.Weight = f
+	}
+	return m, nil
+}
+
+// ParseStep reads HdrStep of a params or checkpoint message.
+func ParseStep(h nats.Header) (int64, error) {
+	s := first(h, HdrStep)
+	n, ok := parseInt(s)
+	if !ok || n < 0 {
+		return 0, fmt.Errorf("header %s: %q is not a step number", HdrStep, s)
+	}
+	return n, nil
+}
+
+// ParseSeq reads HdrSeq of a params or checkpoint message.
+func ParseSeq(h nats.Header) (uint64, error) {
+	s := first(h, HdrSeq)
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("header %s: %q is not a stream sequence", HdrSeq, s)
+	}
+	return n, nil
+}
+
+func first(h nats.Header, key string) string {
+	if v := h[key]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
+// parseInt accepts plain decimal digits only: no sign, no spaces, at most 18 digits.
+func parseInt(s string) (int64, bool) {
+	if len(s) == 0 || len(s) > 18 {
+		return 0, false
+	}
+	var n int64
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	return n, true
+}

@@ -1,0 +1,91 @@
+package wire
+
+import (
+	"encoding/json"
+	"fmt"
+)
+
+// Reason is a stable, machine-readable code for why an input was rejected.
+type Reason string
+
+// The one table of rejection reasons. Runtime, gateway and SDK all speak these codes; docs/PROTOCOL.md
+// lists them. Add to the end; never change a code's meaning.
+const (
+	ReasonMissingHeader Reason = "missing_header" // a required header is absent
+	ReasonBadHeader     Reason = "bad_header"     // a header is present but malformed
+	ReasonBadDtype      Reason = "bad_dtype"      // an element type fanin does not accept
+	ReasonUnknownJob    Reason = "unknown_job"    // no such job (no stream answered the publish)
+	ReasonUnknownShard  Reason = "unknown_shard"  // the shard id is not in the job's layout
+	ReasonRankRange     Reason = "rank_out_of_range"
+	ReasonBadLength     Reason = "bad_length" // payload shorter than the shard, or not whole elements
+	ReasonOversized     Reason = "oversized"  // payload longer than the shard, or over the server's limit
+	ReasonStaleStep     Reason = "stale_step" // the step was already applied
+	ReasonFutureStep    Reason = "future_step"
+	ReasonDuplicate     Reason = "duplicate"  // this rank already sent this step
+	ReasonNonFinite     Reason = "non_finite" // NaN or Inf in a job that forbids them
+)
+
+// Reasons lists every reason with a one-line description, in table order.
+var Reasons = []struct {
+	Code Reason
+	Text string
+}{
+	{ReasonMissingHeader, "a required header (Fanin-Step, Fanin-Rank, Fanin-Dtype) is absent"},
+	{ReasonBadHeader, "a header is present but malformed"},
+	{ReasonBadDtype, "the element type is not supported"},
+	{ReasonUnknownJob, "no job with that id exists"},
+	{ReasonUnknownShard, "the shard id is not in the job's layout"},
+	{ReasonRankRange, "the rank is not in 0..N-1"},
+	{ReasonBadLength, "the payload is not exactly the shard's elements"},
+	{ReasonOversized, "the payload is larger than the shard or than the server accepts"},
+	{ReasonStaleStep, "the step was already applied"},
+	{ReasonFutureStep, "the step is further ahead than the sync mode allows"},
+	{ReasonDuplicate, "this rank already sent a gradient for this shard and step"},
+	{ReasonNonFinite, "the payload holds NaN or Inf and the job forbids them"},
+}
+
+// Reject is one rejected input: the reason, a specific human explanation, and where it came from.
+type Reject struct {
+	Reason Reason `json:"reason"`
+	Detail string `json:"detail"`
+	Job    string `json:"job,omitempty"`
+	Shard  int    `json:"shard"`
+	Step   int64  `json:"step,omitempty"`
+	Rank   int    `json:"rank"`
+}
+
+// Rejectf makes a Reject with a formatted detail; the caller fills in where it came from.
+func Rejectf(r Reason, format string, args ...any) *Reject {
+	return &Reject{Reason: r, Detail: fmt.Sprintf(format, args...), Shard: -1, Rank: -1}
+}
+
+func (r *Reject) Error() string {
+	return fmt.Sprintf("rejected (%s): %s", r.Reason, r.Detail)
+}
+
+// Is makes errors.Is(err, &Reject{Reason: X}) match any rejection with reason X.
+func (r *Reject) Is(target error) bool {
+	t, ok := target.(*Reject)
+	return ok && t.Reason == r.Reason && t.Detail == ""
+}
+
+// ErrReason is a target for errors.Is: errors.Is(err, wire.ErrReason(wire.ReasonStaleStep)).
+func ErrReason(r Reason) error { return &Reject{Reason: r} }
+
+// Marshal encodes the report sent to a sender's Fanin-Reply-To and to RejectsSubject.
+func (r *Reject) Marshal() []byte {
+	b, _ := json.Marshal(r) // a struct of strings and ints always marshals
+	return b
+}
+
+// UnmarshalReject decodes a rejection report.
+func UnmarshalReject(b []byte) (*Reject, error) {
+	var r Reject
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("decode rejection report: %w", err)
+	}
+	if r.Reason == "" {
+		return nil, fmt.Errorf("decode rejection report: no reason in %q", b)
+	}
+	return &r, nil
+}

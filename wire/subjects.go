@@ -1,0 +1,121 @@
+package wire
+
+import (
+	"strconv"
+	"time"
+)
+
+// Subjects. Every subject of a job lives under fanin.v1.<job>; a job id never contains a dot.
+//
+//	fanin.v1.<job>.grad.<shard>    gradients, workers -> runtime (stream GRAD_<job>)
+//	fanin.v1.<job>.params.<shard>  parameters after each step, runtime -> workers (stream PARAMS_<job>)
+//	fanin.v1.<job>.ckpt.<shard>    shard checkpoints, runtime -> runtime (stream PARAMS_<job>)
+//	fanin.v1.<job>.rejects         rejected inputs, runtime -> observers (core NATS, not stored)
+const Prefix = "fanin.v1."
+
+// GradSubject is where rank gradients for one shard are published.
+func GradSubject(job string, shard int) string { return shardSubject(job, ".grad.", shard) }
+
+// ParamsSubject is where the parameters of one shard are published after every step.
+func ParamsSubject(job string, shard int) string { return shardSubject(job, ".params.", shard) }
+
+// CkptSubject holds the latest checkpoint of one shard (parameters and optimizer state).
+func CkptSubject(job string, shard int) string { return shardSubject(job, ".ckpt.", shard) }
+
+// RejectsSubject carries every rejection of the job's inputs, for observers.
+func RejectsSubject(job string) string { return Prefix + job + ".rejects" }
+
+// GradWildcard matches the gradients of every shard of a job.
+func GradWildcard(job string) string { return Prefix + job + ".grad.*" }
+
+// ParamsWildcard matches the parameters of every shard of a job.
+func ParamsWildcard(job string) string { return Prefix + job + ".params.*" }
+
+// CkptWildcard matches the checkpoints of every shard of a job.
+func CkptWildcard(job string) string { return Prefix + job + ".ckpt.*" }
+
+// GradStream is the JetStream stream that stores a job's gradients.
+func GradStream(job string) string { return "FANIN_GRAD_" + job }
+
+// ParamsStream is the JetStream stream that keeps the latest parameters and checkpoint per shard.
+func ParamsStream(job string) string { return "FANIN_PARAMS_" + job }
+
+// Buckets of JetStream key-value state shared by the components.
+const (
+	JobsBucket      = "fanin-jobs"      // key <job>: the job record (spec and layout), JSON
+	PlacementBucket = "fanin-placement" // key <job>.<shard>: the runtime that owns the shard, JSON
+	RuntimesBucket  = "fanin-runtimes"  // key <runtime id>: a runtime's registration and heartbeat, JSON
+)
+
+// PlacementKey is the key of one shard in PlacementBucket.
+func PlacementKey(job string, shard int) string { return job + "." + strconv.Itoa(shard) }
+
+// ShardFromSubject returns the shard id at the end of a grad/params/ckpt subject.
+func ShardFromSubject(subject string) (int, bool) {
+	i := len(subject)
+	for i > 0 && subject[i-1] != '.' {
+		i--
+	}
+	n, err := strconv.Atoi(subject[i:])
+	if err != nil || n < 0 || (len(subject)-i > 1 && subject[i] == '0') {
+		return 0, false
+	}
+	return n, true
+}
+
+func shardSubject(job, kind string, shard int) string {
+	return Prefix + job + kind + strconv.Itoa(shard)
+}
+
+// Placement is the value of a PlacementBucket entry: which runtime owns the shard, since which epoch.
+type Placement struct {
+	Runtime string `json:"runtime"`
+	Epoch   uint64 `json:"epoch"`
+}
+
+// RuntimeInfo is the value of a RuntimesBucket entry, refreshed by the runtime's heartbeat.
+type RuntimeInfo struct {
+	ID      string    `json:"id"`
+	Cores   int       `json:"cores"`
+	Started time.Time `json:"started"`
+	Beat    time.Time `json:"beat"`
+}
+
+// StreamSeq returns the stream sequence of a JetStream message from its ack reply subject, without
+// allocating. Both forms are accepted:
+//
+//	$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<tm>.<pending>
+//	$JS.ACK.<domain>.<hash>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<tm>.<pending>[.<token>]
+func StreamSeq(reply string) (uint64, bool) {
+	const prefix = "$JS.ACK."
+	if len(reply) < len(prefix) || reply[:len(prefix)] != prefix {
+		return 0, false
+	}
+	tokens := 1
+	for i := 0; i < len(reply); i++ {
+		if reply[i] == '.' {
+			tokens++
+		}
+	}
+	var pos int
+	switch {
+	case tokens == 9:
+		pos = 5
+	case tokens >= 11:
+		pos = 7
+	default:
+		return 0, false
+	}
+	start, tok := 0, 0
+	for i := 0; i <= len(reply); i++ {
+		if i == len(reply) || reply[i] == '.' {
+			if tok == pos {
+				n, ok := parseInt(reply[start:i])
+				return uint64(n), ok
+			}
+			tok++
+			start = i + 1
+		}
+	}
+	return 0, false
+}
