@@ -1,0 +1,144 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// faninBin is the fanin binary built once for all tests.
+var faninBin string
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		os.Exit(m.Run())
+	}
+	dir, err := os.MkdirTemp("", "fanin-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	faninBin = filepath.Join(dir, "fanin")
+	build := exec.Command("go", "build", "-o", faninBin, "github.com/fanin-ml/fanin/cmd/fanin")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build fanin:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func skipShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end test: runs without -short")
+	}
+}
+
+// proc is a fanin process whose output the test can wait on.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+
+	mu  sync.Mutex // guards out
+	out strings.Builder
+}
+
+func start(t *testing.T, name string, args ...string) *proc {
+	t.Helper()
+	p := &proc{name: name, cmd: exec.Command(faninBin, args...), done: make(chan struct{})}
+	pr, pw := io.Pipe()
+	p.cmd.Stdout, p.cmd.Stderr = pw, pw
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			p.mu.Lock()
+			p.out.WriteString(sc.Text() + "\n")
+			p.mu.Unlock()
+			if os.Getenv("FANIN_TEST_LOG") != "" {
+				fmt.Fprintf(os.Stderr, "[%s] %s\n", name, sc.Text())
+			}
+		}
+	}()
+	go func() {
+		p.err = p.cmd.Wait()
+		pw.Close()
+		close(p.done)
+	}()
+	t.Cleanup(func() { p.stop(syscall.SIGKILL) })
+	return p
+}
+
+func (p *proc) output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.out.String()
+}
+
+// waitFor waits until the output matches re and returns the first submatch.
+func (p *proc) waitFor(t *testing.T, re *regexp.Regexp, wait time.Duration) string {
+	t.Helper()
+	deadline := time.Now().Add(wait)
+	for time.Now().Before(deadline) {
+		if m := re.FindStringSubmatch(p.output()); m != nil {
+			return m[len(m)-1]
+		}
+		select {
+		case <-p.done:
+			if m := re.FindStringSubmatch(p.output()); m != nil {
+				return m[len(m)-1]
+			}
+			t.Fatalf("%s exited (%v) before printing %s:\n%s", p.name, p.err, re, p.output())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	t.Fatalf("%s did not print %s within %v:\n%s", p.name, re, wait, p.output())
+	return ""
+}
+
+func (p *proc) stop(sig syscall.Signal) {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(sig)
+	select {
+	case <-p.done:
+	case <-time.After(15 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// wait waits for the process to exit by itself.
+func (p *proc) wait(t *testing.T, limit time.Duration) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	select {
+	case <-p.done:
+		return p.err
+	case <-ctx.Done():
+		t.Fatalf("%s still running after %v:\n%s", p.name, limit, p.output())
+		return nil
+	}
+}

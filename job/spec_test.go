@@ -1,0 +1,208 @@
+package job
+
+import (
+	"errors"
+	"math/rand/v2"
+	"strings"
+	"testing"
+)
+
+func validSpec() Spec {
+	return Spec{
+		ID:       "resnet-7",
+		Tensors:  []Tensor{{Name: "conv", Shape: []int{64, 3, 7, 7}}, {Name: "bias", Shape: []int{64}}},
+		Ranks:    8,
+		Function: Function{Name: "sgd", Hyper: map[string]float64{"lr": 0.1}},
+	}
+}
+
+func TestValidateSpecificErrors(t *testing.T) {
+	cases := []struct {
+		name  string
+		edit  func(*Spec)
+		field string
+		msg   string
+	}{
+		{"bad id", func(s *Spec) { s.ID = "Has.Dots" }, "id", "a-z, 0-9"},
+		{"no tensors", func(s *Spec) { s.Tensors = nil }, "tensors", "at least one"},
+		{"zero dim", func(s *Spec) { s.Tensors[0].Shape[1] = 0 }, "tensors[0].shape[1]", "must be >= 1, got 0"},
+		{"dup tensor", func(s *Spec) { s.Tensors[1].Name = "conv" }, "tensors[1].name", "duplicate"},
+		{"no ranks", func(s *Spec) { s.Ranks = 0 }, "ranks", "must be 1..4096, got 0"},
+		{"ssp", func(s *Spec) { s.Sync = "ssp" }, "sync", "not implemented yet"},
+		{"sync", func(s *Spec) { s.Sync = "lockstep" }, "sync", "must be bsp, ssp or asp"},
+		{"function", func(s *Spec) { s.Function.Name = "adamx" }, "function", `unknown function "adamx"`},
+		{"hyper", func(s *Spec) { s.Function.Hyper = map[string]float64{"lr": -1} }, "function", "lr"},
+		{"shard small", func(s *Spec) { s.ShardSize = 1024 }, "shard_size", "must be 4 KiB..8 MiB"},
+		{"shard big", func(s *Spec) { s.ShardSize = 9 << 20 }, "shard_size", "got 9 MiB"},
+		{"shard odd", func(s *Spec) { s.ShardSize = 4097 * 2 }, "shard_size", "multiple of 4"},
+		{"storage", func(s *Spec) { s.Storage = "disk" }, "storage", "memory or file"},
+		{"replicas", func(s *Spec) { s.Replicas = 2 }, "replicas", "1, 3 or 5"},
+		{"init", func(s *Spec) { s.Init.Kind = "xavier" }, "init.kind", "zeros, uniform, normal or upload"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s := validSpec()
+			s.Normalize()
+			c.edit(&s)
+			err := s.Validate()
+			var se *SpecError
+			if !errors.As(err, &se) || !errors.Is(err, ErrInvalidSpec) {
+				t.Fatalf("got %v, want a *SpecError", err)
+			}
+			for _, f := range se.Fields {
+				if f.Field == c.field && strings.Contains(f.Msg, c.msg) {
+					return
+				}
+			}
+			t.Fatalf("got %v, want field %s with %q", err, c.field, c.msg)
+		})
+	}
+	s := validSpec()
+	s.Normalize()
+	if err := s.Validate(); err != nil {
+		t.Fatalf("valid spec refused: %v", err)
+	}
+}
+
+func TestParseYAMLAndUnits(t *testing.T) {
+	s, err := Parse([]byte(`
+id: mlp
+tensors:
+  - {name: w, shape: [784, 128]}
+ranks: 4
+function: {name: adam, hyper: {lr: 0.001}}
+shard_size: 256KiB
+storage: file
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.ShardSize != 256<<10 || s.Sync != "bsp" || s.Replicas != 1 || s.Init.Kind != "zeros" {
+		t.Fatalf("parsed %+v", s)
+	}
+	if _, err := Parse([]byte(`{"id":"x","tensors":[{"name":"w","shape":[4]}],"ranks":1,"function":{"name":"sum"},"colour":"red"}`)); err == nil || !strings.Contains(err.Error(), "colour") {
+		t.Fatalf("unknown field: got %v", err)
+	}
+	if _, err := Parse([]byte(`{"id":"x","shard_size":"lots"}`)); err == nil || !strings.Contains(err.Error(), "shard_size") {
+		t.Fatalf("bad size: got %v", err)
+	}
+}
+
+// Layout properties over random specs: every element in exactly one shard, shards contiguous and in
+// order, none empty or over the target, tensors up to the target never split, deterministic.
+func TestLayoutProperties(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for trial := 0; trial < 500; trial++ {
+		s := Spec{ShardSize: ByteSize(4 * (1 + rng.IntN(5000)))}
+		for i := range 1 + rng.IntN(12) {
+			shape := []int{1 + rng.IntN(3000)}
+			if rng.IntN(3) == 0 {
+				shape = append(shape, 1+rng.IntN(40))
+			}
+			s.Tensors = append(s.Tensors, Tensor{Name: string(rune('a' + i)), Shape: shape})
+		}
+		target := int(s.ShardSize / 4)
+		l := s.Layout()
+		if l.Elements != s.NumElements() {
+			t.Fatalf("trial %d: layout covers %d of %d elements", trial, l.Elements, s.NumElements())
+		}
+		next := 0
+		for i, sh := range l.Shards {
+			if sh.ID != i || sh.Off != next || sh.Len < 1 || sh.Len > target {
+				t.Fatalf("trial %d: shard %+v breaks contiguity or the bound %d", trial, sh, target)
+			}
+			sum := 0
+			for _, p := range sh.Pieces {
+				sum += p.Len
+			}
+			if sum != sh.Len {
+				t.Fatalf("trial %d: shard %d pieces cover %d of %d", trial, i, sum, sh.Len)
+			}
+			next += sh.Len
+		}
+		if next != l.Elements {
+			t.Fatalf("trial %d: shards end at %d, want %d", trial, next, l.Elements)
+		}
+		for _, tn := range s.Tensors {
+			if n := tn.Elements(); n <= target {
+				pieces := 0
+				for _, sh := range l.Shards {
+					for _, p := range sh.Pieces {
+						if p.Tensor == tn.Name {
+							pieces++
+						}
+					}
+				}
+				if pieces != 1 {
+					t.Fatalf("trial %d: tensor %s of %d <= %d elements split into %d pieces", trial, tn.Name, n, target, pieces)
+				}
+			}
+		}
+		again := s.Layout()
+		if len(again.Shards) != len(l.Shards) || again.Shards[len(l.Shards)-1].Off != l.Shards[len(l.Shards)-1].Off {
+			t.Fatalf("trial %d: layout is not stable", trial)
+		}
+	}
+}
+
+// Small tensors share a shard; a large one is split evenly.
+func TestLayoutGroupsAndSplits(t *testing.T) {
+	s := Spec{ShardSize: 4096, Tensors: []Tensor{
+		{Name: "a", Shape: []int{100}}, {Name: "b", Shape: []int{200}}, {Name: "c", Shape: []int{2500}}, {Name: "d", Shape: []int{10}},
+	}}
+	l := s.Layout()
+	var got []int
+	for _, sh := range l.Shards {
+		got = append(got, sh.Len)
+	}
+	want := []int{300, 833, 833, 834, 10}
+	if len(got) != len(want) {
+		t.Fatalf("shard sizes %v, want %v", got, want)
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			t.Fatalf("shard sizes %v, want %v", got, want)
+		}
+	}
+}
+
+// Init values depend on the element's global index only: any sharding gives the same vector.
+func TestInitIndependentOfSharding(t *testing.T) {
+	for _, kind := range []string{"uniform", "normal"} {
+		s := Spec{Init: Init{Kind: kind, Seed: 3, Scale: 0.5}}
+		whole := make([]float32, 1000)
+		s.InitShard(0, whole)
+		part := make([]float32, 300)
+		s.InitShard(450, part)
+		for i := range part {
+			if part[i] != whole[450+i] {
+				t.Fatalf("%s: element %d differs between shardings", kind, 450+i)
+			}
+		}
+		var nonzero int
+		for _, v := range whole {
+			if v != 0 {
+				nonzero++
+			}
+			if v < -5 || v > 5 {
+				t.Fatalf("%s: value %v out of any plausible range for scale 0.5", kind, v)
+			}
+		}
+		if nonzero < 990 {
+			t.Fatalf("%s: only %d of 1000 values non-zero", kind, nonzero)
+		}
+	}
+}
+
+func TestParseByteSize(t *testing.T) {
+	for in, want := range map[string]ByteSize{"4096": 4096, "1MiB": 1 << 20, "256 KiB": 256 << 10, "4KB": 4000} {
+		if got, err := ParseByteSize(in); err != nil || got != want {
+			t.Errorf("ParseByteSize(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "MiB", "-4", "1.5MiB", "9999999999999999GiB"} {
+		if _, err := ParseByteSize(in); err == nil {
+			t.Errorf("ParseByteSize(%q) accepted", in)
+		}
+	}
+}

@@ -1,0 +1,94 @@
+package wire
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+)
+
+func TestStreamSeq(t *testing.T) {
+	cases := map[string]uint64{
+		"$JS.ACK.GRAD.cons.1.4711.12.1700000000000000000.0":               4711,
+		"$JS.ACK.dom.ACCHASH.GRAD.cons.1.42.12.1700000000000000000.0.tok": 42,
+		"$JS.ACK._.ACCHASH.GRAD.cons.1.7.12.1700000000000000000.0":        7,
+	}
+	for reply, want := range cases {
+		if got, ok := StreamSeq(reply); !ok || got != want {
+			t.Errorf("StreamSeq(%q) = %d, %v; want %d", reply, got, ok, want)
+		}
+	}
+	for _, bad := range []string{"", "_INBOX.x", "$JS.ACK.a.b.c", "$JS.ACK.S.c.1.x.1.1.0"} {
+		if _, ok := StreamSeq(bad); ok {
+			t.Errorf("StreamSeq(%q) accepted", bad)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { StreamSeq("$JS.ACK.GRAD.cons.1.4711.12.1700000000000000000.0") }); n != 0 {
+		t.Errorf("StreamSeq allocates %v times", n)
+	}
+}
+
+func TestParseGradHeaders(t *testing.T) {
+	h := nats.Header{}
+	h.Set(HdrStep, "12")
+	h.Set(HdrRank, "3")
+	h.Set(HdrDtype, "f32")
+	h.Set(HdrWeight, "128")
+	m, rej := ParseGradHeaders(h)
+	if rej != nil || m.Step != 12 || m.Rank != 3 || m.Weight != 128 {
+		t.Fatalf("got %+v %v", m, rej)
+	}
+	if n := testing.AllocsPerRun(100, func() { ParseGradHeaders(h) }); n != 0 {
+		t.Errorf("ParseGradHeaders allocates %v times", n)
+	}
+	for _, c := range []struct {
+		key, val string
+		want     Reason
+	}{
+		{HdrStep, "", ReasonMissingHeader}, {HdrStep, "0", ReasonBadHeader}, {HdrStep, "+1", ReasonBadHeader},
+		{HdrRank, "-1", ReasonBadHeader}, {HdrRank, "", ReasonMissingHeader}, {HdrDtype, "bf16", ReasonBadDtype},
+		{HdrWeight, "NaN", ReasonBadHeader}, {HdrWeight, "0", ReasonBadHeader},
+	} {
+		bad := nats.Header{}
+		for k, v := range h {
+			bad[k] = v
+		}
+		if c.val == "" {
+			bad.Del(c.key)
+		} else {
+			bad.Set(c.key, c.val)
+		}
+		if _, rej := ParseGradHeaders(bad); rej == nil || rej.Reason != c.want {
+			t.Errorf("%s=%q: got %v, want %s", c.key, c.val, rej, c.want)
+		}
+	}
+	if _, rej := ParseGradHeaders(nil); rej == nil || rej.Reason != ReasonMissingHeader {
+		t.Errorf("nil headers: got %v", rej)
+	}
+}
+
+func TestRejectRoundTripAndIs(t *testing.T) {
+	r := Rejectf(ReasonStaleStep, "step %d was applied", 3)
+	r.Job = "j"
+	back, err := UnmarshalReject(r.Marshal())
+	if err != nil || *back != *r {
+		t.Fatalf("round trip: %+v %v", back, err)
+	}
+	if !errors.Is(r, ErrReason(ReasonStaleStep)) || errors.Is(r, ErrReason(ReasonDuplicate)) {
+		t.Fatal("errors.Is by reason does not work")
+	}
+	if len(Reasons) != 12 {
+		t.Fatalf("the reasons table has %d rows; update docs/PROTOCOL.md when it changes", len(Reasons))
+	}
+}
+
+func TestShardFromSubject(t *testing.T) {
+	if id, ok := ShardFromSubject(GradSubject("j", 17)); !ok || id != 17 {
+		t.Fatalf("got %d %v", id, ok)
+	}
+	for _, bad := range []string{"fanin.v1.j.grad.x", "fanin.v1.j.grad.", "fanin.v1.j.grad.07", "fanin.v1.j.grad.-1"} {
+		if _, ok := ShardFromSubject(bad); ok {
+			t.Errorf("ShardFromSubject(%q) accepted", bad)
+		}
+	}
+}
