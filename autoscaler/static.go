@@ -35,10 +35,10 @@ func NewStaticPlacer(js jetstream.JetStream, log *slog.Logger) *StaticPlacer {
 
 // view is the placer's picture of the shared state, rebuilt from the buckets' watches.
 type view struct {
-	jobs      map[string]int                    // job -> number of shards
-	runtimes  map[string]time.Time              // runtime id -> time of its last heartbeat
-	placement map[string]wire.Placement         // <job>.<shard> -> owner
-	revision  map[string]uint64                 // placement key -> KV revision, for compare-and-set
+	jobs      map[string]int            // job -> number of shards
+	runtimes  map[string]time.Time      // runtime id -> time of its last heartbeat
+	placement map[string]wire.Placement // <job>.<shard> -> owner
+	revision  map[string]uint64         // placement key -> KV revision, for compare-and-set
 }
 
 // Run watches jobs, runtimes and placement and reconciles until ctx is done.

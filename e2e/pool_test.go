@@ -125,7 +125,10 @@ func TestProcessPoolSurvivesStopAndKill(t *testing.T) {
 
 type testWriter struct{ t *testing.T }
 
-func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(bytes.TrimSpace(p))); return len(p), nil }
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(bytes.TrimSpace(p)))
+	return len(p), nil
+}
 
 func f32bytes(v []float32) []byte {
 	b := make([]byte, 4*len(v))

@@ -47,7 +47,9 @@ type APIError struct {
 	Detail string `json:"detail"`
 }
 
-func (e *APIError) Error() string { return fmt.Sprintf("gateway: %d %s: %s", e.Status, e.Code, e.Detail) }
+func (e *APIError) Error() string {
+	return fmt.Sprintf("gateway: %d %s: %s", e.Status, e.Code, e.Detail)
+}
 
 // CreateJob submits a spec and returns the stored record with its layout.
 func (a *Admin) CreateJob(ctx context.Context, spec job.Spec) (*job.Record, error) {
