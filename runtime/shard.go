@@ -280,6 +280,9 @@ func (x *shardExec) handle(m jetstream.Msg) {
 	}
 	if rej != nil {
 		rej.Job, rej.Shard = x.ji.rec.Spec.ID, x.shard.ID
+		if h := m.Headers(); h != nil {
+			rej.MsgID = h.Get(wire.HdrMsgID)
+		}
 		if rej.Step == 0 {
 			rej.Step = meta.Step
 		}

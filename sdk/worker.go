@@ -286,8 +286,11 @@ func (w *Worker) await(ctx context.Context, t int64) error {
 		case <-ready:
 			return nil
 		case rej := <-w.rejects:
-			if rej.Step != t || (w.attempt > 0 && rej.Reason == wire.ReasonDuplicate) {
-				continue // an old step's report, or the echo of our own retry
+			if rej.Step != t || wire.GradAttempt(rej.MsgID) != w.attempt ||
+				(w.attempt > 0 && (rej.Reason == wire.ReasonDuplicate || rej.Reason == wire.ReasonStaleStep)) {
+				// An old step's or an earlier attempt's report, or the echo of a retry: a shard that
+				// took our earlier message answers duplicate (step still open) or stale (applied).
+				continue
 			}
 			return rej
 		case <-timer.C:

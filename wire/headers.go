@@ -37,6 +37,21 @@ func ParamsMsgID(job string, shard int, step int64) string {
 	return job + ".p." + strconv.Itoa(shard) + "." + strconv.FormatInt(step, 10)
 }
 
+// GradAttempt is the retry number in a gradient message id made by GradMsgID with an attempt
+// suffix ".a<k>"; ids without one are attempt 0.
+func GradAttempt(msgID string) int {
+	i := len(msgID)
+	for i > 0 && msgID[i-1] != '.' {
+		i--
+	}
+	if i < len(msgID)-1 && msgID[i] == 'a' {
+		if n, ok := parseInt(msgID[i+1:]); ok {
+			return int(n)
+		}
+	}
+	return 0
+}
+
 // GradMeta is what a gradient message's headers say.
 type GradMeta struct {
 	Step    int64

@@ -52,6 +52,7 @@ type Reject struct {
 	Shard  int    `json:"shard"`
 	Step   int64  `json:"step,omitempty"`
 	Rank   int    `json:"rank"`
+	MsgID  string `json:"msg_id,omitempty"` // the rejected message's Nats-Msg-Id, if it had one
 }
 
 // Rejectf makes a Reject with a formatted detail; the caller fills in where it came from.

@@ -92,3 +92,12 @@ func TestShardFromSubject(t *testing.T) {
 		}
 	}
 }
+
+func TestGradAttempt(t *testing.T) {
+	id := GradMsgID("j", 3, 12, 1)
+	for in, want := range map[string]int{id: 0, id + ".a1": 1, id + ".a17": 17, "": 0, "x.ab": 0} {
+		if got := GradAttempt(in); got != want {
+			t.Errorf("GradAttempt(%q) = %d, want %d", in, got, want)
+		}
+	}
+}
