@@ -134,7 +134,7 @@ func (x *shardExec) serve(ctx context.Context) error {
 		return err
 	}
 	x.mu.Lock()
-	start := x.seq + 1
+	start, fromStep := x.seq+1, x.step
 	x.stopped = false
 	x.mu.Unlock()
 	cons, err := x.ji.grads.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
@@ -161,7 +161,7 @@ func (x *shardExec) serve(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("consume: %w", err)
 	}
-	x.log.Debug("serving shard", "from_step", x.step, "from_seq", start)
+	x.log.Debug("serving shard", "from_step", fromStep, "from_seq", start)
 
 	var sweep <-chan time.Time
 	if x.shard.ID == 0 { // one shard per job sweeps messages addressed to shards that do not exist
