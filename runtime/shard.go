@@ -68,6 +68,10 @@ type shardExec struct {
 	ckptAt   atomic.Int64 // step of the newest stored checkpoint
 }
 
+// maxPullBytes bounds the gradient bytes one shard's consumer buffers, below nats.go's default
+// subscription pending limit of 64 MB.
+const maxPullBytes = 48 << 20
+
 // outBuf is a reusable outgoing message; it returns to its pool when JetStream acknowledges it.
 type outBuf struct {
 	msg  *nats.Msg
@@ -148,8 +152,10 @@ func (x *shardExec) serve(ctx context.Context) error {
 	msgBytes := x.shard.Bytes() + wire.Headroom
 	failed := make(chan error, 1)
 	cc, err := cons.Consume(x.handle,
-		// Buffer at most two steps of this shard's gradients in the client: flow control, not loss.
-		jetstream.PullMaxBytes(max(2*x.ranks*msgBytes, 2*msgBytes)),
+		// Buffer up to two steps of this shard's gradients in the client, and stay under the
+		// subscription's 64 MB pending limit: flow control, never a slow-consumer drop. (Were one to
+		// happen, the ordered consumer resets from the last sequence seen: a replay, not a loss.)
+		jetstream.PullMaxBytes(max(min(2*x.ranks*msgBytes, maxPullBytes), 2*msgBytes)),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 			if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrStreamNotFound) {
 				select {
@@ -269,6 +275,11 @@ func (x *shardExec) handle(m jetstream.Msg) {
 		x.log.Error("message without stream sequence", "reply", m.Reply())
 		return
 	}
+	x.handleSeq(m, seq)
+}
+
+// handleSeq decides on the message at stream sequence seq. x.mu is held.
+func (x *shardExec) handleSeq(m jetstream.Msg, seq uint64) {
 	if seq <= x.seq { // redelivered after a consumer reset: already decided
 		return
 	}
