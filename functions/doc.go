@@ -1,0 +1,56 @@
+// Package functions holds fanin's aggregation functions, their registry, and the single-process
+// reference semantics that every deployment reproduces bit for bit.
+//
+// # The contract
+//
+// One step of one shard is: the N ranks' inputs are summed in float32, in rank order 0..N-1,
+// into an accumulator (CopyLE rank 0 then AddLE ranks 1..N-1; for a weighted function such as
+// fedavg, ScaleLE rank 0 then AxpyLE ranks 1..N-1 with w = float32(weight[r])); then the
+// function's Apply is called once with that sum as Update.Grad. Reference does exactly this in
+// one process; the runtime does it over JetStream; both must give the same bits.
+//
+// Let scale = float32(1/WeightSum) (WeightSum is N, or for a weighted function the float64 sum of
+// the weights in rank order, see SumWeights). Every optimizer sees the mean gradient
+//
+//	g[i] = float32(Grad[i] * scale)
+//
+// (sum sees g[i] = Grad[i], unscaled). Every function accepts clip_norm (default 0, off): when it
+// is > 0, norm = sqrt(sum of float64(g[i])^2, accumulated in float64 in index order), and when
+// norm > clip_norm, g[i] = float32(g[i] * float32(clip_norm/norm)). Clipping is per shard, so
+// with clip_norm the result depends on the shard layout (which is a pure function of the job).
+//
+// The functions, with p = Params[i], float32 arithmetic throughout and sqrt(x) meaning
+// float32(math.Sqrt(float64(x))), the correctly rounded float32 square root:
+//
+//	sum       p = g                                   (g not scaled by 1/WeightSum)
+//	mean      p = g
+//	fedavg    p = g                                   (Weighted: g is the weighted mean)
+//	sgd       d = g + wd*p;  p = p - lr*d
+//	momentum  d = g + wd*p
+//	          v = d                                   at Step 1 (PyTorch clones d into the buffer)
+//	          v = mu*v + (1-dampening)*d              later steps
+//	          d = d + mu*v if nesterov, else d = v;  p = p - lr*d
+//	nesterov  momentum with nesterov = 1
+//	adam      g = g + wd*p
+//	          m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*(g*g)
+//	          denom = sqrt(v)/sqrt(bc2) + eps;  p = p - (lr/bc1)*(m/denom)
+//	adamw     p = p*(1-lr*wd) first, then adam without the L2 term
+//	adagrad   g = g + wd*p;  s = s + g*g;  p = p - lr*(g/(sqrt(s)+eps))
+//
+// The weight-decay term is skipped entirely when weight_decay is 0 (as PyTorch does), which
+// matters only for signed zeros and non-finite parameters. Scalars derived from hyper-parameters
+// are computed in float64 and rounded once: 1-b1, 1-b2, 1-dampening, 1-lr*wd, and per Apply
+// bc1 = 1-b1^t, bc2 = 1-b2^t (b^t by binary exponentiation: multiplications only, in a fixed
+// order, rather than math.Pow), lr/bc1 and sqrt(bc2).
+// Every product is written with an explicit float32(...) conversion: the Go spec allows the
+// compiler to fuse x*y+z into one FMA instruction (it does so on arm64, ppc64, s390x, riscv64),
+// and an explicit conversion forbids that, so amd64 and arm64 give identical bits. The golden test
+// checks it: run under qemu on arm64, it fails as soon as one conversion is removed.
+//
+// # Kernels
+//
+// CopyLE, AddLE, ScaleLE, AxpyLE, EncodeLE and NonFinite work on the wire's raw little-endian
+// float32 bytes; Add, Scale and Axpy are their float32 counterparts, which the Reference uses;
+// every pair gives the same bits. SumLE sums N payloads at once, with the bits of CopyLE + AddLE
+// in rank order, for a runtime that has gathered every rank. None of them allocates.
+package functions

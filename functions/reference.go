@@ -1,0 +1,118 @@
+package functions
+
+import (
+	"slices"
+	"strconv"
+)
+
+// Range is one shard's slice of the flattened parameter vector.
+type Range struct{ Off, Len int }
+
+// Reference computes in one process what any deployment must reproduce bit for bit: per shard,
+// the ranks' inputs summed in float32 in rank order 0..N-1 (weighted for fedavg), then the
+// function. It sums with Add (Scale/Axpy when weighted), which give the same bits as the
+// runtime's CopyLE/AddLE (ScaleLE/AxpyLE) on the encoded inputs, and it calls the same Apply.
+// A Reference is not safe for concurrent use.
+type Reference struct {
+	fn       Func
+	weighted bool
+	ranks    int
+	shards   []Range
+	params   []float32
+	state    [][][]float32 // per shard, Slots() vectors
+	scratch  []float32     // the sum of one shard
+	step     int64
+}
+
+// NewReference returns the reference for fn with ranks logical ranks, parameters init (copied)
+// cut into shards. An empty shards means one shard covering init. Shards must lie within init
+// and must not overlap; elements outside every shard never change. It panics on bad arguments.
+func NewReference(fn Func, ranks int, shards []Range, init []float32) *Reference {
+	if ranks < 1 {
+		panic("functions: NewReference: ranks " + strconv.Itoa(ranks) + " < 1")
+	}
+	if len(shards) == 0 {
+		shards = []Range{{0, len(init)}}
+	}
+	shards = slices.Clone(shards)
+	sorted := slices.Clone(shards)
+	slices.SortFunc(sorted, func(a, b Range) int { return a.Off - b.Off })
+	end, longest := 0, 0
+	for _, s := range sorted {
+		if s.Off < end || s.Len < 0 || s.Off+s.Len > len(init) {
+			panic("functions: NewReference: shard {" + strconv.Itoa(s.Off) + ", " + strconv.Itoa(s.Len) +
+				"} overlaps another or lies outside the " + strconv.Itoa(len(init)) + " parameters")
+		}
+		end = s.Off + s.Len
+		longest = max(longest, s.Len)
+	}
+	r := &Reference{
+		fn: fn, weighted: Weighted(fn.Name()), ranks: ranks, shards: shards,
+		params: slices.Clone(init), state: make([][][]float32, len(shards)),
+		scratch: make([]float32, longest),
+	}
+	if r.params == nil {
+		r.params = []float32{}
+	}
+	for i, s := range shards {
+		st := make([][]float32, fn.Slots())
+		for j := range st {
+			st[j] = make([]float32, s.Len)
+		}
+		fn.InitState(st)
+		r.state[i] = st
+	}
+	return r
+}
+
+// Step applies one step. grads[r] is rank r's full flattened gradient (or model, for fedavg).
+// weights may be nil (all 1) and is used only when the function is weighted; then every rank's
+// input is scaled by float32(weights[r]) and WeightSum is SumWeights(weights).
+func (r *Reference) Step(grads [][]float32, weights []float64) {
+	if len(grads) != r.ranks {
+		panic("functions: Reference.Step: " + strconv.Itoa(len(grads)) + " gradients for " + strconv.Itoa(r.ranks) + " ranks")
+	}
+	for i, g := range grads {
+		if len(g) != len(r.params) {
+			panic("functions: Reference.Step: rank " + strconv.Itoa(i) + " gradient has " + strconv.Itoa(len(g)) +
+				" elements, want " + strconv.Itoa(len(r.params)))
+		}
+	}
+	weightSum := float64(r.ranks)
+	if r.weighted && weights != nil {
+		if len(weights) != r.ranks {
+			panic("functions: Reference.Step: " + strconv.Itoa(len(weights)) + " weights for " + strconv.Itoa(r.ranks) + " ranks")
+		}
+		weightSum = SumWeights(weights)
+	} else {
+		weights = nil
+	}
+	r.step++
+	for i, s := range r.shards {
+		acc := r.scratch[:s.Len]
+		for rank, g := range grads {
+			x := g[s.Off : s.Off+s.Len]
+			switch {
+			case weights != nil && rank == 0:
+				Scale(acc, float32(weights[0]), x)
+			case weights != nil:
+				Axpy(acc, float32(weights[rank]), x)
+			case rank == 0:
+				copy(acc, x)
+			default:
+				Add(acc, x)
+			}
+		}
+		r.fn.Apply(&Update{
+			Params: r.params[s.Off : s.Off+s.Len], Grad: acc, State: r.state[i],
+			Step: r.step, Ranks: r.ranks, WeightSum: weightSum,
+		})
+	}
+}
+
+// Params returns the current parameters. The slice is owned by the Reference and changes with
+// every Step.
+func (r *Reference) Params() []float32 { return r.params }
+
+// StepCount returns the number of steps applied so far (the last Update.Step).
+func (r *Reference) StepCount() int64 { return r.step }
