@@ -180,7 +180,7 @@ func (p *StaticPlacer) reconcile(ctx context.Context, kv jetstream.KeyValue, v *
 					target = id
 				}
 			}
-			pl := wire.Placement{Runtime: target, Epoch: old.Epoch + 1}
+			pl := wire.Placement{Runtime: target, Epoch: old.Epoch + 1, From: old.Runtime}
 			val, _ := json.Marshal(pl)
 			var err error
 			if placed {

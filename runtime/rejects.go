@@ -16,6 +16,24 @@ type Stats struct {
 	invocations atomic.Int64
 	bytesIn     atomic.Int64
 	fnNanos     atomic.Int64
+	workNanos   atomic.Int64 // fold and function
+	migrations  atomic.Int64 // shards received from another runtime
+
+	mu     sync.Mutex      // guards pauses
+	pauses []time.Duration // the latest migration pauses, at most maxPauses
+}
+
+const maxPauses = 4096
+
+func (s *Stats) addPause(d time.Duration) {
+	s.migrations.Add(1)
+	s.mu.Lock()
+	if len(s.pauses) == maxPauses {
+		copy(s.pauses, s.pauses[1:])
+		s.pauses = s.pauses[:maxPauses-1]
+	}
+	s.pauses = append(s.pauses, d)
+	s.mu.Unlock()
 }
 
 // StatsSnapshot is a copy of the counters.
@@ -24,11 +42,18 @@ type StatsSnapshot struct {
 	BytesIn     int64                 // gradient bytes accepted
 	FuncTime    time.Duration         // time spent in the function
 	Rejects     map[wire.Reason]int64 // rejected inputs by reason
+	Migrations  int64                 // shards taken over from another runtime after its release
+	Pauses      []time.Duration       // their pauses: previous owner stopped to this one serving
 }
 
 // Stats returns the runtime's counters.
 func (r *Runtime) Stats() StatsSnapshot {
+	r.stats.mu.Lock()
+	pauses := append([]time.Duration(nil), r.stats.pauses...)
+	r.stats.mu.Unlock()
 	return StatsSnapshot{
+		Migrations:  r.stats.migrations.Load(),
+		Pauses:      pauses,
 		Invocations: r.stats.invocations.Load(),
 		BytesIn:     r.stats.bytesIn.Load(),
 		FuncTime:    time.Duration(r.stats.fnNanos.Load()),

@@ -136,7 +136,8 @@ func (r *Runtime) Run(ctx context.Context) error {
 	loops, stopLoops := context.WithCancel(context.Background())
 	r.acks = newAcker(r.js, r.log)
 	r.purger = newPurger(r.log)
-	bg.Add(3)
+	bg.Add(4)
+	go func() { defer bg.Done(); r.report(loops, time.Second) }()
 	go func() { defer bg.Done(); r.acks.run(loops) }()
 	go func() { defer bg.Done(); r.purger.run(loops) }()
 	go func() { defer bg.Done(); r.beat(loops, started) }()
@@ -213,13 +214,42 @@ func (r *Runtime) onPlacement(ctx context.Context, e jetstream.KeyValueEntry) {
 			r.log.Warn("bad placement key", "key", key, "err", err)
 			return
 		}
-		r.startShard(ctx, key, jobID, shard, p.Epoch)
+		r.startShard(ctx, key, jobID, shard, p)
 	case !mine && running:
-		r.stopShard(x)
+		// Moved away (or the job is gone): stop at a step boundary and release the shard to its new
+		// owner, without holding up the other placement changes.
+		r.mu.Lock()
+		delete(r.shards, key)
+		r.mu.Unlock()
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			r.release(x, p.Epoch, e.Operation() == jetstream.KeyValuePut)
+		}()
 	}
 }
 
-func (r *Runtime) startShard(ctx context.Context, key, jobID string, shard int, epoch uint64) {
+// release stops x and, when the shard moved to another runtime, writes the handover record the new
+// owner waits for: by then the shard's final snapshot is stored.
+func (r *Runtime) release(x *shardExec, epoch uint64, moved bool) {
+	stopped := r.now()
+	x.cancel()
+	<-x.done
+	if !moved {
+		return
+	}
+	x.mu.Lock()
+	h := wire.Handover{Epoch: epoch, From: r.id, Step: x.step, Stopped: stopped.UTC(), Released: r.now().UTC()}
+	x.mu.Unlock()
+	val, _ := json.Marshal(h)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := r.buckets.Handover.Put(ctx, x.key, val); err != nil {
+		r.log.Warn("handover not recorded; the new owner waits for this runtime to be gone", "shard", x.key, "err", err)
+	}
+}
+
+func (r *Runtime) startShard(ctx context.Context, key, jobID string, shard int, p wire.Placement) {
 	ji, err := r.acquireJob(ctx, jobID)
 	if err != nil {
 		r.log.Warn("cannot serve shard", "job", jobID, "shard", shard, "err", err)
@@ -230,7 +260,7 @@ func (r *Runtime) startShard(ctx context.Context, key, jobID string, shard int, 
 		r.log.Warn("placement names a shard the job does not have", "job", jobID, "shard", shard)
 		return
 	}
-	x, err := newShardExec(r, ji, shard, epoch)
+	x, err := newShardExec(r, ji, shard, p.Epoch)
 	if err != nil {
 		r.releaseJob(jobID)
 		r.log.Warn("cannot serve shard", "job", jobID, "shard", shard, "err", err)
@@ -238,6 +268,7 @@ func (r *Runtime) startShard(ctx context.Context, key, jobID string, shard int, 
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	x.cancel = cancel
+	x.placement = p
 	r.mu.Lock()
 	r.shards[key] = x
 	r.mu.Unlock()
@@ -252,12 +283,6 @@ func (r *Runtime) startShard(ctx context.Context, key, jobID string, shard int, 
 		r.mu.Unlock()
 		r.releaseJob(jobID)
 	}()
-}
-
-// stopShard stops one executor and waits until it has written its final checkpoint.
-func (r *Runtime) stopShard(x *shardExec) {
-	x.cancel()
-	<-x.done
 }
 
 func (r *Runtime) stopAll() {

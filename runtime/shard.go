@@ -42,8 +42,9 @@ type shardExec struct {
 	finite    bool  // reject NaN and Inf
 	ckptEvery int64 // stateful functions checkpoint every ckptEvery steps
 
-	cancel context.CancelFunc
-	done   chan struct{} // closed when run returns
+	cancel    context.CancelFunc
+	done      chan struct{}  // closed when run returns
+	placement wire.Placement // the entry that placed the shard here
 
 	mu      sync.Mutex // guards everything below; held by the message handler
 	stopped bool
@@ -58,6 +59,9 @@ type shardExec struct {
 	pend    [][]byte
 	weights []float64
 	wsum    float64
+
+	// Load signals, averaged over recent steps (see load.go).
+	stats shardStats
 
 	outs    chan *outBuf // free parameter buffers: at most cap(outs) publishes in flight
 	ckptBuf *outBuf
@@ -134,6 +138,10 @@ func (x *shardExec) run(ctx context.Context) {
 }
 
 func (x *shardExec) serve(ctx context.Context) error {
+	released, err := x.awaitRelease(ctx)
+	if err != nil {
+		return err
+	}
 	if err := x.restore(ctx); err != nil {
 		return err
 	}
@@ -168,6 +176,11 @@ func (x *shardExec) serve(ctx context.Context) error {
 		return fmt.Errorf("consume: %w", err)
 	}
 	x.log.Debug("serving shard", "from_step", fromStep, "from_seq", start)
+	if !released.IsZero() {
+		pause := x.r.now().Sub(released)
+		x.r.stats.addPause(pause)
+		x.log.Debug("shard taken over", "from", x.placement.From, "pause", pause)
+	}
 
 	var sweep <-chan time.Time
 	if x.shard.ID == 0 { // one shard per job sweeps messages addressed to shards that do not exist
@@ -270,11 +283,12 @@ func (x *shardExec) handle(m jetstream.Msg) {
 	if x.stopped {
 		return
 	}
-	seq, ok := wire.StreamSeq(m.Reply())
+	seq, pending, ok := wire.AckInfo(m.Reply())
 	if !ok {
 		x.log.Error("message without stream sequence", "reply", m.Reply())
 		return
 	}
+	x.stats.pending = pending
 	x.handleSeq(m, seq)
 }
 
@@ -304,13 +318,24 @@ func (x *shardExec) handleSeq(m jetstream.Msg, seq uint64) {
 		return
 	}
 	x.r.stats.bytesIn.Add(int64(len(data)))
+	queued := time.Now()
+	if x.next == 0 && !x.anyRank() {
+		x.stats.stepStart = queued
+	}
 	x.r.cpu <- struct{}{}
+	started := time.Now()
 	x.fold(meta.Rank, meta.Weight, data)
 	complete := x.next == x.ranks
 	if complete {
 		x.apply()
 	}
 	<-x.r.cpu
+	work := time.Since(started)
+	x.stats.addWork(started.Sub(queued), work)
+	x.r.stats.workNanos.Add(int64(work))
+	if complete {
+		x.stats.stepDone(time.Now())
+	}
 	if complete {
 		x.publishParams()
 		if len(x.state) > 0 && x.step-x.ckptAt.Load() >= x.ckptEvery {
@@ -391,6 +416,15 @@ func (x *shardExec) apply() {
 	x.resetGather()
 	x.r.stats.invocations.Add(1)
 	x.r.stats.fnNanos.Add(int64(time.Since(start)))
+}
+
+func (x *shardExec) anyRank() bool {
+	for _, h := range x.have {
+		if h {
+			return true
+		}
+	}
+	return false
 }
 
 func (x *shardExec) resetGather() {

@@ -71,6 +71,7 @@ func shardSubject(job, kind string, shard int) string {
 type Placement struct {
 	Runtime string `json:"runtime"`
 	Epoch   uint64 `json:"epoch"`
+	From    string `json:"from,omitempty"` // the previous owner, which must release the shard first
 }
 
 // RuntimeInfo is the value of a RuntimesBucket entry, refreshed by the runtime's heartbeat.
@@ -82,14 +83,21 @@ type RuntimeInfo struct {
 }
 
 // StreamSeq returns the stream sequence of a JetStream message from its ack reply subject, without
-// allocating. Both forms are accepted:
+// allocating. See AckInfo.
+func StreamSeq(reply string) (uint64, bool) {
+	seq, _, ok := AckInfo(reply)
+	return seq, ok
+}
+
+// AckInfo returns the stream sequence and the consumer's pending count from a JetStream message's
+// ack reply subject, without allocating. Both forms are accepted:
 //
 //	$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<tm>.<pending>
 //	$JS.ACK.<domain>.<hash>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<tm>.<pending>[.<token>]
-func StreamSeq(reply string) (uint64, bool) {
+func AckInfo(reply string) (seq, pending uint64, ok bool) {
 	const prefix = "$JS.ACK."
 	if len(reply) < len(prefix) || reply[:len(prefix)] != prefix {
-		return 0, false
+		return 0, 0, false
 	}
 	tokens := 1
 	for i := 0; i < len(reply); i++ {
@@ -97,25 +105,36 @@ func StreamSeq(reply string) (uint64, bool) {
 			tokens++
 		}
 	}
-	var pos int
+	var seqPos int
 	switch {
 	case tokens == 9:
-		pos = 5
+		seqPos = 5
 	case tokens >= 11:
-		pos = 7
+		seqPos = 7
 	default:
-		return 0, false
+		return 0, 0, false
 	}
+	pendPos := seqPos + 3
 	start, tok := 0, 0
 	for i := 0; i <= len(reply); i++ {
 		if i == len(reply) || reply[i] == '.' {
-			if tok == pos {
-				n, ok := parseInt(reply[start:i])
-				return uint64(n), ok
+			switch tok {
+			case seqPos:
+				n, good := parseInt(reply[start:i])
+				if !good {
+					return 0, 0, false
+				}
+				seq = uint64(n)
+			case pendPos:
+				n, good := parseInt(reply[start:i])
+				if !good {
+					return 0, 0, false
+				}
+				return seq, uint64(n), true
 			}
 			tok++
 			start = i + 1
 		}
 	}
-	return 0, false
+	return 0, 0, false
 }

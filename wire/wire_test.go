@@ -101,3 +101,14 @@ func TestGradAttempt(t *testing.T) {
 		}
 	}
 }
+
+func TestAckInfo(t *testing.T) {
+	seq, pending, ok := AckInfo("$JS.ACK.dom.HASH.GRAD.cons.1.42.12.1700000000000000000.9.tok")
+	if !ok || seq != 42 || pending != 9 {
+		t.Fatalf("got %d %d %v", seq, pending, ok)
+	}
+	seq, pending, ok = AckInfo("$JS.ACK.GRAD.cons.1.4711.12.1700000000000000000.3")
+	if !ok || seq != 4711 || pending != 3 {
+		t.Fatalf("got %d %d %v", seq, pending, ok)
+	}
+}

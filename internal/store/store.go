@@ -21,7 +21,13 @@ type Buckets struct {
 	Jobs      jetstream.KeyValue
 	Placement jetstream.KeyValue
 	Runtimes  jetstream.KeyValue
+	Handover  jetstream.KeyValue
+	Leader    jetstream.KeyValue
+	Policy    jetstream.KeyValue
 }
+
+// LeaderTTL is how long the autoscaler's leader lock lives without renewal.
+const LeaderTTL = 5 * time.Second
 
 // RuntimeTTL is how long a runtime's registration lives without a heartbeat.
 const RuntimeTTL = 10 * time.Second
@@ -44,6 +50,22 @@ func OpenBuckets(ctx context.Context, js jetstream.JetStream) (*Buckets, error) 
 	if b.Runtimes, err = ensureKV(ctx, js, jetstream.KeyValueConfig{
 		Bucket: wire.RuntimesBucket, Description: "fanin runtime registry", Storage: jetstream.MemoryStorage,
 		History: 1, TTL: RuntimeTTL,
+	}); err != nil {
+		return nil, err
+	}
+	if b.Handover, err = ensureKV(ctx, js, jetstream.KeyValueConfig{
+		Bucket: wire.HandoverBucket, Description: "fanin shard releases on migration", Storage: jetstream.FileStorage, History: 1,
+	}); err != nil {
+		return nil, err
+	}
+	if b.Leader, err = ensureKV(ctx, js, jetstream.KeyValueConfig{
+		Bucket: wire.LeaderBucket, Description: "fanin autoscaler leader lock", Storage: jetstream.FileStorage,
+		History: 1, TTL: LeaderTTL,
+	}); err != nil {
+		return nil, err
+	}
+	if b.Policy, err = ensureKV(ctx, js, jetstream.KeyValueConfig{
+		Bucket: wire.PolicyBucket, Description: "fanin autoscaler policy and its history", Storage: jetstream.FileStorage, History: 64,
 	}); err != nil {
 		return nil, err
 	}

@@ -1,0 +1,103 @@
+package runtime
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// shardStats are a shard's load signals: exponentially weighted averages over its recent steps.
+// Guarded by the shard's mu.
+type shardStats struct {
+	stepStart time.Time     // first gradient of the open step
+	lastDone  time.Time     // when the previous step was applied
+	work      time.Duration // CPU time of the open step so far
+	wait      time.Duration // time the open step's messages waited for a core
+
+	avgWork, avgWait, avgPeriod, avgBurst float64 // seconds
+	phase                                 time.Duration
+	pending                               uint64
+}
+
+// ewmaWeight is the weight of the newest step in the averages.
+const ewmaWeight = 0.3
+
+func ewma(avg, v float64) float64 {
+	if avg == 0 {
+		return v
+	}
+	return avg + ewmaWeight*(v-avg)
+}
+
+func (s *shardStats) addWork(wait, work time.Duration) {
+	s.wait += wait
+	s.work += work
+}
+
+// stepDone folds the step that just completed into the averages.
+func (s *shardStats) stepDone(now time.Time) {
+	s.avgWork = ewma(s.avgWork, s.work.Seconds())
+	s.avgWait = ewma(s.avgWait, s.wait.Seconds())
+	if !s.stepStart.IsZero() {
+		s.avgBurst = ewma(s.avgBurst, now.Sub(s.stepStart).Seconds())
+	}
+	if !s.lastDone.IsZero() {
+		s.avgPeriod = ewma(s.avgPeriod, now.Sub(s.lastDone).Seconds())
+		if p := seconds(s.avgPeriod); p > 0 && !s.stepStart.IsZero() {
+			s.phase = time.Duration(s.stepStart.UnixNano() % int64(p))
+		}
+	}
+	s.lastDone, s.work, s.wait = now, 0, 0
+}
+
+func seconds(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
+
+// loadSignals reports the shard's signals.
+func (x *shardExec) loadSignals() wire.ShardLoad {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return wire.ShardLoad{
+		Key: x.key, Job: x.ji.rec.Spec.ID, Step: x.step,
+		Bytes:     int64(x.ranks) * int64(x.shard.Bytes()),
+		Work:      x.stats.avgWork,
+		Period:    seconds(x.stats.avgPeriod),
+		Phase:     x.stats.phase,
+		Burst:     seconds(x.stats.avgBurst),
+		QueueWait: seconds(x.stats.avgWait),
+		Pending:   x.stats.pending,
+	}
+}
+
+// report publishes the runtime's LoadReport every interval until ctx is done.
+func (r *Runtime) report(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	var lastWork, lastBytes int64
+	var nsPerByte float64
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		work, bytes := r.stats.workNanos.Load(), r.stats.bytesIn.Load()
+		if db := bytes - lastBytes; db > 0 {
+			nsPerByte = ewma(nsPerByte, float64(work-lastWork)/float64(db))
+		}
+		lastWork, lastBytes = work, bytes
+		rep := wire.LoadReport{Runtime: r.id, Cores: r.cores, At: r.now().UTC(), NanosPerByte: nsPerByte}
+		r.mu.Lock()
+		execs := make([]*shardExec, 0, len(r.shards))
+		for _, x := range r.shards {
+			execs = append(execs, x)
+		}
+		r.mu.Unlock()
+		for _, x := range execs {
+			rep.Shards = append(rep.Shards, x.loadSignals())
+		}
+		data, _ := json.Marshal(rep)
+		_ = r.nc.Publish(wire.LoadSubject(r.id), data)
+	}
+}

@@ -1,0 +1,60 @@
+package wire
+
+import "time"
+
+// LoadSubject is where a runtime publishes its LoadReport every second (core NATS).
+func LoadSubject(runtime string) string { return Prefix + "load." + runtime }
+
+// LoadWildcard matches every runtime's load reports.
+const LoadWildcard = Prefix + "load.*"
+
+// HandoverBucket holds, per shard (key <job>.<shard>), the release written by the shard's previous
+// owner once its final snapshot is stored: the new owner starts only after it, or after the previous
+// owner died.
+const HandoverBucket = "fanin-handover"
+
+// LeaderBucket holds the autoscaler's leader lock.
+const LeaderBucket = "fanin-leader"
+
+// PolicyBucket holds the autoscaler policy (key "policy", YAML or JSON).
+const PolicyBucket = "fanin-policy"
+
+// DecisionsSubject carries every autoscaler decision (JSON), kept by stream DecisionsStream.
+const (
+	DecisionsSubject = Prefix + "decisions"
+	DecisionsStream  = "FANIN_DECISIONS"
+)
+
+// LoadReport is a runtime's view of its own load.
+type LoadReport struct {
+	Runtime string    `json:"runtime"`
+	Cores   int       `json:"cores"`
+	At      time.Time `json:"at"`
+	// NanosPerByte is the recent time the runtime spent per aggregated gradient byte (fold and
+	// function): its speed, comparable across runtimes for the same kind of work.
+	NanosPerByte float64     `json:"nanos_per_byte"`
+	Shards       []ShardLoad `json:"shards"`
+}
+
+// ShardLoad is one shard's recent load, as averages over its last steps.
+type ShardLoad struct {
+	Key       string        `json:"key"` // <job>.<shard>
+	Job       string        `json:"job"`
+	Step      int64         `json:"step"`  // last applied step
+	Bytes     int64         `json:"bytes"` // gradient bytes per step (ranks x shard)
+	Work      float64       `json:"work"`  // CPU seconds per step
+	Period    time.Duration `json:"period"`
+	Phase     time.Duration `json:"phase"` // burst start modulo Period, from the Unix epoch
+	Burst     time.Duration `json:"burst"` // first to last gradient of a step
+	QueueWait time.Duration `json:"queue_wait"`
+	Pending   uint64        `json:"pending"` // messages the consumer had not yet delivered
+}
+
+// Handover is a shard's release by its previous owner.
+type Handover struct {
+	Epoch    uint64    `json:"epoch"` // the placement epoch that moved the shard away
+	From     string    `json:"from"`
+	Step     int64     `json:"step"` // the step of the final snapshot
+	Stopped  time.Time `json:"stopped"`
+	Released time.Time `json:"released"`
+}
