@@ -1,4 +1,4 @@
-// Package autoscaler decides where shards run. Today it holds the static placer, the single writer of
-// placement: it spreads each job's shards over the live runtimes and moves shards off runtimes that
-// stopped heart-beating. The elastic decider replaces it in a later step.
+// Package autoscaler sizes the runtime pool and places shards: a pure Decider (observations and
+// now in, a decision out; the simulator reuses it unchanged), the Controller that runs it as the
+// leader of a control loop and carries its decisions out, and the pool drivers.
 package autoscaler

@@ -118,7 +118,7 @@ func TestBadInputRejected(t *testing.T) {
 	rejectsBefore := map[wire.Reason]int64{}
 	count := func() map[wire.Reason]int64 {
 		sum := map[wire.Reason]int64{}
-		for _, rt := range st.Runtimes {
+		for _, rt := range st.AllRuntimes() {
 			for k, v := range rt.Stats().Rejects {
 				sum[k] += v
 			}

@@ -66,7 +66,7 @@ func fetchStep(t *testing.T, ps jetstream.Stream, rec *job.Record, step int64) [
 
 func invocations(st *devstack.Stack) int64 {
 	var n int64
-	for _, rt := range st.Runtimes {
+	for _, rt := range st.AllRuntimes() {
 		n += rt.Stats().Invocations
 	}
 	return n
@@ -174,7 +174,7 @@ func TestShuffledResentBitExact(t *testing.T) {
 		})
 	}
 	placed := 0
-	for _, rt := range st.Runtimes {
+	for _, rt := range st.Runtimes() {
 		if len(rt.Shards()) > 0 {
 			placed++
 		}

@@ -156,7 +156,7 @@ func runDemo(ctx context.Context, st *devstack.Stack, cfg demoConfig, out io.Wri
 	}
 	elapsed := time.Since(start)
 	var inv, bytesIn, rejects int64
-	for _, rt := range st.Runtimes {
+	for _, rt := range st.AllRuntimes() {
 		s := rt.Stats()
 		inv += s.Invocations
 		bytesIn += s.BytesIn
@@ -171,6 +171,6 @@ func runDemo(ctx context.Context, st *devstack.Stack, cfg demoConfig, out io.Wri
 	fmt.Fprintf(out, "\ndemo finished: %d steps in %.2fs (%.1f steps/s); train loss %.4f -> %.4f; test accuracy %.3f -> %.3f\n",
 		done, elapsed.Seconds(), float64(done)/elapsed.Seconds(), firstLoss, lastLoss, acc0, acc)
 	fmt.Fprintf(out, "fanin applied %d shard updates over %d runtimes, aggregating %.1f MB of gradients; %d inputs rejected\n",
-		inv, len(st.Runtimes), float64(bytesIn)/1e6, rejects)
+		inv, len(st.AllRuntimes()), float64(bytesIn)/1e6, rejects)
 	return nil
 }

@@ -13,7 +13,7 @@ import (
 
 func devCmd() *cobra.Command {
 	var dataDir, httpAddr string
-	var natsPort, runtimes int
+	var natsPort, runtimes, maxRuntimes int
 	var dc demoConfig
 	var withDemo, natsLogs bool
 	cmd := &cobra.Command{
@@ -31,15 +31,16 @@ func devCmd() *cobra.Command {
 			}
 			log := slog.Default()
 			st, err := devstack.Start(cmd.Context(), devstack.Config{
-				DataDir: dataDir, NATSPort: natsPort, HTTPAddr: httpAddr, Runtimes: runtimes, Logger: log, NATSLogs: natsLogs,
+				DataDir: dataDir, NATSPort: natsPort, HTTPAddr: httpAddr, Runtimes: runtimes, MaxRuntimes: maxRuntimes,
+				Logger: log, NATSLogs: natsLogs,
 			})
 			if err != nil {
 				return err
 			}
 			defer st.Close()
 			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "fanin dev %s\n  NATS     %s\n  HTTP API %s\n  data     %s\n  runtimes %d\n",
-				version, st.URL, st.HTTPURL, dataDir, runtimes)
+			fmt.Fprintf(out, "fanin dev %s\n  NATS     %s\n  HTTP API %s\n  data     %s\n  runtimes %d..%d (autoscaled)\n",
+				version, st.URL, st.HTTPURL, dataDir, runtimes, max(runtimes, maxRuntimes))
 			if withDemo {
 				if err := runDemo(cmd.Context(), st, dc, out); err != nil {
 					return err
@@ -57,7 +58,8 @@ func devCmd() *cobra.Command {
 	f.StringVar(&dataDir, "data-dir", "", "JetStream storage (default: the user cache dir, fanin/dev)")
 	f.IntVar(&natsPort, "nats-port", 4222, "NATS client port (-1: any free port)")
 	f.StringVar(&httpAddr, "http", "127.0.0.1:8080", "HTTP API listen address (port 0: any free port)")
-	f.IntVar(&runtimes, "runtimes", 3, "runtimes in the pool")
+	f.IntVar(&runtimes, "runtimes", 3, "runtimes the pool starts with, and its minimum")
+	f.IntVar(&maxRuntimes, "max-runtimes", 0, "the autoscaler may grow the pool up to this many runtimes (default: --runtimes)")
 	f.BoolVar(&natsLogs, "nats-logs", false, "print the embedded NATS server's logs")
 	f.BoolVar(&withDemo, "demo", false, "train the demo model through fanin")
 	f.IntVar(&dc.steps, "steps", 0, "with --demo: train this many steps, then exit (0: until Ctrl-C)")

@@ -45,7 +45,7 @@ func run(ctx context.Context, args []string) error {
 		slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})))
 		return nil
 	}
-	root.AddCommand(devCmd(), runtimeCmd(), gatewayCmd(), autoscalerCmd(), jobsCmd(), benchCmd())
+	root.AddCommand(devCmd(), runtimeCmd(), gatewayCmd(), autoscalerCmd(), jobsCmd(), simCmd(), benchCmd())
 	root.SetArgs(args)
 	return root.ExecuteContext(ctx)
 }

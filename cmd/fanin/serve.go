@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/fanin-ml/fanin/autoscaler"
 	"github.com/fanin-ml/fanin/gateway"
+	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/runtime"
 )
 
@@ -106,24 +108,93 @@ func gatewayCmd() *cobra.Command {
 
 func autoscalerCmd() *cobra.Command {
 	var nf natsFlags
+	var driver, policyFile, bin string
+	var interval time.Duration
 	cmd := &cobra.Command{
 		Use:   "autoscaler",
-		Short: "Run the placer, the single writer of shard placement (static for now)",
+		Short: "Run the autoscaler: sizes the runtime pool and places shards (one leader among replicas)",
+		Long: `The autoscaler decides, every interval, the pool size and where every shard runs, from the
+runtimes' load reports. Run several for availability: a lock in JetStream elects one leader.
+
+--driver none     only places shards on the runtimes that are there (someone else starts them)
+--driver process  starts and stops 'fanin runtime' processes on this machine
+
+The policy is read from the fanin-policy bucket and followed live when it changes; --policy
+stores a file there at start.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			nc, err := nf.connect("fanin-autoscaler")
 			if err != nil {
 				return err
 			}
 			defer nc.Close()
-			js, err := jetstream.New(nc)
-			if err != nil {
+			ctx := cmd.Context()
+			var opts []autoscaler.ControllerOption
+			opts = append(opts, autoscaler.WithControllerLogger(slog.Default()), autoscaler.WithInterval(interval))
+			if policyFile != "" {
+				pol, err := storePolicyFile(ctx, nc, policyFile)
+				if err != nil {
+					return err
+				}
+				opts = append(opts, autoscaler.WithPolicy(pol))
+			}
+			var c *autoscaler.Controller
+			var drv autoscaler.PoolDriver
+			switch driver {
+			case "none":
+			case "process":
+				if bin == "" {
+					if bin, err = os.Executable(); err != nil {
+						return err
+					}
+				}
+				args := []string{"--nats", nf.url}
+				if nf.creds != "" {
+					args = append(args, "--creds", nf.creds)
+				}
+				pd := &autoscaler.ProcessDriver{Binary: bin, Args: args, Prefix: "rt", Log: slog.Default(),
+					OnVanished: func(id string) { c.Vanished(id) }}
+				defer pd.Close()
+				drv = pd
+			default:
+				return fmt.Errorf("--driver: %q is not none or process", driver)
+			}
+			if c, err = autoscaler.NewController(nc, drv, opts...); err != nil {
 				return err
 			}
-			return autoscaler.NewStaticPlacer(js, slog.Default()).Run(cmd.Context())
+			return c.Run(ctx)
 		},
 	}
 	nf.register(cmd)
+	cmd.Flags().StringVar(&driver, "driver", "none", "pool driver: none or process")
+	cmd.Flags().StringVar(&bin, "runtime-binary", "", "fanin binary the process driver starts (default: this one)")
+	cmd.Flags().StringVar(&policyFile, "policy", "", "store this policy file (YAML or JSON) in the fanin-policy bucket at start")
+	cmd.Flags().DurationVar(&interval, "interval", time.Second, "decision interval")
 	return cmd
+}
+
+// storePolicyFile validates a policy file and stores it in the policy bucket.
+func storePolicyFile(ctx context.Context, nc *nats.Conn, path string) (autoscaler.Policy, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return autoscaler.Policy{}, err
+	}
+	pol, err := autoscaler.ParsePolicy(data)
+	if err != nil {
+		return autoscaler.Policy{}, fmt.Errorf("%s: %w", path, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return pol, err
+	}
+	b, err := store.OpenBuckets(ctx, js)
+	if err != nil {
+		return pol, err
+	}
+	if _, err := b.Policy.Put(ctx, autoscaler.PolicyKey, []byte(pol.YAML())); err != nil {
+		return pol, fmt.Errorf("store the policy: %w", err)
+	}
+	return pol, nil
 }
 
 func serveHTTP(ctx context.Context, addr string, h http.Handler) error {

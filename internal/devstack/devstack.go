@@ -9,12 +9,12 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanin-ml/fanin/autoscaler"
 	"github.com/fanin-ml/fanin/gateway"
@@ -24,31 +24,46 @@ import (
 
 // Config of a stack.
 type Config struct {
-	DataDir   string // JetStream storage
-	NATSPort  int    // -1: any free port
-	HTTPAddr  string // gateway listen address; "" disables HTTP, "127.0.0.1:0" picks a port
-	Runtimes  int    // runtimes in the pool (default 3)
-	Cores     int    // cores per runtime (default GOMAXPROCS)
-	Logger    *slog.Logger
-	NATSLogs  bool
-	RuntimeID func(i int) string // default rt-0, rt-1, ...
+	DataDir  string // JetStream storage
+	NATSPort int    // -1: any free port
+	HTTPAddr string // gateway listen address; "" disables HTTP, "127.0.0.1:0" picks a port
+	Runtimes int    // runtimes the pool starts with, and its minimum (default 3)
+	// MaxRuntimes lets the autoscaler grow the pool up to this size (default Runtimes: a fixed pool).
+	MaxRuntimes int
+	// Policy overrides the autoscaler's policy (its min and max then come from it, not from above).
+	Policy   *autoscaler.Policy
+	Interval time.Duration // autoscaler decision interval (default 1s)
+	Cores    int           // cores per runtime (default GOMAXPROCS)
+	Logger   *slog.Logger
+	NATSLogs bool
 }
 
 // Stack is a running fanin.
 type Stack struct {
-	NATS     *server.Server
-	URL      string // NATS client URL
-	HTTPURL  string // gateway base URL, "" without HTTP
-	Gateway  *gateway.Server
-	Runtimes []*runtime.Runtime
+	NATS       *server.Server
+	URL        string // NATS client URL
+	HTTPURL    string // gateway base URL, "" without HTTP
+	Gateway    *gateway.Server
+	Autoscaler *autoscaler.Controller
 
 	log    *slog.Logger
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-	conns  []*nats.Conn
 	http   *http.Server
-	rtStop []context.CancelFunc
-	rtDone []chan struct{}
+	cores  int
+
+	mu    sync.Mutex // guards conns, pool, next
+	conns []*nats.Conn
+	pool  []*poolRuntime // in start order; removed ones stay with done closed
+	next  int
+}
+
+// poolRuntime is one in-process runtime of the pool.
+type poolRuntime struct {
+	rt       *runtime.Runtime
+	stop     context.CancelFunc
+	done     chan struct{}
+	removing bool
 }
 
 // Start brings a stack up. Close brings it down.
@@ -58,9 +73,6 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
-	}
-	if cfg.RuntimeID == nil {
-		cfg.RuntimeID = func(i int) string { return fmt.Sprintf("rt-%d", i) }
 	}
 	ns, err := embed.Start(embed.Config{Port: cfg.NATSPort, StoreDir: cfg.DataDir, Logs: cfg.NATSLogs})
 	if err != nil {
@@ -97,33 +109,46 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 		}()
 	}
 
-	plConn, err := s.connect("fanin-placer")
+	asConn, err := s.connect("fanin-autoscaler")
 	if err != nil {
 		return nil, err
 	}
-	js, err := jetstream.New(plConn)
-	if err != nil {
+	pol := autoscaler.DefaultPolicy()
+	if cfg.Policy != nil {
+		pol = *cfg.Policy
+	} else {
+		pol.MinRuntimes, pol.MaxRuntimes = cfg.Runtimes, max(cfg.Runtimes, cfg.MaxRuntimes)
+	}
+	if cfg.Interval == 0 {
+		cfg.Interval = time.Second
+	}
+	s.cores = cfg.Cores
+	if s.Autoscaler, err = autoscaler.NewController(asConn, (*inProcessDriver)(s),
+		autoscaler.WithControllerLogger(cfg.Logger), autoscaler.WithPolicy(pol), autoscaler.WithInterval(cfg.Interval)); err != nil {
 		return nil, err
 	}
-	placer := autoscaler.NewStaticPlacer(js, cfg.Logger)
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		if err := placer.Run(runCtx); err != nil {
-			s.log.Error("placer", "err", err)
+		if err := s.Autoscaler.Run(runCtx); err != nil {
+			s.log.Error("autoscaler", "err", err)
 		}
 	}()
 
-	for i := range cfg.Runtimes {
-		if _, err := s.AddRuntime(cfg.RuntimeID(i), cfg.Cores); err != nil {
+	for range pol.MinRuntimes {
+		if _, err := s.AddRuntime(cfg.Cores); err != nil {
 			return nil, err
 		}
 	}
 	return s, nil
 }
 
-// AddRuntime starts one more runtime in the pool.
-func (s *Stack) AddRuntime(id string, cores int) (*runtime.Runtime, error) {
+// AddRuntime starts one more runtime in the pool (ids rt-0, rt-1, ...).
+func (s *Stack) AddRuntime(cores int) (*runtime.Runtime, error) {
+	s.mu.Lock()
+	id := fmt.Sprintf("rt-%d", s.next)
+	s.next++
+	s.mu.Unlock()
 	nc, err := s.connect("fanin-runtime-" + id)
 	if err != nil {
 		return nil, err
@@ -137,12 +162,12 @@ func (s *Stack) AddRuntime(id string, cores int) (*runtime.Runtime, error) {
 		return nil, err
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	s.Runtimes = append(s.Runtimes, rt)
-	s.rtStop = append(s.rtStop, stop)
-	s.rtDone = append(s.rtDone, done)
+	pr := &poolRuntime{rt: rt, stop: stop, done: make(chan struct{})}
+	s.mu.Lock()
+	s.pool = append(s.pool, pr)
+	s.mu.Unlock()
 	go func() {
-		defer close(done)
+		defer close(pr.done)
 		if err := rt.Run(ctx); err != nil {
 			s.log.Error("runtime", "id", id, "err", err)
 		}
@@ -150,10 +175,84 @@ func (s *Stack) AddRuntime(id string, cores int) (*runtime.Runtime, error) {
 	return rt, nil
 }
 
-// StopRuntime stops runtime i gracefully (its shards checkpoint and are placed elsewhere).
-func (s *Stack) StopRuntime(i int) {
-	s.rtStop[i]()
-	<-s.rtDone[i]
+// Runtimes lists the runtimes of the pool that are running, in start order.
+func (s *Stack) Runtimes() []*runtime.Runtime {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*runtime.Runtime
+	for _, p := range s.pool {
+		select {
+		case <-p.done:
+		default:
+			out = append(out, p.rt)
+		}
+	}
+	return out
+}
+
+// AllRuntimes lists every runtime the stack ever started, stopped ones included (for counters).
+func (s *Stack) AllRuntimes() []*runtime.Runtime {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*runtime.Runtime, len(s.pool))
+	for i, p := range s.pool {
+		out[i] = p.rt
+	}
+	return out
+}
+
+// StopRuntime stops the runtime with the given id gracefully and waits for it: its shards
+// checkpoint and are placed elsewhere.
+func (s *Stack) StopRuntime(id string) {
+	s.mu.Lock()
+	var pr *poolRuntime
+	for _, p := range s.pool {
+		if p.rt.ID() == id {
+			pr = p
+			p.removing = true
+		}
+	}
+	s.mu.Unlock()
+	if pr != nil {
+		pr.stop()
+		<-pr.done
+	}
+}
+
+// inProcessDriver is the autoscaler's pool driver for a stack: runtimes are goroutines.
+type inProcessDriver Stack
+
+func (d *inProcessDriver) Scale(_ context.Context, n int) error {
+	s := (*Stack)(d)
+	for s.poolSize() < n {
+		if _, err := s.AddRuntime(s.cores); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (d *inProcessDriver) Remove(_ context.Context, id string) error {
+	go (*Stack)(d).StopRuntime(id)
+	return nil
+}
+
+func (d *inProcessDriver) Size() int { return (*Stack)(d).poolSize() }
+
+func (s *Stack) poolSize() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, p := range s.pool {
+		select {
+		case <-p.done:
+		default:
+			if !p.removing {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 func (s *Stack) connect(name string) (*nats.Conn, error) {
@@ -161,25 +260,36 @@ func (s *Stack) connect(name string) (*nats.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect %s: %w", name, err)
 	}
+	s.mu.Lock()
 	s.conns = append(s.conns, nc)
+	s.mu.Unlock()
 	return nc, nil
 }
 
-// Close stops everything: runtimes first (they checkpoint), then the rest, then NATS.
+// Close stops everything: the autoscaler and the gateway first (so nothing replaces what stops),
+// then the runtimes (they checkpoint), then NATS.
 func (s *Stack) Close() {
-	for i := range s.rtStop {
-		s.StopRuntime(i)
-	}
+	s.cancel()
 	if s.http != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_ = s.http.Shutdown(ctx)
 		cancel()
 	}
-	s.cancel()
 	s.wg.Wait()
+	s.mu.Lock()
+	pool := slices.Clone(s.pool)
+	s.mu.Unlock()
+	for _, p := range pool {
+		p.stop()
+	}
+	for _, p := range pool {
+		<-p.done
+	}
+	s.mu.Lock()
 	for _, nc := range s.conns {
 		nc.Close()
 	}
+	s.mu.Unlock()
 	s.NATS.Shutdown()
 	s.NATS.WaitForShutdown()
 }

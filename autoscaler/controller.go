@@ -1,0 +1,552 @@
+package autoscaler
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fanin-ml/fanin/internal/store"
+	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// PoolDriver starts and stops runtimes. Drivers: in-process (fanin dev), OS processes
+// (ProcessDriver), and a Kubernetes Deployment (scaling its replicas).
+type PoolDriver interface {
+	// Scale grows the pool to n runtimes; it never stops any (Remove does).
+	Scale(ctx context.Context, n int) error
+	// Remove stops one runtime gracefully: it checkpoints and releases its shards.
+	Remove(ctx context.Context, id string) error
+	// Size is the number of runtimes started and not removed.
+	Size() int
+}
+
+// leaderKey is the key of the leader lock in the leader bucket.
+const leaderKey = "autoscaler"
+
+// Controller is the autoscaler's control loop. Every Interval the leader observes runtimes, shards
+// and their load, asks the Decider, and carries the decision out: it resizes the pool through the
+// driver and writes the placement, the leader being its only writer. Several controllers may run;
+// a key-value lock with a TTL elects one leader, and placement writes are compare-and-set.
+type Controller struct {
+	js       jetstream.JetStream
+	nc       *nats.Conn
+	driver   PoolDriver
+	log      *slog.Logger
+	id       string
+	interval time.Duration
+	now      func() time.Time
+	decider  *Decider
+	buckets  *store.Buckets
+	loop     bool
+
+	mu        sync.Mutex // guards everything below
+	policy    Policy
+	loads     map[string]wire.LoadReport // runtime -> latest report
+	jobs      map[string]job.Record
+	runtimes  map[string]time.Time // runtime -> last heartbeat
+	placement map[string]placed
+	draining  map[string]bool
+	leaderRev uint64
+	recent    []Decision // newest last, at most maxRecent
+	vanished  []string   // runtimes the driver saw die, to deregister at once
+}
+
+type placed struct {
+	wire.Placement
+	rev uint64
+}
+
+const maxRecent = 100
+
+// ControllerOption configures a Controller.
+type ControllerOption func(*Controller) error
+
+// WithControllerLogger sets the logger.
+func WithControllerLogger(l *slog.Logger) ControllerOption {
+	return func(c *Controller) error { c.log = l; return nil }
+}
+
+// WithInterval sets how often the leader decides (default 1s).
+func WithInterval(d time.Duration) ControllerOption {
+	return func(c *Controller) error {
+		if d <= 0 {
+			return fmt.Errorf("interval must be > 0, got %v", d)
+		}
+		c.interval = d
+		return nil
+	}
+}
+
+// WithPolicy sets the policy used until one is stored in the policy bucket.
+func WithPolicy(p Policy) ControllerOption {
+	return func(c *Controller) error {
+		if err := p.Validate(); err != nil {
+			return err
+		}
+		c.policy = p
+		return nil
+	}
+}
+
+// WithManualSteps switches the loop off: the test calls Step itself.
+func WithManualSteps() ControllerOption {
+	return func(c *Controller) error { c.loop = false; return nil }
+}
+
+// NewController returns a controller; driver may be nil for a pool someone else sizes. Options:
+// WithControllerLogger, WithInterval, WithPolicy, WithManualSteps.
+func NewController(nc *nats.Conn, driver PoolDriver, opts ...ControllerOption) (*Controller, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	c := &Controller{
+		js: js, nc: nc, driver: driver, log: slog.Default(), id: "as-" + uuid.NewString()[:8],
+		interval: time.Second, now: time.Now, decider: NewDecider(), loop: true, policy: DefaultPolicy(),
+		loads: map[string]wire.LoadReport{}, jobs: map[string]job.Record{}, runtimes: map[string]time.Time{},
+		placement: map[string]placed{}, draining: map[string]bool{},
+	}
+	for _, o := range opts {
+		if err := o(c); err != nil {
+			return nil, err
+		}
+	}
+	c.log = c.log.With("component", "autoscaler", "id", c.id)
+	return c, nil
+}
+
+// Run watches the shared state and, while leader, decides every interval, until ctx is done.
+func (c *Controller) Run(ctx context.Context) error {
+	b, err := store.OpenBuckets(ctx, c.js)
+	if err != nil {
+		return err
+	}
+	c.buckets = b
+	if _, err := c.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name: wire.DecisionsStream, Subjects: []string{wire.DecisionsSubject}, Storage: jetstream.FileStorage,
+		MaxMsgs: 1000, Description: "fanin autoscaler decisions",
+	}); err != nil {
+		return fmt.Errorf("decisions stream: %w", err)
+	}
+	sub, err := c.nc.Subscribe(wire.LoadWildcard, c.onLoad)
+	if err != nil {
+		return err
+	}
+	defer sub.Unsubscribe()
+
+	watches := []struct {
+		kv jetstream.KeyValue
+		fn func(jetstream.KeyValueEntry)
+	}{{b.Jobs, c.onJob}, {b.Runtimes, c.onRuntime}, {b.Placement, c.onPlacement}, {b.Policy, c.onPolicy}}
+	var wg sync.WaitGroup
+	wctx, cancel := context.WithCancel(ctx)
+	defer func() { cancel(); wg.Wait() }()
+	for _, w := range watches {
+		watcher, err := w.kv.WatchAll(wctx)
+		if err != nil {
+			return err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer watcher.Stop()
+			for {
+				select {
+				case <-wctx.Done():
+					return
+				case e, ok := <-watcher.Updates():
+					if !ok {
+						return
+					}
+					if e != nil {
+						w.fn(e)
+					}
+				}
+			}
+		}()
+	}
+	if !c.loop {
+		<-ctx.Done()
+		return nil
+	}
+	t := time.NewTicker(c.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			c.resign()
+			return nil
+		case <-t.C:
+			if _, err := c.Step(ctx); err != nil && ctx.Err() == nil {
+				c.log.Warn("autoscaler step", "err", err)
+			}
+		}
+	}
+}
+
+// ErrNotLeader is returned by Step on a controller that does not hold the leader lock.
+var ErrNotLeader = errors.New("not the autoscaler leader")
+
+// Step runs one observe-decide-act cycle if this controller is (or becomes) the leader.
+func (c *Controller) Step(ctx context.Context) (Decision, error) {
+	if !c.campaign(ctx) {
+		return Decision{}, ErrNotLeader
+	}
+	c.deregisterVanished(ctx)
+	now := c.now()
+	c.mu.Lock()
+	pol := c.policy
+	obs := c.observe(now)
+	c.mu.Unlock()
+	d := c.decider.Decide(pol, obs, now)
+	if err := c.apply(ctx, obs, d); err != nil {
+		return d, err
+	}
+	c.record(d)
+	return d, nil
+}
+
+// campaign takes or renews the leader lock.
+func (c *Controller) campaign(ctx context.Context) bool {
+	c.mu.Lock()
+	rev := c.leaderRev
+	c.mu.Unlock()
+	kv := c.buckets.Leader
+	if rev != 0 {
+		if nrev, err := kv.Update(ctx, leaderKey, []byte(c.id), rev); err == nil {
+			c.setLeader(nrev)
+			return true
+		}
+		c.log.Warn("lost the autoscaler leadership")
+		c.setLeader(0)
+	}
+	nrev, err := kv.Create(ctx, leaderKey, []byte(c.id))
+	if err != nil {
+		return false
+	}
+	c.log.Info("became the autoscaler leader")
+	c.setLeader(nrev)
+	return true
+}
+
+func (c *Controller) setLeader(rev uint64) {
+	c.mu.Lock()
+	c.leaderRev = rev
+	c.mu.Unlock()
+}
+
+// IsLeader reports whether this controller held the lock at its last step.
+func (c *Controller) IsLeader() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.leaderRev != 0
+}
+
+func (c *Controller) resign() {
+	c.mu.Lock()
+	rev := c.leaderRev
+	c.leaderRev = 0
+	c.mu.Unlock()
+	if rev != 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = c.buckets.Leader.Delete(ctx, leaderKey, jetstream.LastRevision(rev))
+		cancel()
+	}
+}
+
+// observe builds the decider's inputs from the watched state. c.mu is held.
+func (c *Controller) observe(now time.Time) Observations {
+	var obs Observations
+	live := map[string]bool{}
+	var rates []float64
+	for id, beat := range c.runtimes {
+		if now.Sub(beat) >= store.RuntimeTTL {
+			continue
+		}
+		live[id] = true
+		if l, ok := c.loads[id]; ok && l.NanosPerByte > 0 {
+			rates = append(rates, l.NanosPerByte)
+		}
+	}
+	median := 0.0
+	if len(rates) > 0 {
+		sort.Float64s(rates)
+		median = rates[len(rates)/2]
+	}
+	for id := range live {
+		ro := RuntimeObs{ID: id, Cores: 1, Draining: c.draining[id]}
+		if l, ok := c.loads[id]; ok {
+			ro.Cores = max(1, l.Cores)
+			if l.NanosPerByte > 0 && median > 0 {
+				ro.Speed = median / l.NanosPerByte
+			}
+		}
+		ro.Since = c.runtimes[id] // refined below when the registration says when it started
+		obs.Runtimes = append(obs.Runtimes, ro)
+	}
+	slices.SortFunc(obs.Runtimes, func(a, b RuntimeObs) int { return strings.Compare(a.ID, b.ID) })
+
+	shardLoad := map[string]wire.ShardLoad{}
+	for _, l := range c.loads {
+		for _, s := range l.Shards {
+			shardLoad[s.Key] = s
+		}
+	}
+	ids := make([]string, 0, len(c.jobs))
+	for id := range c.jobs {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		rec := c.jobs[id]
+		for _, sh := range rec.Layout.Shards {
+			key := wire.PlacementKey(id, sh.ID)
+			so := ShardObs{Key: key, Job: id, Bytes: int64(rec.Spec.Ranks) * int64(sh.Bytes())}
+			if p, ok := c.placement[key]; ok && live[p.Runtime] {
+				so.Runtime = p.Runtime
+			}
+			if l, ok := shardLoad[key]; ok {
+				so.Work, so.Period, so.Phase, so.Burst = l.Work, l.Period, l.Phase, l.Burst
+				so.QueueWait, so.Pending = l.QueueWait, int(l.Pending)
+			}
+			if so.Work == 0 {
+				so.Work = float64(so.Bytes) / estimatedBytesPerCoreSecond
+			}
+			obs.Shards = append(obs.Shards, so)
+		}
+	}
+	return obs
+}
+
+// estimatedBytesPerCoreSecond prices a shard's step before it has been measured.
+const estimatedBytesPerCoreSecond = 2e9
+
+// apply carries a decision out: placement first (compare-and-set, epoch+1, naming the previous
+// owner so that it releases the shard first), then drained runtimes that are empty are stopped,
+// then the pool is grown to the size wanted.
+func (c *Controller) apply(ctx context.Context, obs Observations, d Decision) error {
+	var errs []error
+	c.mu.Lock()
+	current := make(map[string]placed, len(c.placement))
+	for k, v := range c.placement {
+		current[k] = v
+	}
+	c.mu.Unlock()
+	owner := map[string]string{}
+	for _, s := range obs.Shards {
+		owner[s.Key] = s.Runtime
+	}
+	for key, p := range current { // placement of deleted jobs: release the shards
+		if _, ok := owner[key]; !ok {
+			if err := c.buckets.Placement.Delete(ctx, key, jetstream.LastRevision(p.rev)); err != nil {
+				c.log.Debug("delete placement", "key", key, "err", err)
+			}
+		}
+	}
+	keys := make([]string, 0, len(d.Placement))
+	for k := range d.Placement {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, key := range keys {
+		target := d.Placement[key]
+		if target == "" || owner[key] == target {
+			continue
+		}
+		old, exists := current[key]
+		if exists && old.Runtime == target {
+			continue // written already; the watch has not caught up with the runtime yet
+		}
+		p := wire.Placement{Runtime: target, Epoch: old.Epoch + 1, From: old.Runtime}
+		val, _ := json.Marshal(p)
+		var err error
+		if exists {
+			_, err = c.buckets.Placement.Update(ctx, key, val, old.rev)
+		} else {
+			_, err = c.buckets.Placement.Create(ctx, key, val)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("place %s on %s: %w", key, target, err))
+		}
+	}
+	c.mu.Lock()
+	for _, id := range d.Drain {
+		c.draining[id] = true
+	}
+	var empty []string
+	for id := range c.draining {
+		busy := false
+		for _, p := range c.placement {
+			if p.Runtime == id {
+				busy = true
+				break
+			}
+		}
+		for _, r := range d.Placement {
+			if r == id {
+				busy = true
+				break
+			}
+		}
+		if !busy {
+			empty = append(empty, id)
+		}
+	}
+	c.mu.Unlock()
+	sort.Strings(empty)
+	for _, id := range empty {
+		if c.driver != nil {
+			if err := c.driver.Remove(ctx, id); err != nil {
+				errs = append(errs, fmt.Errorf("remove %s: %w", id, err))
+				continue
+			}
+		}
+		c.mu.Lock()
+		delete(c.draining, id)
+		c.mu.Unlock()
+	}
+	// Scale after removing: the driver counts the runtimes it has not been asked to remove.
+	if c.driver != nil {
+		if err := c.driver.Scale(ctx, d.Desired); err != nil {
+			errs = append(errs, fmt.Errorf("scale to %d: %w", d.Desired, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// record keeps the decision for the API and publishes it when it changed anything.
+func (c *Controller) record(d Decision) {
+	c.mu.Lock()
+	var prev *Decision
+	if n := len(c.recent); n > 0 {
+		prev = &c.recent[n-1]
+	}
+	changed := prev == nil || len(d.Moves) > 0 || len(d.Drain) > 0 || d.Desired != prev.Desired || d.Mode != prev.Mode
+	if changed {
+		c.recent = append(c.recent, d)
+		if len(c.recent) > maxRecent {
+			c.recent = c.recent[len(c.recent)-maxRecent:]
+		}
+	}
+	c.mu.Unlock()
+	if changed {
+		data, _ := json.Marshal(d)
+		_ = c.nc.Publish(wire.DecisionsSubject, data)
+		c.log.Info("decision", "desired", d.Desired, "mode", d.Mode, "moves", len(d.Moves), "drain", d.Drain,
+			"demand", strconv.FormatFloat(d.Demand, 'f', 2, 64), "reasons", strings.Join(d.Reasons, "; "))
+	}
+}
+
+// Recent returns the latest decisions that changed something, oldest first.
+func (c *Controller) Recent() []Decision {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.recent)
+}
+
+// Vanished tells the controller that a runtime process died: its registration is removed at once,
+// so its shards are recovered without waiting for the heartbeat to expire.
+func (c *Controller) Vanished(id string) {
+	c.mu.Lock()
+	c.vanished = append(c.vanished, id)
+	c.mu.Unlock()
+}
+
+func (c *Controller) deregisterVanished(ctx context.Context) {
+	c.mu.Lock()
+	ids := c.vanished
+	c.vanished = nil
+	c.mu.Unlock()
+	for _, id := range ids {
+		if err := c.buckets.Runtimes.Delete(ctx, id); err != nil {
+			c.log.Warn("deregister a vanished runtime", "runtime", id, "err", err)
+		}
+	}
+}
+
+func (c *Controller) onLoad(m *nats.Msg) {
+	var l wire.LoadReport
+	if json.Unmarshal(m.Data, &l) != nil || l.Runtime == "" {
+		return
+	}
+	c.mu.Lock()
+	c.loads[l.Runtime] = l
+	c.mu.Unlock()
+}
+
+func (c *Controller) onJob(e jetstream.KeyValueEntry) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e.Operation() != jetstream.KeyValuePut {
+		delete(c.jobs, e.Key())
+		return
+	}
+	var rec job.Record
+	if err := json.Unmarshal(e.Value(), &rec); err != nil {
+		c.log.Warn("undecodable job record", "job", e.Key(), "err", err)
+		return
+	}
+	c.jobs[e.Key()] = rec
+}
+
+func (c *Controller) onRuntime(e jetstream.KeyValueEntry) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e.Operation() != jetstream.KeyValuePut {
+		delete(c.runtimes, e.Key())
+		delete(c.loads, e.Key())
+		return
+	}
+	c.runtimes[e.Key()] = e.Created()
+}
+
+func (c *Controller) onPlacement(e jetstream.KeyValueEntry) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e.Operation() != jetstream.KeyValuePut {
+		delete(c.placement, e.Key())
+		return
+	}
+	var p wire.Placement
+	if json.Unmarshal(e.Value(), &p) == nil {
+		c.placement[e.Key()] = placed{Placement: p, rev: e.Revision()}
+	}
+}
+
+// PolicyKey is the key of the policy in the policy bucket.
+const PolicyKey = "policy"
+
+func (c *Controller) onPolicy(e jetstream.KeyValueEntry) {
+	if e.Key() != PolicyKey || e.Operation() != jetstream.KeyValuePut {
+		return
+	}
+	p, err := ParsePolicy(e.Value())
+	if err != nil {
+		c.log.Error("stored policy is invalid; keeping the current one", "err", err)
+		return
+	}
+	c.mu.Lock()
+	c.policy = p
+	c.mu.Unlock()
+	c.log.Info("policy updated", "revision", e.Revision())
+}
+
+// Policy returns the policy in force.
+func (c *Controller) Policy() Policy {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.policy
+}

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fanin-ml/fanin/autoscaler"
+	"github.com/fanin-ml/fanin/internal/sim"
+	"github.com/fanin-ml/fanin/job"
+)
+
+func simCmd() *cobra.Command {
+	c := sim.DefaultConfig()
+	var traces, policyFile, sweep, out, workload, saveWorkload, shardSize string
+	cmd := &cobra.Command{
+		Use:   "sim",
+		Short: "Replay a training workload against the autoscaler's decider in simulated time",
+		Long: `sim draws a multi-job workload from the shared cluster traces (Poisson arrivals, Philly run
+times, PAI per-worker iteration times, well-known model sizes) or reads one from a file, replays it
+against the autoscaler's Decider in simulated time, and writes a markdown report with the cost of
+the elastic pool against static peak provisioning and the step slowdown, and SVG plots: the pool
+against the load over time, and with --sweep the cost/slowdown frontier of one policy knob.
+The same inputs and seed give the same bytes.`,
+		Example: `  fanin sim                                              # 1h, 1 job/min, default policy -> fanin-sim/
+  fanin sim --duration 2h --seed 7 --sweep target_utilization=0.5,0.6,0.7,0.8,0.9,1
+  fanin sim --policy policy.yaml --workload jobs.json --out /tmp/sim`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			f := cmd.Flags()
+			if f.Changed("jobs") && !f.Changed("rate") {
+				c.Rate = 0 // --jobs alone: that many jobs over the run
+			}
+			if shardSize != "" {
+				n, err := job.ParseByteSize(shardSize)
+				if err != nil {
+					return fmt.Errorf("--shard-size: %w", err)
+				}
+				c.ShardBytes = int64(n)
+			}
+			if err := c.Validate(); err != nil {
+				return fmt.Errorf("sim: %w", err)
+			}
+			pol := autoscaler.DefaultPolicy()
+			if policyFile != "" {
+				data, err := os.ReadFile(policyFile)
+				if err != nil {
+					return fmt.Errorf("--policy: %w", err)
+				}
+				if pol, err = autoscaler.ParsePolicy(data); err != nil {
+					return fmt.Errorf("--policy %s: %w", policyFile, err)
+				}
+			}
+			opts := sim.Options{Config: c, Policy: pol, TracesDir: traces, WorkloadFile: workload}
+			if !f.Changed("traces") {
+				opts.TracesDir = defaultTracesDir()
+			}
+			if sweep != "" {
+				knob, values, ok := strings.Cut(sweep, "=")
+				if !ok || knob == "" || values == "" {
+					return fmt.Errorf("--sweep: want knob=a,b,c, got %q (knobs: %s)", sweep, strings.Join(autoscaler.KnobNames(), ", "))
+				}
+				opts.SweepKnob = strings.TrimSpace(knob)
+				for _, v := range strings.Split(values, ",") {
+					opts.SweepValues = append(opts.SweepValues, strings.TrimSpace(v))
+				}
+			}
+			rep, err := sim.Simulate(opts)
+			if errors.Is(err, sim.ErrNoTraces) {
+				return fmt.Errorf("%w (set --traces to the directory of the shared traces)", err)
+			}
+			if err != nil {
+				return err
+			}
+			if err := rep.WriteFiles(out); err != nil {
+				return err
+			}
+			if saveWorkload != "" {
+				if err := os.WriteFile(saveWorkload, rep.Workload.MarshalIndent(), 0o644); err != nil {
+					return fmt.Errorf("--save-workload: %w", err)
+				}
+			}
+			w := cmd.OutOrStdout()
+			r := rep.Base
+			fmt.Fprintf(w, "%d jobs, %d steps: elastic %.0f core-s = %.1f%% of static %.0f; mean step slowdown %.2f%% (p99 %.2f%%); %d migrations\n",
+				r.Jobs, r.Steps, r.ElasticCoreSeconds, 100*r.CostRatio(), r.StaticCoreSeconds, 100*r.Slowdown.Mean, 100*r.Slowdown.P99, r.Migrations)
+			if rep.Sweep != nil {
+				for _, pt := range rep.Sweep.Points {
+					fmt.Fprintf(w, "  %s=%-8s cost %5.1f%%  slowdown %5.2f%%  p99 %6.2f%%  migrations %d\n", rep.Sweep.Knob, pt.Value,
+						100*pt.Result.CostRatio(), 100*pt.Result.Slowdown.Mean, 100*pt.Result.Slowdown.P99, pt.Result.Migrations)
+				}
+			}
+			fmt.Fprintf(w, "wrote %s\n", filepath.Join(out, "report.md"))
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&traces, "traces", "../shared/traces", "directory of the shared traces (default: ../shared/traces from the repository root)")
+	f.StringVar(&workload, "workload", "", "read the workload from this JSON file instead of drawing it from the traces")
+	f.StringVar(&saveWorkload, "save-workload", "", "also write the workload simulated to this JSON file (readable by --workload)")
+	f.StringVar(&policyFile, "policy", "", "autoscaler policy (YAML or JSON; absent knobs take the defaults)")
+	f.StringVar(&sweep, "sweep", "", "one more simulation per value of a policy knob: knob=a,b,c")
+	f.StringVar(&out, "out", "fanin-sim", "directory for report.md, pool.svg and frontier.svg")
+	f.Uint64Var(&c.Seed, "seed", c.Seed, "random seed of the workload and of which runtimes are slow")
+	f.DurationVar(&c.Duration, "duration", c.Duration, "simulated time")
+	f.Float64Var(&c.Rate, "rate", c.Rate, "job arrivals per minute (Poisson)")
+	f.IntVar(&c.Jobs, "jobs", c.Jobs, "at most this many jobs; alone (without --rate), this many jobs over the run")
+	f.DurationVar(&c.MaxJob, "max-job", c.MaxJob, "truncate Philly run times to this")
+	f.DurationVar(&c.MinJob, "min-job", c.MinJob, "raise Philly run times to at least this")
+	f.DurationVar(&c.StepScale, "step-scale", c.StepScale, "real time of a normalized PAI batch time of 1000")
+	f.StringVar(&shardSize, "shard-size", "4MiB", "shard size")
+	f.Float64Var(&c.Throughput, "throughput", c.Throughput, "bytes one core aggregates per second")
+	f.DurationVar(&c.Interval, "interval", c.Interval, "decision interval")
+	f.DurationVar(&c.StartupDelay, "startup", c.StartupDelay, "time for a new runtime to become ready")
+	f.DurationVar(&c.MigrationPause, "migration-pause", c.MigrationPause, "pause of a shard when it moves")
+	f.Float64Var(&c.SlowFraction, "slow-fraction", c.SlowFraction, "fraction of runtimes that are stragglers")
+	f.Float64Var(&c.SlowSpeed, "slow-speed", c.SlowSpeed, "speed of a straggler runtime (1 = normal)")
+	return cmd
+}
+
+// defaultTracesDir is ../shared/traces from the repository root (found by walking up to fanin's
+// go.mod), else from the working directory.
+func defaultTracesDir() string {
+	dir, err := os.Getwd()
+	if err != nil {
+		return filepath.Join("..", "shared", "traces")
+	}
+	for d := dir; ; d = filepath.Dir(d) {
+		if data, err := os.ReadFile(filepath.Join(d, "go.mod")); err == nil && strings.Contains(string(data), "module github.com/fanin-ml/fanin\n") {
+			return filepath.Join(d, "..", "shared", "traces")
+		}
+		if filepath.Dir(d) == d {
+			return filepath.Join("..", "shared", "traces")
+		}
+	}
+}

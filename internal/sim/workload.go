@@ -1,0 +1,254 @@
+package sim
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"time"
+)
+
+// Config is the simulator's model of the world (not the autoscaler's policy).
+type Config struct {
+	Seed     uint64
+	Duration time.Duration // simulated time
+	// Rate is job arrivals per minute (Poisson). With Rate 0 and Jobs > 0 the rate is Jobs per
+	// Duration.
+	Rate float64
+	Jobs int // at most this many jobs (0: as many as arrive within Duration)
+	// A job runs for a Philly run time, truncated to MaxJob and raised to MinJob (Philly has many
+	// jobs of a few seconds, and its tail runs for weeks).
+	MaxJob, MinJob time.Duration
+	// StepScale is the real time of a normalized PAI batch time of 1000.
+	StepScale  time.Duration
+	ShardBytes int64   // shard size: a job has ceil(params x 4 / ShardBytes) shards
+	Throughput float64 // bytes one core aggregates per second (one rank's gradient into the sum)
+	// Interval is the control loop's decision period; a job's arrival triggers a decision too.
+	Interval       time.Duration
+	StartupDelay   time.Duration // from asking for a runtime to its being ready
+	MigrationPause time.Duration // a moved shard processes nothing for this long
+	// SlowFraction of the runtimes the pool starts run at SlowSpeed (stragglers: interference, a
+	// bad node).
+	SlowFraction float64
+	SlowSpeed    float64
+}
+
+// DefaultConfig is the model documented in docs/AUTOSCALING.md.
+func DefaultConfig() Config {
+	return Config{
+		Seed:           1,
+		Duration:       time.Hour,
+		Rate:           1,
+		MaxJob:         20 * time.Minute,
+		MinJob:         time.Minute,
+		StepScale:      2 * time.Second,
+		ShardBytes:     4 << 20,
+		Throughput:     2e9,
+		Interval:       time.Second,
+		StartupDelay:   time.Second,
+		MigrationPause: 20 * time.Millisecond,
+		SlowFraction:   0.1,
+		SlowSpeed:      0.4,
+	}
+}
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(f string, args ...any) { errs = append(errs, fmt.Errorf(f, args...)) }
+	if c.Duration <= 0 {
+		bad("duration must be > 0, got %v", c.Duration)
+	}
+	if c.Rate < 0 || math.IsNaN(c.Rate) || math.IsInf(c.Rate, 0) {
+		bad("rate must be >= 0 jobs per minute, got %v", c.Rate)
+	}
+	if c.Jobs < 0 {
+		bad("jobs must be >= 0, got %d", c.Jobs)
+	}
+	if c.MinJob <= 0 || c.MaxJob < c.MinJob {
+		bad("job durations: want 0 < min (%v) <= max (%v)", c.MinJob, c.MaxJob)
+	}
+	if c.StepScale <= 0 {
+		bad("step scale must be > 0, got %v", c.StepScale)
+	}
+	if c.ShardBytes < 1024 {
+		bad("shard bytes must be >= 1024, got %d", c.ShardBytes)
+	}
+	if !(c.Throughput > 0) {
+		bad("throughput must be > 0 bytes/s per core, got %v", c.Throughput)
+	}
+	if c.Interval <= 0 {
+		bad("decision interval must be > 0, got %v", c.Interval)
+	}
+	if c.StartupDelay < 0 || c.MigrationPause < 0 {
+		bad("startup delay and migration pause must be >= 0")
+	}
+	if !(c.SlowFraction >= 0 && c.SlowFraction <= 1) {
+		bad("slow fraction must be in [0, 1], got %v", c.SlowFraction)
+	}
+	if !(c.SlowSpeed > 0 && c.SlowSpeed <= 1) {
+		bad("slow speed must be in (0, 1], got %v", c.SlowSpeed)
+	}
+	return errors.Join(errs...)
+}
+
+// Model is a well-known model and its parameter count.
+type Model struct {
+	Name   string
+	Params int64
+}
+
+// Models are drawn from uniformly.
+var Models = []Model{
+	{"mobilenet-v2", 3_500_000},
+	{"resnet-18", 11_700_000},
+	{"inception-v3", 23_800_000},
+	{"resnet-50", 25_600_000},
+	{"bert-base", 110_000_000},
+	{"vgg-16", 138_000_000},
+}
+
+// Workload is a list of training jobs. As a file it is JSON:
+//
+//	{"jobs": [
+//	  {"id": "j001", "arrival_s": 12.5, "duration_s": 600, "model": "resnet-50", "params": 25600000,
+//	   "trace": "pai-1", "offset": 17},
+//	  {"id": "mine", "arrival_s": 0, "duration_s": 60, "params": 1000000,
+//	   "step_times_s": [[0.50, 0.52, 0.61], [0.49, 0.55, 0.70]]}
+//	]}
+//
+// A job's iteration times come either from a PAI trace (trace "pai-1".."pai-3", starting at
+// iteration offset, scaled by the config's StepScale) or from step_times_s: seconds of compute per
+// rank, one row per iteration. Either way they are cycled for as long as the job runs; the number
+// of ranks is the number of workers of a row.
+type Workload struct {
+	Jobs []JobSpec `json:"jobs"`
+}
+
+// JobSpec is one job of a workload.
+type JobSpec struct {
+	ID        string      `json:"id"`
+	Arrival   float64     `json:"arrival_s"`  // seconds after the start of the simulation
+	Duration  float64     `json:"duration_s"` // seconds it trains for
+	Model     string      `json:"model,omitempty"`
+	Params    int64       `json:"params"` // float32 parameters
+	Trace     string      `json:"trace,omitempty"`
+	Offset    int         `json:"offset,omitempty"`
+	StepTimes [][]float64 `json:"step_times_s,omitempty"`
+}
+
+// Generate draws a workload from the traces: Poisson arrivals, Philly run times, a PAI trace per
+// job (at a random iteration offset) and a model drawn from Models.
+func Generate(c Config, tr *Traces) (*Workload, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	rate := c.Rate / 60 // per second
+	if c.Rate == 0 {
+		if c.Jobs == 0 {
+			return nil, errors.New("workload: rate and jobs are both 0")
+		}
+		rate = float64(c.Jobs) / c.Duration.Seconds()
+	}
+	rng := rand.New(rand.NewPCG(c.Seed, 0x776f726b6c6f6164)) // "workload"
+	names := tr.PAINames()
+	wl := &Workload{}
+	t := 0.0
+	for c.Jobs == 0 || len(wl.Jobs) < c.Jobs {
+		t += rng.ExpFloat64() / rate
+		if t >= c.Duration.Seconds() {
+			break
+		}
+		d := tr.Philly[rng.IntN(len(tr.Philly))]
+		d = min(max(d, c.MinJob.Seconds()), c.MaxJob.Seconds())
+		m := Models[rng.IntN(len(Models))]
+		name := names[rng.IntN(len(names))]
+		wl.Jobs = append(wl.Jobs, JobSpec{
+			ID:       fmt.Sprintf("j%03d", len(wl.Jobs)+1),
+			Arrival:  math.Round(t*1000) / 1000,
+			Duration: d,
+			Model:    m.Name,
+			Params:   m.Params,
+			Trace:    name,
+			Offset:   rng.IntN(len(tr.PAI[name])),
+		})
+	}
+	return wl, nil
+}
+
+// ReadWorkload reads a workload file (JSON, see Workload), rejecting unknown fields.
+func ReadWorkload(path string) (*Workload, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var wl Workload
+	if err := dec.Decode(&wl); err != nil {
+		return nil, fmt.Errorf("workload %s: %w", path, err)
+	}
+	return &wl, nil
+}
+
+// check validates a workload against the traces it refers to (tr may be nil if none does).
+func (wl *Workload) check(tr *Traces) error {
+	seen := map[string]bool{}
+	for i, j := range wl.Jobs {
+		where := fmt.Sprintf("workload job %d (%s)", i, j.ID)
+		switch {
+		case j.ID == "" || seen[j.ID]:
+			return fmt.Errorf("%s: ids must be non-empty and unique", where)
+		case j.Arrival < 0 || j.Duration <= 0:
+			return fmt.Errorf("%s: want arrival_s >= 0 and duration_s > 0", where)
+		case j.Params <= 0:
+			return fmt.Errorf("%s: params must be > 0", where)
+		case len(j.StepTimes) == 0 && j.Trace == "":
+			return fmt.Errorf("%s: needs a trace or step_times_s", where)
+		case len(j.StepTimes) == 0 && (tr == nil || tr.PAI[j.Trace] == nil):
+			return fmt.Errorf("%s: unknown trace %q (pai-1, pai-2, pai-3)", where, j.Trace)
+		}
+		for _, row := range j.StepTimes {
+			if len(row) == 0 || len(row) != len(j.StepTimes[0]) {
+				return fmt.Errorf("%s: every row of step_times_s needs the same number (> 0) of ranks", where)
+			}
+			for _, x := range row {
+				if !(x > 0) {
+					return fmt.Errorf("%s: step times must be > 0", where)
+				}
+			}
+		}
+		seen[j.ID] = true
+	}
+	return nil
+}
+
+// needsTraces says whether some job refers to a PAI trace.
+func (wl *Workload) needsTraces() bool {
+	for _, j := range wl.Jobs {
+		if len(j.StepTimes) == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// MarshalIndent renders the workload as the JSON ReadWorkload reads.
+func (wl *Workload) MarshalIndent() []byte {
+	var b bytes.Buffer
+	b.WriteString("{\"jobs\": [\n")
+	for i, j := range wl.Jobs {
+		line, _ := json.Marshal(j)
+		b.WriteString("  ")
+		b.Write(line)
+		if i < len(wl.Jobs)-1 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('\n')
+	}
+	b.WriteString("]}\n")
+	return b.Bytes()
+}
