@@ -33,9 +33,11 @@ type Config struct {
 	// Policy overrides the autoscaler's policy (its min and max then come from it, not from above).
 	Policy   *autoscaler.Policy
 	Interval time.Duration // autoscaler decision interval (default 1s)
-	Cores    int           // cores per runtime (default GOMAXPROCS)
-	Logger   *slog.Logger
-	NATSLogs bool
+	// NoAutoscaler starts no control loop: the caller writes the placement (tests of migration).
+	NoAutoscaler bool
+	Cores        int // cores per runtime (default GOMAXPROCS)
+	Logger       *slog.Logger
+	NATSLogs     bool
 }
 
 // Stack is a running fanin.
@@ -127,13 +129,15 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 		autoscaler.WithControllerLogger(cfg.Logger), autoscaler.WithPolicy(pol), autoscaler.WithInterval(cfg.Interval)); err != nil {
 		return nil, err
 	}
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		if err := s.Autoscaler.Run(runCtx); err != nil {
-			s.log.Error("autoscaler", "err", err)
-		}
-	}()
+	if !cfg.NoAutoscaler {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			if err := s.Autoscaler.Run(runCtx); err != nil {
+				s.log.Error("autoscaler", "err", err)
+			}
+		}()
+	}
 
 	for range pol.MinRuntimes {
 		if _, err := s.AddRuntime(cfg.Cores); err != nil {

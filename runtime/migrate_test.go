@@ -1,0 +1,182 @@
+package runtime_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fanin-ml/fanin/functions"
+	"github.com/fanin-ml/fanin/internal/devstack"
+	"github.com/fanin-ml/fanin/internal/store"
+	"github.com/fanin-ml/fanin/internal/testutil"
+	"github.com/fanin-ml/fanin/sdk"
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// placer writes placement as the autoscaler would: compare-and-set, epoch+1, naming the owner.
+type placer struct {
+	kv jetstream.KeyValue
+}
+
+func (p placer) place(t *testing.T, key, runtime string) {
+	t.Helper()
+	ctx := context.Background()
+	e, err := p.kv.Get(ctx, key)
+	var old wire.Placement
+	var rev uint64
+	if err == nil {
+		_ = json.Unmarshal(e.Value(), &old)
+		rev = e.Revision()
+	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatal(err)
+	}
+	val, _ := json.Marshal(wire.Placement{Runtime: runtime, Epoch: old.Epoch + 1, From: old.Runtime})
+	if rev == 0 {
+		_, err = p.kv.Create(ctx, key, val)
+	} else {
+		_, err = p.kv.Update(ctx, key, val, rev)
+	}
+	if err != nil {
+		t.Fatalf("place %s on %s: %v", key, runtime, err)
+	}
+}
+
+// TestMigrationsDuringTraining moves shards between two runtimes while four workers train, at
+// random moments inside steps. Every step's parameters equal the reference byte for byte, the
+// runtimes together apply exactly steps x shards updates, and every move is a measured handover.
+func TestMigrationsDuringTraining(t *testing.T) {
+	for _, fn := range []string{"sgd", "adam"} {
+		t.Run(fn, func(t *testing.T) { testMigrations(t, fn) })
+	}
+}
+
+func testMigrations(t *testing.T, fn string) {
+	st, err := devstack.Start(context.Background(), devstack.Config{
+		DataDir: t.TempDir(), NATSPort: -1, Runtimes: 2, NoAutoscaler: true, Logger: testutil.Logger(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	nc, _ := nats.Connect(st.URL)
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	b, err := store.OpenBuckets(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl := placer{b.Placement}
+	rec, err := st.Gateway.CreateJob(ctx, testSpec("mig-"+fn, fn, map[string]float64{"lr": 0.05}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rts := []string{"rt-0", "rt-1"}
+	for _, s := range rec.Layout.Shards {
+		pl.place(t, wire.PlacementKey(rec.Spec.ID, s.ID), rts[s.ID%2])
+	}
+
+	workers := make([]*sdk.Worker, 4)
+	for r := range workers {
+		c, err := sdk.Connect(ctx, st.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if workers[r], err = c.Worker(ctx, rec.Spec.ID, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, init, err := workers[0].Params(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, _ := rec.Spec.NewFunc()
+	ref := functions.NewReference(f, 4, rec.Layout.Ranges(), init)
+	params := slices.Clone(init)
+	grads := make([][]float32, 4)
+	for r := range grads {
+		grads[r] = make([]float32, len(params))
+	}
+	owner := map[int]string{}
+	for _, s := range rec.Layout.Shards {
+		owner[s.ID] = rts[s.ID%2]
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	const steps = 40
+	moves := 0
+	for step := int64(1); step <= steps; step++ {
+		for r := range workers {
+			testutil.Gradient(grads[r], params, step, r)
+		}
+		results := make([][]float32, 4)
+		errs := make([]error, 4)
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		var wg sync.WaitGroup
+		for r, w := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if r == 3 { // the last rank arrives late, so moves land in the middle of steps
+					time.Sleep(time.Duration(rng.IntN(3)) * time.Millisecond)
+				}
+				results[r], errs[r] = w.Step(sctx, grads[r])
+			}()
+		}
+		if step%3 == 0 { // move two shards while the step is under way
+			for range 2 {
+				id := rng.IntN(rec.Layout.NumShards())
+				to := rts[0]
+				if owner[id] == to {
+					to = rts[1]
+				}
+				pl.place(t, wire.PlacementKey(rec.Spec.ID, id), to)
+				owner[id] = to
+				moves++
+			}
+		}
+		wg.Wait()
+		cancel()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		ref.Step(grads, nil)
+		for r := range results {
+			if !bytes.Equal(f32bytes(results[r]), f32bytes(ref.Params())) {
+				t.Fatalf("step %d: rank %d's parameters differ from the reference", step, r)
+			}
+		}
+		params = append(params[:0], results[0]...)
+	}
+
+	var applied, migrations int64
+	var pauses []time.Duration
+	testutil.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		applied, migrations, pauses = 0, 0, nil
+		for _, rt := range st.AllRuntimes() {
+			s := rt.Stats()
+			applied += s.Invocations
+			migrations += s.Migrations
+			pauses = append(pauses, s.Pauses...)
+		}
+		if want := int64(steps * rec.Layout.NumShards()); applied != want {
+			return fmt.Errorf("runtimes applied %d updates, want exactly %d", applied, want)
+		}
+		if migrations < int64(moves)-2 { // two moves of one shard in one step may coalesce
+			return fmt.Errorf("%d handovers measured for %d moves", migrations, moves)
+		}
+		return nil
+	})
+	slices.Sort(pauses)
+	t.Logf("%s: %d moves, %d handovers; pause p50 %v, max %v", fn, moves, migrations, pauses[len(pauses)/2], pauses[len(pauses)-1])
+}
