@@ -224,10 +224,12 @@ func (d *Decider) Decide(p Policy, obs Observations, now time.Time) Decision {
 			}
 			strag = append(strag, byRuntime[i]...)
 		case r.victim:
-		case r.load.demand > r.hardCap+eps:
+		case r.load.demand > r.fitCap+eps:
+			// Over its share at target utilization: the same bound that sized the pool, so a
+			// runtime added for the load receives some of it instead of idling.
 			ks := overflow(m, r, byRuntime[i], shards)
 			for _, k := range ks {
-				shards[k].cause = fmt.Sprintf("demand %.2f cores > capacity %.2f", r.load.demand, r.hardCap)
+				shards[k].cause = fmt.Sprintf("demand %.2f cores > %.2f, %.0f%% of its capacity", r.load.demand, r.fitCap, 100*p.TargetUtilization)
 			}
 			over = append(over, ks...)
 		}
@@ -525,7 +527,7 @@ func overflow(m *model, r *rtState, ks []int, shards []shardState) []int {
 	var out []int
 	for _, k := range sorted {
 		s := &shards[k]
-		if scratch.demandAfter(s.g, s.w) <= r.hardCap+eps {
+		if scratch.demandAfter(s.g, s.w) <= r.fitCap+eps {
 			scratch.add(s.g, s.w)
 		} else {
 			out = append(out, k)

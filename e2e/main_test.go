@@ -62,6 +62,7 @@ type proc struct {
 func start(t *testing.T, name string, args ...string) *proc {
 	t.Helper()
 	p := &proc{name: name, cmd: exec.Command(faninBin, args...), done: make(chan struct{})}
+	p.cmd.WaitDelay = 5 * time.Second // a grandchild holding the output pipe must not block Wait
 	pr, pw := io.Pipe()
 	p.cmd.Stdout, p.cmd.Stderr = pw, pw
 	if err := p.cmd.Start(); err != nil {
@@ -83,7 +84,7 @@ func start(t *testing.T, name string, args ...string) *proc {
 		pw.Close()
 		close(p.done)
 	}()
-	t.Cleanup(func() { p.stop(syscall.SIGKILL) })
+	t.Cleanup(func() { p.stop(syscall.SIGTERM) }) // graceful: an autoscaler stops its runtimes
 	return p
 }
 

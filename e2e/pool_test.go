@@ -18,8 +18,6 @@ import (
 	"github.com/fanin-ml/fanin/sdk"
 )
 
-var httpURL = regexp.MustCompile(`HTTP API listening" url=(http://[0-9.:]+)`)
-
 // TestProcessPoolSurvivesStopAndKill runs the gateway, the placer and three runtimes as separate
 // fanin processes against one NATS server with file storage, and trains a job with four SDK
 // workers. Mid-training one runtime is stopped with SIGTERM (it checkpoints and hands its shards

@@ -1,0 +1,153 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fanin-ml/fanin/internal/embed"
+	"github.com/fanin-ml/fanin/internal/store"
+	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/sdk"
+)
+
+// burstPolicy makes a small machine's load look large: low target utilization, short windows.
+const burstPolicy = `
+min_runtimes: 1
+max_runtimes: 4
+target_utilization: 0.05
+stable_window: 3s
+scale_down_cooldown: 1s
+panic_window: 2s
+startup_grace: 1s
+`
+
+// TestBurstGrowsAndShrinksPool runs the autoscaler with the process driver: it starts 'fanin
+// runtime' processes itself. A burst of three jobs training at once grows the pool beyond its
+// minimum; when the jobs end, the pool drains back to one runtime.
+func TestBurstGrowsAndShrinksPool(t *testing.T) {
+	skipShort(t)
+	ns, err := embed.Start(embed.Config{Port: -1, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	url := ns.ClientURL()
+	policy := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(policy, []byte(burstPolicy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	gw := start(t, "gateway", "gateway", "--nats", url, "--http", "127.0.0.1:0")
+	api := gw.waitFor(t, httpURL, 20*time.Second)
+	as := start(t, "autoscaler", "autoscaler", "--nats", url, "--driver", "process", "--policy", policy,
+		"--runtime-binary", faninBin, "--interval", "250ms")
+
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	b, err := store.OpenBuckets(context.Background(), js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	poolSize := func() int {
+		keys, err := b.Runtimes.Keys(context.Background())
+		if err != nil {
+			return 0
+		}
+		return len(keys)
+	}
+	waitPool := func(want int, within time.Duration) time.Duration {
+		start := time.Now()
+		for time.Since(start) < within {
+			if poolSize() == want {
+				return time.Since(start)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		t.Fatalf("pool has %d runtimes after %v, want %d\nautoscaler:\n%s", poolSize(), within, want, as.output())
+		return 0
+	}
+	waitPool(1, 20*time.Second)
+
+	ctx := context.Background()
+	admin := sdk.NewAdmin(api)
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	burst := time.Now()
+	var peak atomic.Int64
+	for j := range 3 {
+		spec := job.Spec{
+			ID: fmt.Sprintf("burst-%d", j), Ranks: 4, ShardSize: 256 << 10,
+			Tensors:  []job.Tensor{{Name: "w", Shape: []int{1 << 20}}},
+			Function: job.Function{Name: "sgd", Hyper: map[string]float64{"lr": 0.01}},
+		}
+		if _, err := admin.CreateJob(ctx, spec); err != nil {
+			t.Fatal(err)
+		}
+		for r := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c, err := sdk.Connect(ctx, url)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				defer c.Close()
+				w, err := c.Worker(ctx, spec.ID, r)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				grads := make([]float32, 1<<20)
+				for !stop.Load() {
+					sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+					_, err := w.Step(sctx, grads)
+					cancel()
+					if err != nil {
+						t.Errorf("%s rank %d: %v", spec.ID, r, err)
+						return
+					}
+				}
+			}()
+		}
+	}
+	grown := time.Duration(0)
+	for time.Since(burst) < 20*time.Second && grown == 0 {
+		if n := int64(poolSize()); n > 1 {
+			grown = time.Since(burst)
+			peak.Store(n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if grown == 0 {
+		stop.Store(true)
+		wg.Wait()
+		t.Fatalf("the pool did not grow under the burst\nautoscaler:\n%s", as.output())
+	}
+	time.Sleep(3 * time.Second) // keep training while the pool serves the burst
+	if n := int64(poolSize()); n > peak.Load() {
+		peak.Store(n)
+	}
+	stop.Store(true)
+	wg.Wait()
+	for j := range 3 {
+		if err := admin.DeleteJob(ctx, fmt.Sprintf("burst-%d", j)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	shrunk := waitPool(1, 60*time.Second)
+	t.Logf("pool grew to %d runtimes %v after the burst began; back to 1 runtime %v after the jobs ended",
+		peak.Load(), grown.Round(time.Millisecond), shrunk.Round(time.Millisecond))
+}

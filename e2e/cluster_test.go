@@ -1,0 +1,158 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fanin-ml/fanin/functions"
+	"github.com/fanin-ml/fanin/internal/testutil"
+	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/sdk"
+)
+
+// trainer drives a job with four SDK workers and checks every step against the reference.
+type trainer struct {
+	t       *testing.T
+	workers []*sdk.Worker
+	ref     *functions.Reference
+	params  []float32
+	grads   [][]float32
+	step    int64
+}
+
+func newTrainer(t *testing.T, url string, rec *job.Record) *trainer {
+	t.Helper()
+	ctx := context.Background()
+	tr := &trainer{t: t, workers: make([]*sdk.Worker, rec.Spec.Ranks)}
+	for r := range tr.workers {
+		c, err := sdk.Connect(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Close)
+		if tr.workers[r], err = c.Worker(ctx, rec.Spec.ID, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, init, err := tr.workers[0].Params(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fn, _ := rec.Spec.NewFunc()
+	tr.ref = functions.NewReference(fn, rec.Spec.Ranks, rec.Layout.Ranges(), init)
+	tr.params = slices.Clone(init)
+	for range tr.workers {
+		tr.grads = append(tr.grads, make([]float32, len(init)))
+	}
+	return tr
+}
+
+// run trains until step `to`; a Step that fails (e.g. while NATS restarts) is retried.
+func (tr *trainer) run(to int64) {
+	t := tr.t
+	t.Helper()
+	for tr.step < to {
+		step := tr.step + 1
+		for r := range tr.workers {
+			testutil.Gradient(tr.grads[r], tr.params, step, r)
+		}
+		results := make([][]float32, len(tr.workers))
+		var wg sync.WaitGroup
+		deadline := time.Now().Add(90 * time.Second)
+		for r, w := range tr.workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					ctx, cancel := context.WithDeadline(context.Background(), deadline)
+					p, err := w.Step(ctx, tr.grads[r])
+					cancel()
+					if err == nil {
+						results[r] = p
+						return
+					}
+					if time.Now().After(deadline) {
+						t.Errorf("step %d rank %d: %v", step, r, err)
+						return
+					}
+					time.Sleep(200 * time.Millisecond) // NATS may be restarting: retry the same step
+				}
+			}()
+		}
+		wg.Wait()
+		if t.Failed() {
+			t.FailNow()
+		}
+		tr.ref.Step(tr.grads, nil)
+		for r := range results {
+			if !bytes.Equal(f32bytes(results[r]), f32bytes(tr.ref.Params())) {
+				t.Fatalf("step %d: rank %d's parameters differ from the reference", step, r)
+			}
+		}
+		tr.params = append(tr.params[:0], results[0]...)
+		tr.step = step
+	}
+}
+
+func clusterSpec(id, fn string) job.Spec {
+	return job.Spec{
+		ID:        id,
+		Tensors:   []job.Tensor{{Name: "w", Shape: []int{96, 64}}, {Name: "b", Shape: []int{64}}},
+		Ranks:     4,
+		Function:  job.Function{Name: fn, Hyper: map[string]float64{"lr": 0.01}},
+		Init:      job.Init{Kind: "uniform", Seed: 11, Scale: 0.1},
+		ShardSize: 4 << 10,
+		Storage:   "file",
+	}
+}
+
+// TestRepeatedKills SIGKILLs a runtime process three times during training, each time starting a
+// replacement: the survivors recover the dead runtime's shards from their checkpoints and the
+// stream, and every step stays bit-exact.
+func TestRepeatedKills(t *testing.T) {
+	skipShort(t)
+	c := startCluster(t, "rt-0", "rt-1", "rt-2")
+	rec, err := sdk.NewAdmin(c.api).CreateJob(context.Background(), clusterSpec("kills", "adam"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := newTrainer(t, c.url, rec)
+	victims := []string{"rt-1", "rt-0", "rt-3"}
+	for i, victim := range victims {
+		tr.run(int64(8 * (i + 1)))
+		c.kill(victim)
+		c.addRuntime(t, []string{"rt-3", "rt-4", "rt-5"}[i])
+	}
+	tr.run(32)
+	t.Logf("trained %d steps bit-exact across %d SIGKILLs", tr.step, len(victims))
+}
+
+// TestNATSRestart restarts the NATS server (file storage) in the middle of training: clients
+// reconnect, runtimes resume from the stored streams, and every step stays bit-exact.
+func TestNATSRestart(t *testing.T) {
+	skipShort(t)
+	c := startCluster(t, "rt-0", "rt-1")
+	rec, err := sdk.NewAdmin(c.api).CreateJob(context.Background(), clusterSpec("restart", "momentum"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := newTrainer(t, c.url, rec)
+	tr.run(10)
+	c.restartNATS(t)
+	tr.run(25)
+	for id, p := range c.runtimes {
+		select {
+		case <-p.done:
+			t.Fatalf("runtime %s exited across the NATS restart:\n%s", id, p.output())
+		default:
+		}
+	}
+	t.Logf("trained %d steps bit-exact across a NATS restart", tr.step)
+}
+
+func joinErr(errs []error) error { return errors.Join(errs...) }
