@@ -3,7 +3,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"errors"
 	"slices"
 	"sync"
 	"testing"
@@ -154,5 +153,3 @@ func TestNATSRestart(t *testing.T) {
 	}
 	t.Logf("trained %d steps bit-exact across a NATS restart", tr.step)
 }
-
-func joinErr(errs []error) error { return errors.Join(errs...) }

@@ -211,7 +211,7 @@ func (s *Spec) Validate() error {
 		bad("replicas", "must be 1, 3 or 5, got %d", s.Replicas)
 	}
 	if len(errs) == 0 && total > 0 {
-		if n := int64(s.Layout().NumShards()); n > MaxShards {
+		if n := s.shardCount(); n > MaxShards {
 			bad("shard_size", "gives %d shards, more than %d: use larger shards", n, MaxShards)
 		}
 	}
@@ -219,6 +219,26 @@ func (s *Spec) Validate() error {
 		return &SpecError{Fields: errs}
 	}
 	return nil
+}
+
+// shardCount is the number of shards Layout would make, computed without building it (a spec of a
+// few bytes can describe millions of shards).
+func (s *Spec) shardCount() int64 {
+	target := int64(max(s.ShardSize/4, 1))
+	var n, cur int64
+	open := false
+	for _, t := range s.Tensors {
+		e := int64(t.Elements())
+		switch {
+		case open && cur+e <= target:
+			cur += e
+		case e <= target:
+			n, cur, open = n+1, e, true
+		default:
+			n, open = n+(e+target-1)/target, false
+		}
+	}
+	return n
 }
 
 // NumElements is the length of the flattened parameter vector.

@@ -138,6 +138,9 @@ func TestLayoutProperties(t *testing.T) {
 				}
 			}
 		}
+		if got := s.shardCount(); got != int64(len(l.Shards)) {
+			t.Fatalf("trial %d: shardCount %d, layout has %d shards", trial, got, len(l.Shards))
+		}
 		again := s.Layout()
 		if len(again.Shards) != len(l.Shards) || again.Shards[len(l.Shards)-1].Off != l.Shards[len(l.Shards)-1].Off {
 			t.Fatalf("trial %d: layout is not stable", trial)
@@ -204,5 +207,21 @@ func TestParseByteSize(t *testing.T) {
 		if _, err := ParseByteSize(in); err == nil {
 			t.Errorf("ParseByteSize(%q) accepted", in)
 		}
+	}
+}
+
+// A tiny spec that describes millions of shards is refused without building them.
+func TestValidateManyShardsCheaply(t *testing.T) {
+	s := validSpec()
+	s.Normalize()
+	s.Tensors = []Tensor{{Name: "w", Shape: []int{1 << 16, 1 << 15}}} // 2^31 elements
+	s.ShardSize = MinShardSize
+	allocs := testing.AllocsPerRun(1, func() { _ = s.Validate() })
+	err := s.Validate()
+	if err == nil || !strings.Contains(err.Error(), "more than") {
+		t.Fatalf("got %v, want too many shards", err)
+	}
+	if allocs > 1000 {
+		t.Fatalf("validation allocated %v times: it built the layout", allocs)
 	}
 }
