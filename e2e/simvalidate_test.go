@@ -1,0 +1,518 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	goruntime "runtime"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fanin-ml/fanin/autoscaler"
+	"github.com/fanin-ml/fanin/internal/embed"
+	"github.com/fanin-ml/fanin/internal/sim"
+	"github.com/fanin-ml/fanin/internal/store"
+	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/sdk"
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// validatePolicy is the policy of the elastic run, and of the simulator replaying the same
+// workload. cores_per_runtime matches what a 'fanin runtime' reports on this machine (GOMAXPROCS);
+// the test rewrites it. A low target utilization makes a small workload move the pool.
+const validatePolicy = `
+min_runtimes: 1
+max_runtimes: 4
+cores_per_runtime: %d
+target_utilization: 0.1
+stable_window: 5s
+scale_down_cooldown: 2s
+panic_window: 2s
+startup_grace: 1s
+`
+
+// Workload of the validation run: small models, 4 ranks, staggered arrivals, PAI step times.
+const (
+	valRanks     = 4
+	valParams    = 1 << 20 // float32: 4 MiB, four 1 MiB shards
+	valShard     = 1 << 20
+	valStepScale = 0.4 // seconds per normalized PAI batch time of 1000
+)
+
+var valJobs = []struct {
+	id                string
+	trace             string
+	offset            int
+	arrival, duration float64
+}{
+	{"v1", "pai-1", 100, 0, 40},
+	{"v2", "pai-2", 200, 8, 40},
+	{"v3", "pai-3", 300, 16, 36},
+}
+
+// liveRun is what one live run measured.
+type liveRun struct {
+	end          float64                      // seconds from t0 to the last job's end
+	coreSeconds  float64                      // reserved core-seconds, t0 to end
+	peakCores    int                          //
+	steps        map[string][]float64         // per job: step durations (rank 0), in order
+	work         map[string][]float64         // per job: reported CPU seconds per step (sum over shards)
+	bytesPerStep map[string]float64           // per job: gradient bytes per step (all shards, all ranks)
+	nsPerByte    []float64                    // runtimes' reported aggregation cost
+	decisions    int                          // decisions that changed something
+	panics       int                          // of them in panic
+	moves        int                          // shard moves (placing a new shard included)
+	voluntary    int                          // moves with a previous owner
+	startups     []time.Duration              // desired went up -> pool reached it
+	pool         []struct{ t, cores float64 } //
+}
+
+// TestSimValidate runs a small workload for real twice (a static pool of fixed size, then the
+// elastic pool with validatePolicy) and writes the same workload and policy for 'fanin sim'.
+// It is for docs/AUTOSCALING.md, "Simulator vs reality"; FANIN_VALIDATE=1 runs it.
+func TestSimValidate(t *testing.T) {
+	if os.Getenv("FANIN_VALIDATE") != "1" {
+		t.Skip("simulator validation: set FANIN_VALIDATE=1")
+	}
+	skipShort(t)
+	out := os.Getenv("FANIN_VALIDATE_OUT")
+	if out == "" {
+		out = filepath.Join(os.TempDir(), "fanin-validate")
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	root, _ := filepath.Abs("..")
+	tr, err := sim.LoadTraces(filepath.Join(root, "..", "shared", "traces"))
+	if err != nil {
+		tr, err = sim.LoadTraces("/work/shared/traces")
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The workload, with its step times written out so that the live run and the sim use the same.
+	wl := &sim.Workload{}
+	for _, j := range valJobs {
+		its := tr.PAI[j.trace]
+		var rows [][]float64
+		for i := range 300 {
+			src := its[(j.offset+i)%len(its)]
+			row := make([]float64, valRanks)
+			for r := range row {
+				row[r] = math.Round(src[r]*valStepScale) / 1000
+			}
+			rows = append(rows, row)
+		}
+		wl.Jobs = append(wl.Jobs, sim.JobSpec{ID: j.id, Arrival: j.arrival, Duration: j.duration,
+			Params: valParams, StepTimes: rows})
+	}
+	if err := os.WriteFile(filepath.Join(out, "workload.json"), wl.MarshalIndent(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cores := valCores()
+	elastic := fmt.Sprintf(validatePolicy, cores)
+	if err := os.WriteFile(filepath.Join(out, "policy.yaml"), []byte(elastic), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := autoscaler.ParsePolicy([]byte(elastic)); err != nil {
+		t.Fatal(err)
+	}
+	// Static: a fixed pool of 3 runtimes, the same knobs otherwise.
+	static := strings.Replace(strings.Replace(elastic, "min_runtimes: 1", "min_runtimes: 3", 1),
+		"max_runtimes: 4", "max_runtimes: 3", 1)
+
+	st := runLive(t, wl, static)
+	el := runLive(t, wl, elastic)
+
+	// Throughput: bytes one core aggregates per second, from the runtimes' reports.
+	var bytes, work float64
+	for id, ws := range el.work {
+		for _, w := range ws {
+			work += w
+			bytes += el.bytesPerStep[id]
+		}
+	}
+	thr := bytes / work
+	// Static peak provisioning with the sim's definition, at the measured throughput.
+	var staticCS float64
+	for _, j := range wl.Jobs {
+		var spreads, periods []float64
+		for _, row := range j.StepTimes {
+			spreads = append(spreads, slices.Max(row)-slices.Min(row))
+			periods = append(periods, slices.Max(row))
+		}
+		slices.Sort(spreads)
+		slices.Sort(periods)
+		burst := max(spreads[len(spreads)/2], 0.05*periods[len(periods)/2])
+		w := float64(valParams*4*valRanks) / thr
+		c := max(1, int(math.Ceil(w/burst-1e-9)))
+		life := math.Min(j.Arrival+j.Duration, el.end) - j.Arrival
+		staticCS += float64(c) * life
+		t.Logf("job %s: work %.4f core-s/step at measured throughput, burst %.3fs, static %d cores", j.ID, w, burst, c)
+	}
+	// Slowdown: the same step, elastic against static.
+	slow, raw := valSlowdown(el, st)
+	q := valQuantile
+	var nsb float64
+	for _, x := range el.nsPerByte {
+		nsb += x
+	}
+	if len(el.nsPerByte) > 0 {
+		nsb /= float64(len(el.nsPerByte))
+	}
+	su := slices.Clone(el.startups)
+	slices.Sort(su)
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "live run, %d jobs, end %.1fs\n", len(wl.Jobs), el.end)
+	fmt.Fprintf(&sb, "elastic reserved core-seconds %.1f (peak %d cores); static run reserved %.1f (peak %d cores)\n",
+		el.coreSeconds, el.peakCores, st.coreSeconds, st.peakCores)
+	fmt.Fprintf(&sb, "static peak provisioning (sim definition, measured throughput) %.1f core-seconds; cost %.1f%%\n",
+		staticCS, 100*el.coreSeconds/staticCS)
+	fmt.Fprintf(&sb, "measured throughput %.3g B/s per core (from shard work); runtimes' nanos_per_byte mean %.3f (%.3g B/s)\n",
+		thr, nsb, 1e9/nsb)
+	fmt.Fprintf(&sb, "steps compared %d: slowdown (floored at 0) mean %.2f%% p50 %.2f%% p90 %.2f%% p99 %.2f%% max %.2f%%; unfloored mean %.2f%%\n",
+		len(slow), 100*valMean(slow), 100*q(slow, .5), 100*q(slow, .9), 100*q(slow, .99), 100*q(slow, 1), 100*valMean(raw))
+	for id := range el.steps {
+		fmt.Fprintf(&sb, "  job %s: steps elastic %d static %d, mean step elastic %.3fs static %.3fs\n",
+			id, len(el.steps[id]), len(st.steps[id]), valMean(el.steps[id]), valMean(st.steps[id]))
+	}
+	fmt.Fprintf(&sb, "decisions %d (panic %d), moves %d (voluntary %d); static run: decisions %d moves %d (voluntary %d)\n",
+		el.decisions, el.panics, el.moves, el.voluntary, st.decisions, st.moves, st.voluntary)
+	fmt.Fprintf(&sb, "startup (desired up -> pool reached it): %v\n", su)
+	fmt.Fprintf(&sb, "sim flags for measured parameters: --throughput %.3g --startup %v\n", thr, valMedian(su))
+	fmt.Fprintf(&sb, "pool (t, cores):")
+	last := -1.0
+	for _, p := range el.pool {
+		if p.cores != last {
+			fmt.Fprintf(&sb, " %.1f:%g", p.t, p.cores)
+			last = p.cores
+		}
+	}
+	sb.WriteString("\n")
+	if os.Getenv("FANIN_VALIDATE_NOISE") == "1" {
+		// The noise floor: a second static run against the first, paired step by step.
+		st2 := runLive(t, wl, static)
+		ns, nr := valSlowdown(st2, st)
+		fmt.Fprintf(&sb, "noise floor (static run 2 vs static run 1): floored mean %.2f%% p50 %.2f%% p90 %.2f%% p99 %.2f%%; unfloored mean %.2f%%\n",
+			100*valMean(ns), 100*q(ns, .5), 100*q(ns, .9), 100*q(ns, .99), 100*valMean(nr))
+	}
+	t.Log("\n" + sb.String())
+	_ = os.WriteFile(filepath.Join(out, "live.txt"), []byte(sb.String()), 0o644)
+}
+
+func valCores() int {
+	return max(1, goruntime.GOMAXPROCS(0))
+}
+
+// valSlowdown pairs the steps of two runs of the same workload: a/b - 1, floored at 0 and raw,
+// both sorted.
+func valSlowdown(a, b *liveRun) (slow, raw []float64) {
+	for id, as := range a.steps {
+		bs := b.steps[id]
+		for k := range min(len(as), len(bs)) {
+			r := as[k]/bs[k] - 1
+			raw = append(raw, r)
+			slow = append(slow, max(0, r))
+		}
+	}
+	sort.Float64s(slow)
+	sort.Float64s(raw)
+	return slow, raw
+}
+
+func valQuantile(x []float64, p float64) float64 {
+	if len(x) == 0 {
+		return math.NaN()
+	}
+	return x[min(len(x)-1, int(p*float64(len(x))))]
+}
+
+func valMean(x []float64) float64 {
+	if len(x) == 0 {
+		return math.NaN()
+	}
+	s := 0.0
+	for _, v := range x {
+		s += v
+	}
+	return s / float64(len(x))
+}
+
+func valMedian(x []time.Duration) time.Duration {
+	if len(x) == 0 {
+		return 0
+	}
+	return x[len(x)/2]
+}
+
+// runLive runs the workload against a fresh NATS, gateway and autoscaler with the process driver.
+func runLive(t *testing.T, wl *sim.Workload, policy string) *liveRun {
+	ns, err := embed.Start(embed.Config{Port: -1, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	url := ns.ClientURL()
+	pf := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(pf, []byte(policy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	gw := start(t, "gateway", "gateway", "--nats", url, "--http", "127.0.0.1:0")
+	defer gw.stop(syscall.SIGTERM)
+	api := gw.waitFor(t, httpURL, 20*time.Second)
+	as := start(t, "autoscaler", "autoscaler", "--nats", url, "--driver", "process", "--policy", pf,
+		"--runtime-binary", faninBin, "--interval", "250ms")
+	defer as.stop(syscall.SIGTERM)
+
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	b, err := store.OpenBuckets(context.Background(), js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	poolCores := func() (n, c int) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		keys, err := b.Runtimes.Keys(ctx)
+		if err != nil {
+			return 0, 0
+		}
+		for _, k := range keys {
+			e, err := b.Runtimes.Get(ctx, k)
+			if err != nil {
+				continue
+			}
+			var info wire.RuntimeInfo
+			if json.Unmarshal(e.Value(), &info) == nil {
+				c += info.Cores
+				n++
+			}
+		}
+		return n, c
+	}
+	pol, _ := autoscaler.ParsePolicy([]byte(policy))
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if n, _ := poolCores(); n == pol.MinRuntimes {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pool not at %d runtimes\n%s", pol.MinRuntimes, as.output())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	run := &liveRun{steps: map[string][]float64{}, work: map[string][]float64{}, bytesPerStep: map[string]float64{}}
+	var mu sync.Mutex
+	// Load reports: per-shard work per step; a shard's work is folded into its job's per report.
+	lastStep := map[string]int64{}
+	loadSub, err := nc.Subscribe(wire.LoadSubject("*"), func(m *nats.Msg) {
+		var rep wire.LoadReport
+		if json.Unmarshal(m.Data, &rep) != nil {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if rep.NanosPerByte > 0 {
+			run.nsPerByte = append(run.nsPerByte, rep.NanosPerByte)
+		}
+		per := map[string]float64{}
+		bytes := map[string]float64{}
+		for _, s := range rep.Shards {
+			if s.Work <= 0 || s.Step == lastStep[s.Key] {
+				continue
+			}
+			lastStep[s.Key] = s.Step
+			per[s.Job] += s.Work
+			bytes[s.Job] += float64(s.Bytes)
+		}
+		for j, w := range per {
+			// a report may cover a subset of a job's shards: scale to bytes per step later
+			run.work[j] = append(run.work[j], w*float64(valParams*4*valRanks)/bytes[j])
+			run.bytesPerStep[j] = float64(valParams * 4 * valRanks)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer loadSub.Unsubscribe()
+	// Decisions: counts, and when the desired size went up.
+	type up struct {
+		at      time.Time
+		desired int
+	}
+	var ups []up
+	prevDesired := pol.MinRuntimes
+	decSub, err := nc.Subscribe(wire.DecisionsSubject, func(m *nats.Msg) {
+		var d autoscaler.Decision
+		if json.Unmarshal(m.Data, &d) != nil {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		run.decisions++
+		if d.Mode == "panic" {
+			run.panics++
+		}
+		run.moves += len(d.Moves)
+		for _, mv := range d.Moves {
+			if mv.From != "" {
+				run.voluntary++
+			}
+		}
+		if d.Desired > prevDesired {
+			ups = append(ups, up{time.Now(), d.Desired})
+		}
+		prevDesired = d.Desired
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer decSub.Unsubscribe()
+
+	ctx := context.Background()
+	admin := sdk.NewAdmin(api)
+	t0 := time.Now()
+	end := 0.0
+	for _, j := range wl.Jobs {
+		end = max(end, j.Arrival+j.Duration)
+	}
+	run.end = end
+	// Pool sampler.
+	samplerDone := make(chan struct{})
+	var samplerWG sync.WaitGroup
+	samplerWG.Add(1)
+	go func() {
+		defer samplerWG.Done()
+		prev := time.Now()
+		var pending []up
+		for {
+			select {
+			case <-samplerDone:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			n, c := poolCores()
+			now := time.Now()
+			el := now.Sub(t0).Seconds()
+			dt := now.Sub(prev).Seconds()
+			prev = now
+			mu.Lock()
+			if el <= end {
+				run.coreSeconds += float64(c) * dt
+				run.peakCores = max(run.peakCores, c)
+			}
+			run.pool = append(run.pool, struct{ t, cores float64 }{el, float64(c)})
+			pending = append(pending, ups...)
+			ups = ups[:0]
+			keep := pending[:0]
+			for _, u := range pending {
+				if n >= u.desired {
+					run.startups = append(run.startups, now.Sub(u.at).Round(10*time.Millisecond))
+				} else {
+					keep = append(keep, u)
+				}
+			}
+			pending = keep
+			mu.Unlock()
+		}
+	}()
+
+	var wg sync.WaitGroup
+	for _, j := range wl.Jobs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			time.Sleep(time.Until(t0.Add(time.Duration(j.Arrival * float64(time.Second)))))
+			stopAt := t0.Add(time.Duration((j.Arrival + j.Duration) * float64(time.Second)))
+			spec := job.Spec{
+				ID: j.ID, Ranks: valRanks, ShardSize: valShard,
+				Tensors:  []job.Tensor{{Name: "w", Shape: []int{valParams}}},
+				Function: job.Function{Name: "sgd", Hyper: map[string]float64{"lr": 0.01}},
+			}
+			if _, err := admin.CreateJob(ctx, spec); err != nil {
+				t.Error(err)
+				return
+			}
+			var rwg sync.WaitGroup
+			var steps []float64
+			var stopK atomic.Int64
+			stopK.Store(math.MaxInt64)
+			for r := range valRanks {
+				rwg.Add(1)
+				go func() {
+					defer rwg.Done()
+					c, err := sdk.Connect(ctx, url)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					defer c.Close()
+					w, err := c.Worker(ctx, j.ID, r)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					grads := make([]float32, valParams)
+					for i := range grads {
+						grads[i] = float32(i%7) * 1e-3
+					}
+					last := time.Now()
+					for k := int64(0); ; k++ {
+						// Every rank does the same steps: the first to see the end finishes this step.
+						if time.Now().After(stopAt) {
+							stopK.CompareAndSwap(math.MaxInt64, k+1)
+						}
+						if k >= stopK.Load() {
+							break
+						}
+						time.Sleep(time.Duration(j.StepTimes[int(k)%len(j.StepTimes)][r] * float64(time.Second)))
+						sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+						_, err := w.Step(sctx, grads)
+						cancel()
+						if err != nil {
+							t.Errorf("%s rank %d: %v", j.ID, r, err)
+							return
+						}
+						if r == 0 {
+							now := time.Now()
+							steps = append(steps, now.Sub(last).Seconds())
+							last = now
+						}
+					}
+				}()
+			}
+			rwg.Wait()
+			mu.Lock()
+			run.steps[j.ID] = steps
+			mu.Unlock()
+			if err := admin.DeleteJob(ctx, j.ID); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	// Keep sampling until the end of the workload's time, as the sim does.
+	time.Sleep(time.Until(t0.Add(time.Duration(end * float64(time.Second)))))
+	close(samplerDone)
+	samplerWG.Wait()
+	as.stop(syscall.SIGTERM)
+	gw.stop(syscall.SIGTERM)
+	return run
+}
