@@ -2,40 +2,101 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"mime"
 	"net/http"
-	"sort"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fanin-ml/fanin/autoscaler"
+	"github.com/fanin-ml/fanin/dashboard"
+	"github.com/fanin-ml/fanin/gateway/api"
+	"github.com/fanin-ml/fanin/internal/auth"
+	"github.com/fanin-ml/fanin/internal/metrics"
 	"github.com/fanin-ml/fanin/internal/store"
-	"github.com/fanin-ml/fanin/job"
 )
 
-// MaxSpecBytes bounds a request body.
-const MaxSpecBytes = 4 << 20
+// Limits of request bodies.
+const (
+	MaxSpecBytes = 4 << 20 // a job spec or any other request body
+	MaxDepth     = 32      // nesting of objects and arrays in a request body
+)
 
 // Errors callers branch on.
 var (
 	ErrJobExists   = errors.New("job already exists")
 	ErrJobNotFound = errors.New("job not found")
+	ErrBadState    = errors.New("job is not in a state that allows this")
+	ErrQuota       = errors.New("quota exceeded")
 )
 
-// Server is the gateway. Create it with New and serve Handler.
+// StateBucket is the gateway's own key-value bucket: job metadata (owner, quota, state, the record
+// of a paused job, the NATS users issued), team tokens, token hashes, reject counters, revocations.
+const StateBucket = "fanin-gateway"
+
+// Server is the gateway. Create it with New, serve Handler, and Close it.
 type Server struct {
-	nc      *nats.Conn
-	js      jetstream.JetStream
-	buckets *store.Buckets
-	log     *slog.Logger
-	now     func() time.Time
-	mux     *http.ServeMux
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	buckets  *store.Buckets
+	state    jetstream.KeyValue
+	log      *slog.Logger
+	now      func() time.Time
+	mux      *http.ServeMux
+	routes   []Route
+	admin    string          // the admin token; "" leaves the API open
+	authz    *auth.Authority // issues and revokes NATS credentials; nil: none
+	sys      *nats.Conn      // a system account connection: revocations and auth events; may be nil
+	credsTTL time.Duration
+	defQuota api.Quota
+	policy   autoscaler.Policy // what GET /v1/policy shows while none is stored
+	drain    time.Duration     // how long pause and delete wait for the runtimes to let go
+	govEvery time.Duration     // the quota governor's tick; 0 disables it
+	burst    time.Duration     // the bytes/s quota's burst: how many seconds of quota a job may use at once
+
+	tokens    *tokenCache
+	loads     *loadCache
+	placement *placementCache
+	rejects   *rejectStore
+	gov       *governor
+
+	mu    sync.Mutex        // guards users
+	users map[string]string // NATS user public key -> job, for attributing violations
+	dash  *dashboard.Dashboard
+
+	jobLocks sync.Map // job id -> *sync.Mutex: serializes pause, resume and delete of a job
+
+	bg   context.Context // background work; cancelled by Close
+	stop context.CancelFunc
+	wg   sync.WaitGroup // background loops
+	subs []*nats.Subscription
+}
+
+// Route is one registered route: its method, path pattern and who may call it.
+type Route struct {
+	Method, Path string
+	Access       Access
+}
+
+// Access says who may call a route.
+type Access int
+
+// Who may call a route.
+const (
+	Public  Access = iota // anyone
+	AnyUser               // any valid token
+	Creator               // admin or team tokens: may create jobs
+	JobUser               // admin, the job's team, or the job's own token
+	Admin                 // the admin token only
+)
+
+func (a Access) String() string {
+	return [...]string{"public", "any token", "admin or team", "admin, team or job", "admin"}[a]
 }
 
 // Option configures a Server.
@@ -44,13 +105,84 @@ type Option func(*Server) error
 // WithLogger sets the logger (default slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(s *Server) error { s.log = l; return nil } }
 
-// New opens the shared buckets and returns a gateway. Options: WithLogger.
-func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Server, error) {
+// WithAdminToken requires a bearer token on every /v1 route but the OpenAPI document: tok for
+// operators, or a team or job token issued by the gateway. Without it the API is open.
+func WithAdminToken(tok string) Option {
+	return func(s *Server) error {
+		if len(tok) < 16 {
+			return errors.New("the admin token must be at least 16 characters")
+		}
+		s.admin = tok
+		return nil
+	}
+}
+
+// WithAuthority makes the gateway issue per-job NATS credentials at job creation and revoke them
+// when the job is deleted. sys, a connection of the system account, pushes revocations to the
+// servers and reports authentication failures; without it revocations are not pushed.
+func WithAuthority(a *auth.Authority, sys *nats.Conn) Option {
+	return func(s *Server) error { s.authz, s.sys = a, sys; return nil }
+}
+
+// WithCredentialsTTL makes job credentials expire after d (default: they last until the job is
+// deleted).
+func WithCredentialsTTL(d time.Duration) Option {
+	return func(s *Server) error { s.credsTTL = d; return nil }
+}
+
+// WithDefaultQuota sets the quota of jobs created with the admin token (team tokens carry their
+// own). Its Jobs field bounds the admin's jobs too.
+func WithDefaultQuota(q api.Quota) Option {
+	return func(s *Server) error {
+		if err := validQuota(q); err != nil {
+			return err
+		}
+		s.defQuota = q
+		return nil
+	}
+}
+
+// WithDefaultPolicy is the policy GET /v1/policy reports while none is stored (what the
+// autoscaler was started with).
+func WithDefaultPolicy(p autoscaler.Policy) Option {
+	return func(s *Server) error { s.policy = p; return p.Validate() }
+}
+
+// WithDrainTimeout bounds how long pause and delete wait for the runtimes to stop serving a job
+// (default 15s).
+func WithDrainTimeout(d time.Duration) Option {
+	return func(s *Server) error { s.drain = d; return nil }
+}
+
+// WithGovernorInterval sets how often the bytes/s quota is checked (default 1s; 0 disables it,
+// and a test calls GovernStep).
+func WithGovernorInterval(d time.Duration) Option {
+	return func(s *Server) error { s.govEvery = d; return nil }
+}
+
+// WithQuotaBurst sets how many seconds of its bytes/s quota a job may use at once (default
+// QuotaBurst).
+func WithQuotaBurst(d time.Duration) Option {
+	return func(s *Server) error {
+		if d <= 0 {
+			return errors.New("quota burst must be > 0")
+		}
+		s.burst = d
+		return nil
+	}
+}
+
+// New opens the shared buckets and the gateway's own state and starts its background work (load
+// reports, placement watch, reject counting, the quota governor). Options: WithLogger,
+// WithAdminToken, WithAuthority, WithCredentialsTTL, WithDefaultQuota, WithDefaultPolicy,
+// WithDrainTimeout, WithGovernorInterval, WithQuotaBurst.
+func New(ctx context.Context, nc *nats.Conn, opts ...Option) (_ *Server, err error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{nc: nc, js: js, log: slog.Default(), now: time.Now, mux: http.NewServeMux()}
+	s := &Server{nc: nc, js: js, log: slog.Default(), now: time.Now, mux: http.NewServeMux(),
+		policy: autoscaler.DefaultPolicy(), drain: 15 * time.Second, govEvery: time.Second, burst: QuotaBurst, users: map[string]string{}}
 	for _, o := range opts {
 		if err := o(s); err != nil {
 			return nil, err
@@ -60,211 +192,170 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Server, error) {
 	if s.buckets, err = store.OpenBuckets(ctx, js); err != nil {
 		return nil, err
 	}
-	s.mux.HandleFunc("POST /v1/jobs", s.createJob)
-	s.mux.HandleFunc("GET /v1/jobs", s.listJobs)
-	s.mux.HandleFunc("GET /v1/jobs/{id}", s.getJob)
-	s.mux.HandleFunc("DELETE /v1/jobs/{id}", s.deleteJob)
-	s.mux.HandleFunc("GET /healthz", s.healthz)
+	if s.state, err = openKV(ctx, js, jetstream.KeyValueConfig{
+		Bucket: StateBucket, Description: "fanin gateway: job metadata, tokens, reject counts", Storage: jetstream.FileStorage, History: 1,
+	}); err != nil {
+		return nil, err
+	}
+	bg, stop := context.WithCancel(context.Background())
+	s.bg, s.stop = bg, stop
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+	if s.tokens, err = newTokenCache(bg, s.state, &s.wg); err != nil {
+		return nil, err
+	}
+	if s.placement, err = newPlacementCache(bg, s.buckets.Placement, &s.wg); err != nil {
+		return nil, err
+	}
+	s.loads = newLoadCache(s.now)
+	sub, err := nc.Subscribe(loadWildcard, s.loads.onReport)
+	if err != nil {
+		return nil, err
+	}
+	s.subs = append(s.subs, sub)
+	if s.rejects, err = newRejectStore(ctx, s); err != nil {
+		return nil, err
+	}
+	s.wg.Add(1)
+	go func() { defer s.wg.Done(); s.rejects.count(bg) }()
+	if err := s.loadUsers(ctx); err != nil {
+		return nil, err
+	}
+	if s.sys != nil && s.authz != nil {
+		if err := s.watchAuthErrors(); err != nil {
+			return nil, err
+		}
+		s.pushRevocations(ctx)
+	}
+	s.gov = newGovernor(s)
+	if s.govEvery > 0 {
+		s.wg.Add(1)
+		go func() { defer s.wg.Done(); s.gov.run(bg, s.govEvery) }()
+	}
+	if s.admin == "" {
+		s.log.Warn("the HTTP API runs without authentication: give it an admin token (--token, FANIN_TOKEN)")
+	}
+	if s.dash, err = dashboard.New(ctx, nc); err != nil {
+		return nil, err
+	}
+	s.register()
 	return s, nil
+}
+
+// Close stops the gateway's background work and waits for it. The connection stays open.
+func (s *Server) Close() {
+	if s.dash != nil {
+		s.dash.Close()
+	}
+	for _, sub := range s.subs {
+		_ = sub.Unsubscribe()
+	}
+	if s.stop != nil {
+		s.stop()
+	}
+	s.wg.Wait()
 }
 
 // Handler is the gateway's HTTP handler.
 func (s *Server) Handler() http.Handler { return s.mux }
 
-// CreateJob validates a spec, creates the job's streams, publishes its initial parameters (unless
-// it is uploaded) and stores its record; the record is written last, so whoever sees it finds the
-// streams in place.
-func (s *Server) CreateJob(ctx context.Context, spec job.Spec) (*job.Record, error) {
-	spec.Normalize()
-	if err := spec.Validate(); err != nil {
-		return nil, err
-	}
-	rec := job.NewRecord(spec, s.now())
-	if err := store.CheckFits(&rec, s.nc.MaxPayload()); err != nil {
-		return nil, err
-	}
-	if _, err := s.buckets.Jobs.Get(ctx, spec.ID); err == nil {
-		return nil, fmt.Errorf("job %q: %w", spec.ID, ErrJobExists)
-	}
-	if err := store.CreateJobStreams(ctx, s.js, &rec, s.nc.MaxPayload()); err != nil {
-		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			return nil, fmt.Errorf("job %q: %w", spec.ID, ErrJobExists)
-		}
-		return nil, err
-	}
-	if spec.Init.Kind != "upload" {
-		if err := store.PublishInitial(ctx, s.js, &rec); err != nil {
-			_ = store.DeleteJobStreams(context.WithoutCancel(ctx), s.js, spec.ID)
-			return nil, err
-		}
-	}
-	val, _ := json.Marshal(rec)
-	if _, err := s.buckets.Jobs.Create(ctx, spec.ID, val); err != nil {
-		if errors.Is(err, jetstream.ErrKeyExists) {
-			return nil, fmt.Errorf("job %q: %w", spec.ID, ErrJobExists)
-		}
-		return nil, fmt.Errorf("store job %q: %w", spec.ID, err)
-	}
-	s.log.Info("job created", "job", spec.ID, "ranks", spec.Ranks, "shards", rec.Layout.NumShards(),
-		"elements", rec.Layout.Elements, "function", spec.Function.Name)
-	return &rec, nil
-}
+// Routes lists the registered routes (the OpenAPI document describes exactly these).
+func (s *Server) Routes() []Route { return append([]Route(nil), s.routes...) }
 
-// DeleteJob removes a job's record (its shards are then released) and its streams.
-func (s *Server) DeleteJob(ctx context.Context, id string) error {
-	if _, err := s.buckets.Jobs.Get(ctx, id); err != nil {
-		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrInvalidKey) {
-			return fmt.Errorf("job %q: %w", id, ErrJobNotFound)
+func (s *Server) register() {
+	for _, r := range []struct {
+		pattern string
+		access  Access
+		h       http.HandlerFunc
+	}{
+		{"GET /healthz", Public, s.healthz},
+		{"GET /v1/openapi.json", Public, s.openapi},
+		{"GET /v1/whoami", AnyUser, s.whoami},
+		{"POST /v1/jobs", Creator, s.createJob},
+		{"GET /v1/jobs", AnyUser, s.listJobs},
+		{"GET /v1/jobs/{id}", JobUser, s.getJob},
+		{"DELETE /v1/jobs/{id}", JobUser, s.deleteJob},
+		{"POST /v1/jobs/{id}/pause", JobUser, s.pauseJob},
+		{"POST /v1/jobs/{id}/resume", JobUser, s.resumeJob},
+		{"GET /v1/jobs/{id}/shards", JobUser, s.jobShards},
+		{"GET /v1/jobs/{id}/rejects", JobUser, s.jobRejects},
+		{"POST /v1/jobs/{id}/credentials", JobUser, s.jobCredentials},
+		{"GET /v1/placement", Admin, s.listPlacement},
+		{"GET /v1/runtimes", Admin, s.listRuntimes},
+		{"GET /v1/runtimes/{id}", Admin, s.getRuntime},
+		{"GET /v1/policy", Admin, s.getPolicy},
+		{"PUT /v1/policy", Admin, s.putPolicy},
+		{"GET /v1/policy/history", Admin, s.policyHistory},
+		{"GET /v1/decisions", Admin, s.listDecisions},
+		{"GET /v1/functions", AnyUser, s.listFunctions},
+		{"GET /v1/rejects", Admin, s.rejectTotals},
+		{"POST /v1/tokens", Admin, s.createTeam},
+		{"GET /v1/tokens", Admin, s.listTeams},
+		{"DELETE /v1/tokens/{id}", Admin, s.deleteTeam},
+	} {
+		method, path, _ := strings.Cut(r.pattern, " ")
+		s.routes = append(s.routes, Route{Method: method, Path: path, Access: r.access})
+		s.mux.Handle(r.pattern, s.guard(r.access, r.h))
+	}
+	// Read-only views outside the /v1 API: Prometheus metrics and the web dashboard (a page, its
+	// files, and the JSON state it polls). They are public: serve the gateway behind the network
+	// boundary that should see job ids and reject details, or turn the dashboard off.
+	s.mux.Handle("GET /metrics", metrics.Handler())
+	if s.dash != nil {
+		s.mux.Handle(dashboard.RootPattern, s.dash)
+		s.mux.Handle(dashboard.PrefixPattern, s.dash)
+	}
+	// Every error is a problem document, an unknown path or a wrong method included.
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		var allowed []string
+		for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodDelete} {
+			probe := r.Clone(r.Context())
+			probe.Method = m
+			if _, pattern := s.mux.Handler(probe); pattern != "/" && pattern != "" {
+				allowed = append(allowed, m)
+			}
 		}
-		return err
-	}
-	if err := s.buckets.Jobs.Delete(ctx, id); err != nil {
-		return fmt.Errorf("delete job %q: %w", id, err)
-	}
-	if err := store.DeleteJobStreams(ctx, s.js, id); err != nil {
-		return err
-	}
-	s.log.Info("job deleted", "job", id)
-	return nil
-}
-
-// Jobs lists the records of every job, sorted by id.
-func (s *Server) Jobs(ctx context.Context) ([]job.Record, error) {
-	lister, err := s.buckets.Jobs.ListKeys(ctx)
-	if err != nil {
-		return nil, err
-	}
-	var recs []job.Record
-	for key := range lister.Keys() {
-		rec, err := s.job(ctx, key)
-		if errors.Is(err, ErrJobNotFound) {
-			continue // deleted meanwhile
-		}
-		if err != nil {
-			return nil, err
-		}
-		recs = append(recs, *rec)
-	}
-	sort.Slice(recs, func(i, j int) bool { return recs[i].Spec.ID < recs[j].Spec.ID })
-	return recs, nil
-}
-
-func (s *Server) job(ctx context.Context, id string) (*job.Record, error) {
-	e, err := s.buckets.Jobs.Get(ctx, id)
-	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrInvalidKey) {
-		return nil, fmt.Errorf("job %q: %w", id, ErrJobNotFound)
-	}
-	if err != nil {
-		return nil, err
-	}
-	var rec job.Record
-	if err := json.Unmarshal(e.Value(), &rec); err != nil {
-		return nil, fmt.Errorf("decode job %q: %w", id, err)
-	}
-	return &rec, nil
-}
-
-func (s *Server) createJob(w http.ResponseWriter, r *http.Request) {
-	if ct := r.Header.Get("Content-Type"); ct != "" {
-		mt, _, err := mime.ParseMediaType(ct)
-		if err != nil || (mt != "application/json" && mt != "application/yaml" && mt != "application/x-yaml" && mt != "text/yaml") {
-			problem(w, http.StatusUnsupportedMediaType, "unsupported_media_type", fmt.Sprintf("Content-Type %q: send application/json or application/yaml", ct))
+		if len(allowed) > 0 {
+			w.Header().Set("Allow", strings.Join(allowed, ", "))
+			s.problem(w, http.StatusMethodNotAllowed, codeMethodNotAllowed, fmt.Sprintf("%s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, strings.Join(allowed, ", ")))
 			return
 		}
+		s.problem(w, http.StatusNotFound, codeNotFound, fmt.Sprintf("no route %s %s; see GET /v1/openapi.json", r.Method, r.URL.Path))
+	})
+}
+
+func openKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	kv, err := js.KeyValue(ctx, cfg.Bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = js.CreateKeyValue(ctx, cfg)
+		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			kv, err = js.KeyValue(ctx, cfg.Bucket)
+		}
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxSpecBytes))
 	if err != nil {
-		problem(w, http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("a job spec is at most %d bytes", MaxSpecBytes))
-		return
+		return nil, fmt.Errorf("open bucket %s: %w", cfg.Bucket, err)
 	}
-	spec, err := job.Parse(body)
-	if err != nil {
-		problem(w, http.StatusBadRequest, "invalid_spec", err.Error())
-		return
-	}
-	rec, err := s.CreateJob(r.Context(), *spec)
-	switch {
-	case errors.Is(err, ErrJobExists):
-		problem(w, http.StatusConflict, "job_exists", err.Error())
-	case errors.Is(err, job.ErrInvalidSpec):
-		problem(w, http.StatusBadRequest, "invalid_spec", err.Error())
-	case err != nil:
-		s.log.Error("create job", "job", spec.ID, "err", err)
-		problem(w, http.StatusInternalServerError, "internal", err.Error())
-	default:
-		writeJSON(w, http.StatusCreated, rec)
-	}
-}
-
-func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) {
-	recs, err := s.Jobs(r.Context())
-	if err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
-		problem(w, http.StatusInternalServerError, "internal", err.Error())
-		return
-	}
-	if recs == nil {
-		recs = []job.Record{}
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"jobs": recs})
-}
-
-func (s *Server) getJob(w http.ResponseWriter, r *http.Request) {
-	rec, err := s.job(r.Context(), r.PathValue("id"))
-	switch {
-	case errors.Is(err, ErrJobNotFound):
-		problem(w, http.StatusNotFound, "job_not_found", err.Error())
-	case err != nil:
-		problem(w, http.StatusInternalServerError, "internal", err.Error())
-	default:
-		writeJSON(w, http.StatusOK, rec)
-	}
-}
-
-func (s *Server) deleteJob(w http.ResponseWriter, r *http.Request) {
-	err := s.DeleteJob(r.Context(), r.PathValue("id"))
-	switch {
-	case errors.Is(err, ErrJobNotFound):
-		problem(w, http.StatusNotFound, "job_not_found", err.Error())
-	case err != nil:
-		problem(w, http.StatusInternalServerError, "internal", err.Error())
-	default:
-		w.WriteHeader(http.StatusNoContent)
-	}
+	return kv, nil
 }
 
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	if !s.nc.IsConnected() {
-		problem(w, http.StatusServiceUnavailable, "nats_disconnected", "the gateway is not connected to NATS")
+		s.problem(w, http.StatusServiceUnavailable, "nats_disconnected", "the gateway is not connected to NATS")
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	if _, err := s.js.AccountInfo(ctx); err != nil {
-		problem(w, http.StatusServiceUnavailable, "jetstream_unavailable", err.Error())
+		s.problem(w, http.StatusServiceUnavailable, "jetstream_unavailable", err.Error())
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
-// Problem is an RFC 9457 problem document with a stable machine-readable code.
-type Problem struct {
-	Type   string `json:"type"`
-	Title  string `json:"title"`
-	Status int    `json:"status"`
-	Detail string `json:"detail"`
-	Code   string `json:"code"`
-}
-
-func problem(w http.ResponseWriter, status int, code, detail string) {
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(Problem{
-		Type: "urn:fanin:problem:" + code, Title: http.StatusText(status), Status: status, Detail: detail, Code: code,
-	})
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+func (s *Server) whoami(w http.ResponseWriter, r *http.Request) {
+	g := grantOf(r)
+	writeJSON(w, http.StatusOK, api.Whoami{Kind: string(g.Kind), Team: g.Team, Job: g.Job})
 }

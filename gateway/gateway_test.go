@@ -82,10 +82,12 @@ func TestJobsAPIErrors(t *testing.T) {
 		code, detail      string
 	}{
 		{"bad shard size", "application/yaml", strings.Replace(tinyYAML, "4KiB", "1KiB", 1), 400, "invalid_spec", "shard_size: must be 4 KiB..8 MiB"},
-		{"unknown function", "application/yaml", strings.Replace(tinyYAML, "sgd", "lbfgs", 1), 400, "invalid_spec", `unknown function "lbfgs"`},
+		{"unknown function", "application/yaml", strings.Replace(tinyYAML, "sgd", "lbfgs", 1), 400, "unknown_function", `unknown function "lbfgs"`},
 		{"unknown field", "application/json", `{"id":"x","colour":1}`, 400, "invalid_spec", "colour"},
 		{"not yaml", "application/yaml", "id: [", 400, "invalid_spec", "not JSON or YAML"},
 		{"content type", "text/plain", tinyYAML, 415, "unsupported_media_type", "text/plain"},
+		{"too many shards", "application/json", `{"id":"x","ranks":1,"function":{"name":"sum"},"tensors":[{"name":"w","shape":[4294967296]}],"shard_size":4096}`, 400, "invalid_spec", "more than 1048576"},
+		{"too deep", "application/json", `{"id":"x","tensors":` + strings.Repeat("[", 100) + strings.Repeat("]", 100) + `}`, 400, "too_deep", "nested 101 levels"},
 		{"too large", "application/json", `{"id":"` + strings.Repeat("x", gateway.MaxSpecBytes) + `"}`, 413, "body_too_large", "at most"},
 	}
 	for _, c := range cases {

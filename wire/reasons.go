@@ -23,6 +23,20 @@ const (
 	ReasonFutureStep    Reason = "future_step"
 	ReasonDuplicate     Reason = "duplicate"  // this rank already sent this step
 	ReasonNonFinite     Reason = "non_finite" // NaN or Inf in a job that forbids them
+
+	// Credentials, quotas and the control plane (gateway API). docs/API.md lists them.
+
+	ReasonUnauthorized    Reason = "unauthorized"           // no credentials, or credentials fanin does not accept
+	ReasonForbidden       Reason = "forbidden"              // valid credentials that do not reach this job, subject or route
+	ReasonQuotaExceeded   Reason = "quota_exceeded"         // a quota of the job or of its owner's token
+	ReasonInvalidSpec     Reason = "invalid_spec"           // a job spec that does not decode or validate
+	ReasonUnknownFunction Reason = "unknown_function"       // the spec names a function fanin does not have
+	ReasonBadHyper        Reason = "bad_hyper"              // a hyper-parameter is unknown, missing or out of range
+	ReasonBodyTooLarge    Reason = "body_too_large"         // a request body over the gateway's limit
+	ReasonTooDeep         Reason = "too_deep"               // a request body nested deeper than the gateway accepts
+	ReasonMediaType       Reason = "unsupported_media_type" // a Content-Type the route does not take
+	ReasonInvalidPolicy   Reason = "invalid_policy"         // an autoscaler policy that does not decode or validate
+	ReasonBadParameter    Reason = "bad_parameter"          // a malformed path or query parameter
 )
 
 // Reasons lists every reason with a one-line description, in table order.
@@ -42,6 +56,31 @@ var Reasons = []struct {
 	{ReasonFutureStep, "the step is further ahead than the sync mode allows"},
 	{ReasonDuplicate, "this rank already sent a gradient for this shard and step"},
 	{ReasonNonFinite, "the payload holds NaN or Inf and the job forbids them"},
+	{ReasonUnauthorized, "no credentials, or an API token or NATS credentials fanin does not accept"},
+	{ReasonForbidden, "the credentials are valid but do not reach this job, subject or route"},
+	{ReasonQuotaExceeded, "a quota of the job or of its owner's token is exhausted"},
+	{ReasonInvalidSpec, "the job spec does not decode or does not validate"},
+	{ReasonUnknownFunction, "the spec names an aggregation function fanin does not have"},
+	{ReasonBadHyper, "a hyper-parameter is unknown, missing or out of range"},
+	{ReasonBodyTooLarge, "the request body is larger than the gateway accepts"},
+	{ReasonTooDeep, "the request body is nested deeper than the gateway accepts"},
+	{ReasonMediaType, "the Content-Type is not one the route accepts"},
+	{ReasonInvalidPolicy, "the autoscaler policy does not decode or does not validate"},
+	{ReasonBadParameter, "a path or query parameter is malformed"},
+}
+
+// DataPlaneReasons is how many rows at the head of Reasons are about gradient messages
+// (docs/PROTOCOL.md); the rest are about credentials, quotas and the API (docs/API.md).
+const DataPlaneReasons = 12
+
+// KnownReason reports whether r is in the table.
+func KnownReason(r Reason) bool {
+	for _, x := range Reasons {
+		if x.Code == r {
+			return true
+		}
+	}
+	return false
 }
 
 // Reject is one rejected input: the reason, a specific human explanation, and where it came from.

@@ -77,8 +77,8 @@ func TestRejectRoundTripAndIs(t *testing.T) {
 	if !errors.Is(r, ErrReason(ReasonStaleStep)) || errors.Is(r, ErrReason(ReasonDuplicate)) {
 		t.Fatal("errors.Is by reason does not work")
 	}
-	if len(Reasons) != 12 {
-		t.Fatalf("the reasons table has %d rows; update docs/PROTOCOL.md when it changes", len(Reasons))
+	if len(Reasons) < DataPlaneReasons || Reasons[DataPlaneReasons-1].Code != ReasonNonFinite {
+		t.Fatalf("the reasons table has %d rows; the data-plane ones (docs/PROTOCOL.md) come first", len(Reasons))
 	}
 }
 

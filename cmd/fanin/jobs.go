@@ -1,31 +1,32 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
-	"text/tabwriter"
+	"path/filepath"
+	"sort"
+	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/fanin-ml/fanin/job"
-	"github.com/fanin-ml/fanin/sdk"
+	"github.com/fanin-ml/fanin/gateway/api"
+	"github.com/fanin-ml/fanin/wire"
 )
 
 func jobsCmd() *cobra.Command {
-	var api, token, output string
-	admin := func() *sdk.Admin { return sdk.NewAdmin(api, sdk.WithToken(token)) }
-	cmd := &cobra.Command{Use: "jobs", Short: "Create, list, inspect and delete jobs through the gateway"}
-	cmd.PersistentFlags().StringVar(&api, "api", envOr("FANIN_API", "http://127.0.0.1:8080"), "gateway URL (env FANIN_API)")
-	cmd.PersistentFlags().StringVar(&token, "token", envOr("FANIN_TOKEN", ""), "API token (env FANIN_TOKEN)")
-	cmd.PersistentFlags().StringVarP(&output, "output", "o", "table", "table or json")
+	var f apiFlags
+	cmd := &cobra.Command{Use: "jobs", Short: "Create, list, inspect, pause and delete jobs through the gateway"}
+	f.register(cmd)
 
-	var file string
+	var file, credsDir string
 	create := &cobra.Command{
 		Use:   "create -f spec.yaml",
 		Short: "Create a job from a JSON or YAML spec ('-' reads standard input)",
-		Args:  cobra.NoArgs,
+		Long: `Create a job. The answer holds the job's token (reaches only this job) and its workers' NATS
+credentials; they are shown once. With --creds-dir the credentials are written to
+<dir>/<job>.creds (mode 0600) and the token to <dir>/<job>.token instead of being printed.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var data []byte
 			var err error
@@ -37,46 +38,78 @@ func jobsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			rec, err := admin().CreateJobRaw(cmd.Context(), data)
+			c, err := f.admin().SubmitJobRaw(cmd.Context(), data)
 			if err != nil {
 				return err
 			}
-			return printJobs(cmd.OutOrStdout(), output, []job.Record{*rec})
+			out := cmd.OutOrStdout()
+			if credsDir != "" {
+				if err := saveAccess(credsDir, c); err != nil {
+					return err
+				}
+				c.Token = ""
+				if c.Credentials != nil {
+					c.Credentials.Seed, c.Credentials.Creds = "", ""
+				}
+			}
+			if f.output == "json" {
+				return printJSON(out, c)
+			}
+			if err := printJobs(out, []api.JobStatus{{Record: c.Record, State: c.State, Owner: c.Owner, Quota: c.Quota, Step: 0}}); err != nil {
+				return err
+			}
+			if credsDir != "" {
+				fmt.Fprintf(out, "\ntoken and NATS credentials written to %s\n", credsDir)
+				if c.Credentials != nil {
+					fmt.Fprintf(out, "workers: nats --creds %s --inbox-prefix %s ...\n",
+						filepath.Join(credsDir, c.Spec.ID+".creds"), c.Credentials.InboxPrefix)
+				}
+				return nil
+			}
+			if c.Token != "" {
+				fmt.Fprintf(out, "\njob token (reaches only %s; shown once):\n  %s\n", c.Spec.ID, c.Token)
+			}
+			if c.Credentials != nil {
+				fmt.Fprintf(out, "\nNATS credentials of its workers (shown once; inbox prefix %s):\n%s", c.Credentials.InboxPrefix, c.Credentials.Creds)
+			}
+			return nil
 		},
 	}
 	create.Flags().StringVarP(&file, "file", "f", "", "spec file")
+	create.Flags().StringVar(&credsDir, "creds-dir", "", "write the job's token and NATS credentials to this directory instead of printing them")
 	_ = create.MarkFlagRequired("file")
 
 	ls := &cobra.Command{
-		Use: "ls", Short: "List jobs", Args: cobra.NoArgs,
+		Use: "ls", Short: "List jobs with their state, step and speed", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			recs, err := admin().Jobs(cmd.Context())
+			sts, err := f.admin().JobStatuses(cmd.Context())
 			if err != nil {
 				return err
 			}
-			return printJobs(cmd.OutOrStdout(), output, recs)
+			if f.output == "json" {
+				return printJSON(cmd.OutOrStdout(), sts)
+			}
+			return printJobs(cmd.OutOrStdout(), sts)
 		},
 	}
 	get := &cobra.Command{
-		Use: "get ID", Short: "Show one job with its layout", Args: cobra.ExactArgs(1),
+		Use: "get ID", Short: "Show one job: status and every shard's placement, step and lag", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			rec, err := admin().Job(cmd.Context(), args[0])
+			st, err := f.admin().JobStatus(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
-			if output == "json" {
-				return printJobs(cmd.OutOrStdout(), output, []job.Record{*rec})
+			if f.output == "json" {
+				return printJSON(cmd.OutOrStdout(), st)
 			}
-			enc := json.NewEncoder(cmd.OutOrStdout())
-			enc.SetIndent("", "  ")
-			return enc.Encode(rec)
+			return printJob(cmd.OutOrStdout(), st)
 		},
 	}
 	rm := &cobra.Command{
-		Use: "rm ID...", Short: "Delete jobs, their streams and state", Args: cobra.MinimumNArgs(1),
+		Use: "rm ID...", Short: "Delete jobs: drain them, then remove their streams, state and credentials", Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			for _, id := range args {
-				if err := admin().DeleteJob(cmd.Context(), id); err != nil {
+				if err := f.admin().DeleteJob(cmd.Context(), id); err != nil {
 					return err
 				}
 				fmt.Fprintln(cmd.OutOrStdout(), "deleted", id)
@@ -84,25 +117,158 @@ func jobsCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.AddCommand(create, ls, get, rm)
-	return cmd
+	pause := &cobra.Command{
+		Use: "pause ID", Short: "Take a job off the runtimes; its workers' gradients queue until resume", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, err := f.admin().PauseJob(cmd.Context(), args[0])
+			return printState(cmd.OutOrStdout(), f.output, st, err)
+		},
+	}
+	resume := &cobra.Command{
+		Use: "resume ID", Short: "Place a paused (or throttled) job again", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, err := f.admin().ResumeJob(cmd.Context(), args[0])
+			return printState(cmd.OutOrStdout(), f.output, st, err)
+		},
+	}
+	var limit int
+	rejects := &cobra.Command{
+		Use: "rejects ID", Short: "Show a job's rejected inputs: counts by reason and the latest ones", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			rj, err := f.admin().Rejects(cmd.Context(), args[0], limit)
+			if err != nil {
+				return err
+			}
+			if f.output == "json" {
+				return printJSON(cmd.OutOrStdout(), rj)
+			}
+			return printRejects(cmd.OutOrStdout(), rj)
+		},
+	}
+	rejects.Flags().IntVar(&limit, "limit", 20, "latest rejections to show")
+	var credsOut string
+	creds := &cobra.Command{
+		Use: "creds ID", Short: "Issue another set of NATS credentials for a job's workers", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := f.admin().NewCredentials(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if credsOut != "" {
+				if err := os.WriteFile(credsOut, []byte(c.Creds), 0o600); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "wrote %s (user %s; inbox prefix %s)\n", credsOut, c.User, c.InboxPrefix)
+				return nil
+			}
+			if f.output == "json" {
+				return printJSON(cmd.OutOrStdout(), c)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "# inbox prefix %s\n%s", c.InboxPrefix, c.Creds)
+			return nil
+		},
+	}
+	creds.Flags().StringVar(&credsOut, "out", "", "write the .creds file here (mode 0600) instead of printing it")
+	cmd.AddCommand(create, ls, get, rm, pause, resume, rejects, creds)
+	return f.checked(cmd)
 }
 
-func printJobs(w io.Writer, output string, recs []job.Record) error {
-	switch output {
-	case "json":
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(recs)
-	case "table":
-		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tRANKS\tFUNCTION\tELEMENTS\tSHARDS\tSTORAGE\tCREATED")
-		for _, r := range recs {
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%s\t%s\n", r.Spec.ID, r.Spec.Ranks, r.Spec.Function.Name,
-				r.Layout.Elements, r.Layout.NumShards(), r.Spec.Storage, r.Created.Format("2006-01-02 15:04:05"))
-		}
-		return tw.Flush()
-	default:
-		return fmt.Errorf("-o %q: use table or json", output)
+func saveAccess(dir string, c *api.JobCreated) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
 	}
+	if c.Token != "" {
+		if err := os.WriteFile(filepath.Join(dir, c.Spec.ID+".token"), []byte(c.Token+"\n"), 0o600); err != nil {
+			return err
+		}
+	}
+	if c.Credentials != nil {
+		if err := os.WriteFile(filepath.Join(dir, c.Spec.ID+".creds"), []byte(c.Credentials.Creds), 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func printState(w io.Writer, output string, st *api.JobStatus, err error) error {
+	if err != nil {
+		return err
+	}
+	if output == "json" {
+		return printJSON(w, st)
+	}
+	fmt.Fprintf(w, "%s %s at step %s\n", st.Spec.ID, st.State, stepText(st.Step))
+	return nil
+}
+
+func printJobs(w io.Writer, sts []api.JobStatus) error {
+	tw := newTable(w)
+	fmt.Fprintln(tw, "ID\tSTATE\tSTEP\tSTEPS/S\tRANKS\tFUNCTION\tSHARDS\tPLACED\tGRAD/S\tREJECTS\tOWNER\tCREATED")
+	for _, st := range sts {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f\t%d\t%s\t%d\t%d\t%s\t%d\t%s\t%s\n", st.Spec.ID, st.State, stepText(st.Step),
+			st.StepsPerSecond, st.Spec.Ranks, st.Spec.Function.Name, st.Layout.NumShards(), st.Placed,
+			human(st.BytesPerSecond), st.Rejects, orDash(st.Owner), st.Created.Local().Format("2006-01-02 15:04:05"))
+	}
+	return tw.Flush()
+}
+
+func printJob(w io.Writer, st *api.JobStatus) error {
+	fmt.Fprintf(w, "job %s: %s, step %s, %.2f steps/s, %s/s of gradients, %d/%d shards placed, %d rejected inputs\n",
+		st.Spec.ID, st.State, stepText(st.Step), st.StepsPerSecond, human(st.BytesPerSecond), st.Placed, len(st.Layout.Shards), st.Rejects)
+	fmt.Fprintf(w, "  %d ranks, %s %v, %d parameters, %s storage, owner %s\n", st.Spec.Ranks, st.Spec.Function.Name,
+		st.Spec.Function.Hyper, st.Layout.Elements, st.Spec.Storage, orDash(st.Owner))
+	if q := st.Quota; q != (api.Quota{}) {
+		fmt.Fprintf(w, "  quota: %d shards, %s/s\n", q.Shards, human(float64(q.BytesPerSecond)))
+	}
+	tw := newTable(w)
+	fmt.Fprintln(tw, "SHARD\tBYTES\tRUNTIME\tEPOCH\tSTEP\tLAG\tPENDING\tQUEUE_MS\tPERIOD_MS")
+	for _, s := range st.Shards {
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%d\t%s\t%d\t%d\t%.1f\t%.1f\n", s.ID, s.Bytes, orDash(s.Runtime), s.Epoch, stepText(s.Step),
+			s.Lag, s.Pending, s.QueueWaitMs, s.PeriodMs)
+	}
+	return tw.Flush()
+}
+
+func printRejects(w io.Writer, rj *api.Rejects) error {
+	fmt.Fprintf(w, "job %s: %d rejected inputs\n", rj.Job, rj.Total)
+	reasons := make([]string, 0, len(rj.Counts))
+	for r := range rj.Counts {
+		reasons = append(reasons, string(r))
+	}
+	sort.Strings(reasons)
+	tw := newTable(w)
+	fmt.Fprintln(tw, "REASON\tCOUNT")
+	for _, r := range reasons {
+		fmt.Fprintf(tw, "%s\t%d\n", r, rj.Counts[wire.Reason(r)])
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(rj.Recent) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w)
+	tw = newTable(w)
+	fmt.Fprintln(tw, "AT\tSOURCE\tREASON\tSHARD\tSTEP\tRANK\tDETAIL")
+	for _, r := range rj.Recent {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.At.Local().Format(time.TimeOnly), r.Source, r.Reason,
+			num(int64(r.Shard)), stepOrDash(r.Step), num(int64(r.Rank)), r.Detail)
+	}
+	return tw.Flush()
+}
+
+// num prints a shard or rank of a rejection, "-" when it is not known (-1).
+func num(n int64) string {
+	if n < 0 {
+		return "-"
+	}
+	return fmt.Sprint(n)
+}
+
+// stepOrDash prints a rejection's step; steps start at 1, so 0 means not known.
+func stepOrDash(step int64) string {
+	if step <= 0 {
+		return "-"
+	}
+	return fmt.Sprint(step)
 }

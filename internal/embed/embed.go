@@ -5,6 +5,7 @@ package embed
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -21,6 +22,21 @@ type Config struct {
 	Port     int    // -1 picks a free port
 	StoreDir string // JetStream file storage
 	Logs     bool   // the server's own logs to stderr
+
+	// Configure, if set, adjusts the server's options before it starts (e.g. operator mode:
+	// auth.Authority.ConfigureServer).
+	Configure func(*server.Options) error
+	// OnViolation, if set, is called for every permissions violation the server reports: a
+	// client publishing or subscribing where its credentials do not allow. The server tells the
+	// client and logs it, but publishes no event, so this hook reads its log.
+	OnViolation func(Violation)
+}
+
+// Violation is a permissions violation by a client.
+type Violation struct {
+	User    string // the user's public key (JWT users), or "" when not known
+	Kind    string // "Publish" or "Subscription"
+	Subject string
 }
 
 // Start starts the server and waits until it accepts connections.
@@ -43,6 +59,11 @@ func Start(cfg Config) (*server.Server, error) {
 		WriteDeadline: 10 * time.Second,
 		NoSigs:        true,
 	}
+	if cfg.Configure != nil {
+		if err := cfg.Configure(opts); err != nil {
+			return nil, fmt.Errorf("embedded NATS: %w", err)
+		}
+	}
 	ns, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("embedded NATS: %w", err)
@@ -50,10 +71,68 @@ func Start(cfg Config) (*server.Server, error) {
 	if cfg.Logs {
 		ns.ConfigureLogger()
 	}
+	if cfg.OnViolation != nil {
+		var inner server.Logger
+		if cfg.Logs {
+			inner = ns.Logger()
+		}
+		ns.SetLoggerV2(&violationLogger{inner: inner, on: cfg.OnViolation}, false, false, false)
+	}
 	ns.Start()
 	if !ns.ReadyForConnections(10 * time.Second) {
 		ns.Shutdown()
 		return nil, errors.New("embedded NATS did not become ready in 10s")
 	}
 	return ns, nil
+}
+
+// violationLogger passes the server's log through to inner (if any) and picks out permissions
+// violations, which the server logs as
+//
+//	<addr> - cid:<n> - "<client>" - "<account>/jwt:<user>" - Publish Violation - Subject "<subject>"
+type violationLogger struct {
+	inner server.Logger
+	on    func(Violation)
+}
+
+var violationRE = regexp.MustCompile(`(?:/jwt:(U[A-Z0-9]{55})"[^"]*)?- (Publish|Subscription) Violation - (?:Subject|Reply) "([^"]*)"`)
+
+func (l *violationLogger) Errorf(format string, v ...any) {
+	msg := fmt.Sprintf(format, v...)
+	if m := violationRE.FindStringSubmatch(msg); m != nil {
+		l.on(Violation{User: m[1], Kind: m[2], Subject: m[3]})
+	}
+	if l.inner != nil {
+		l.inner.Errorf("%s", msg)
+	}
+}
+
+func (l *violationLogger) Noticef(format string, v ...any) {
+	if l.inner != nil {
+		l.inner.Noticef(format, v...)
+	}
+}
+
+func (l *violationLogger) Warnf(format string, v ...any) {
+	if l.inner != nil {
+		l.inner.Warnf(format, v...)
+	}
+}
+
+func (l *violationLogger) Fatalf(format string, v ...any) {
+	if l.inner != nil {
+		l.inner.Fatalf(format, v...)
+	}
+}
+
+func (l *violationLogger) Debugf(format string, v ...any) {
+	if l.inner != nil {
+		l.inner.Debugf(format, v...)
+	}
+}
+
+func (l *violationLogger) Tracef(format string, v ...any) {
+	if l.inner != nil {
+		l.inner.Tracef(format, v...)
+	}
 }

@@ -1,0 +1,217 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fanin-ml/fanin/gateway/api"
+	"github.com/fanin-ml/fanin/internal/devstack"
+	"github.com/fanin-ml/fanin/internal/testutil"
+	"github.com/fanin-ml/fanin/sdk"
+)
+
+// cli runs one client command against the stack and returns its output.
+func cli(t *testing.T, st *devstack.Stack, mk func() *cobra.Command, args ...string) (string, error) {
+	t.Helper()
+	cmd := mk()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs(append(args, "--api", st.HTTPURL, "--token", st.AdminToken))
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	err := cmd.ExecuteContext(context.Background())
+	return out.String(), err
+}
+
+func mustCLI(t *testing.T, st *devstack.Stack, mk func() *cobra.Command, args ...string) string {
+	t.Helper()
+	out, err := cli(t, st, mk, args...)
+	if err != nil {
+		t.Fatalf("fanin %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// The CLI drives fanin through the API: jobs, pool, policy, tokens, and top, as tables and JSON.
+func TestCLI(t *testing.T) {
+	st, err := devstack.Start(context.Background(), devstack.Config{
+		DataDir: t.TempDir(), NATSPort: -1, HTTPAddr: "127.0.0.1:0", Runtimes: 2, Logger: testutil.Logger(), Auth: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	dir := t.TempDir()
+	spec := filepath.Join(dir, "tiny.yaml")
+	if err := os.WriteFile(spec, []byte("id: tiny\ntensors: [{name: w, shape: [4]}]\nranks: 1\nfunction: {name: sgd, hyper: {lr: 0.5}}\nshard_size: 4KiB\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	out := mustCLI(t, st, jobsCmd, "create", "-f", spec, "--creds-dir", filepath.Join(dir, "creds"))
+	if !strings.Contains(out, "tiny") || !strings.Contains(out, "--inbox-prefix _INBOX_tiny") || strings.Contains(out, "SEED") {
+		t.Fatalf("jobs create:\n%s", out)
+	}
+	creds, err := os.ReadFile(filepath.Join(dir, "creds", "tiny.creds"))
+	if err != nil || !strings.Contains(string(creds), "USER NKEY SEED") {
+		t.Fatalf("the .creds file: %v", err)
+	}
+	if fi, _ := os.Stat(filepath.Join(dir, "creds", "tiny.creds")); fi.Mode().Perm() != 0o600 {
+		t.Fatalf(".creds mode %v", fi.Mode())
+	}
+	if _, err := cli(t, st, jobsCmd, "create", "-f", spec); err == nil || !strings.Contains(err.Error(), "job_exists") {
+		t.Fatalf("creating twice: %v", err)
+	}
+	bad := filepath.Join(dir, "bad.yaml")
+	_ = os.WriteFile(bad, []byte("id: bad\ntensors: [{name: w, shape: [4]}]\nranks: 1\nfunction: {name: lbfgs}\n"), 0o600)
+	if _, err := cli(t, st, jobsCmd, "create", "-f", bad); err == nil || !strings.Contains(err.Error(), "unknown_function") {
+		t.Fatalf("unknown function: %v", err)
+	}
+
+	out = mustCLI(t, st, jobsCmd, "ls")
+	if !regexp.MustCompile(`(?m)^tiny\s+running\s+0\s`).MatchString(out) {
+		t.Fatalf("jobs ls:\n%s", out)
+	}
+	var sts []api.JobStatus
+	if err := json.Unmarshal([]byte(mustCLI(t, st, jobsCmd, "ls", "-o", "json")), &sts); err != nil || len(sts) != 1 || sts[0].Spec.ID != "tiny" {
+		t.Fatalf("jobs ls -o json: %v %+v", err, sts)
+	}
+	if _, err := cli(t, st, jobsCmd, "ls", "-o", "xml"); err == nil {
+		t.Fatal("-o xml accepted")
+	}
+	out = mustCLI(t, st, jobsCmd, "get", "tiny")
+	if !strings.Contains(out, "job tiny: running") || !strings.Contains(out, "SHARD") {
+		t.Fatalf("jobs get:\n%s", out)
+	}
+	out = mustCLI(t, st, jobsCmd, "rejects", "tiny")
+	if !strings.Contains(out, "job tiny: 0 rejected inputs") {
+		t.Fatalf("jobs rejects:\n%s", out)
+	}
+	out = mustCLI(t, st, jobsCmd, "pause", "tiny")
+	if !strings.Contains(out, "tiny paused at step 0") {
+		t.Fatalf("jobs pause:\n%s", out)
+	}
+	out = mustCLI(t, st, jobsCmd, "resume", "tiny")
+	if !strings.Contains(out, "tiny running") {
+		t.Fatalf("jobs resume:\n%s", out)
+	}
+	out = mustCLI(t, st, jobsCmd, "creds", "tiny", "--out", filepath.Join(dir, "more.creds"))
+	if !strings.Contains(out, "inbox prefix _INBOX_tiny") {
+		t.Fatalf("jobs creds:\n%s", out)
+	}
+
+	out = mustCLI(t, st, poolCmd)
+	if !strings.Contains(out, "2 runtimes") || !strings.Contains(out, "rt-0") {
+		t.Fatalf("pool:\n%s", out)
+	}
+
+	out = mustCLI(t, st, policyCmd, "get")
+	if !strings.Contains(out, "# default policy") || !strings.Contains(out, "min_runtimes: 2") {
+		t.Fatalf("policy get:\n%s", out)
+	}
+	pol := filepath.Join(dir, "policy.yaml")
+	_ = os.WriteFile(pol, []byte("min_runtimes: 2\nmax_runtimes: 5\n"), 0o600)
+	if out = mustCLI(t, st, policyCmd, "set", "-f", pol); !strings.Contains(out, "revision") {
+		t.Fatalf("policy set:\n%s", out)
+	}
+	_ = os.WriteFile(pol, []byte("max_runtimes: -5\n"), 0o600)
+	if _, err := cli(t, st, policyCmd, "set", "-f", pol); err == nil || !strings.Contains(err.Error(), "invalid_policy") {
+		t.Fatalf("invalid policy: %v", err)
+	}
+	if out = mustCLI(t, st, policyCmd, "history"); !regexp.MustCompile(`(?m)^\d+\s+\S+ \S+\s+2\s+5\s`).MatchString(out) {
+		t.Fatalf("policy history:\n%s", out)
+	}
+	mustCLI(t, st, policyCmd, "decisions", "--limit", "3")
+
+	out = mustCLI(t, st, tokensCmd, "create", "vision", "--jobs", "2", "--bytes-per-second", "10MiB")
+	tok := regexp.MustCompile(`fanin_team_\S+`).FindString(out)
+	if tok == "" {
+		t.Fatalf("tokens create:\n%s", out)
+	}
+	if out = mustCLI(t, st, tokensCmd, "ls"); !strings.Contains(out, "vision") || strings.Contains(out, tok) {
+		t.Fatalf("tokens ls:\n%s", out)
+	}
+
+	// top: two redraws of jobs, pool and the autoscaler's latest decision.
+	admin := sdk.NewAdmin(st.HTTPURL, sdk.WithToken(st.AdminToken))
+	testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		ds, err := admin.Decisions(context.Background(), 1)
+		if err != nil || len(ds) == 0 {
+			return fmt.Errorf("no decision yet (%v)", err)
+		}
+		if p, err := admin.Pool(context.Background()); err != nil || p.Placed != 1 {
+			return fmt.Errorf("not placed yet (%v)", err)
+		}
+		return nil
+	})
+	out = mustCLI(t, st, topCmd, "--iterations", "2", "--interval", "100ms")
+	if n := strings.Count(out, "\x1b[H\x1b[2J"); n != 2 {
+		t.Fatalf("top redrew %d times:\n%s", n, out)
+	}
+	for _, want := range []string{"JOBS  1 (1 running)", "tiny", "POOL  2 runtimes", "rt-1", "AUTOSCALER"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("top lacks %q:\n%s", want, out)
+		}
+	}
+	// A team token sees its own jobs and no pool.
+	cmd := topCmd()
+	var buf bytes.Buffer
+	cmd.SetOut(&buf)
+	cmd.SetArgs([]string{"--api", st.HTTPURL, "--token", tok, "--iterations", "1", "--plain"})
+	if err := cmd.ExecuteContext(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), "JOBS  0") || strings.Contains(buf.String(), "POOL") {
+		t.Fatalf("top with a team token:\n%s", buf.String())
+	}
+
+	if out = mustCLI(t, st, jobsCmd, "rm", "tiny"); !strings.Contains(out, "deleted tiny") {
+		t.Fatalf("jobs rm:\n%s", out)
+	}
+	if _, err := cli(t, st, jobsCmd, "get", "tiny"); err == nil || !strings.Contains(err.Error(), "job_not_found") {
+		t.Fatalf("get after rm: %v", err)
+	}
+	// Without a token: refused.
+	cmd = jobsCmd()
+	cmd.SetArgs([]string{"ls", "--api", st.HTTPURL, "--token", "nope"})
+	cmd.SetOut(&buf)
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	if err := cmd.ExecuteContext(context.Background()); err == nil || !strings.Contains(err.Error(), "401 unauthorized") {
+		t.Fatalf("a wrong token: %v", err)
+	}
+}
+
+// fanin auth init writes what an external server and the components need.
+func TestAuthInit(t *testing.T) {
+	dir := t.TempDir()
+	cmd := authCmd()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetArgs([]string{"init", "--dir", dir})
+	if err := cmd.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"nats-server.conf", "gateway.creds", "runtime.creds", "autoscaler.creds", "operator.creds", "admin.token", "signer.nk"} {
+		fi, err := os.Stat(filepath.Join(dir, f))
+		if err != nil || fi.Mode().Perm() != 0o600 {
+			t.Fatalf("%s: %v %v", f, err, fi)
+		}
+	}
+	conf, _ := os.ReadFile(filepath.Join(dir, "nats-server.conf"))
+	if !strings.Contains(string(conf), "resolver: MEMORY") || !strings.Contains(string(conf), "system_account:") {
+		t.Fatalf("server configuration:\n%s", conf)
+	}
+	tok, _ := os.ReadFile(filepath.Join(dir, "admin.token"))
+	if strings.Contains(out.String(), strings.TrimSpace(string(tok))) {
+		t.Fatal("auth init printed the admin token")
+	}
+}

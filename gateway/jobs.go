@@ -1,0 +1,738 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fanin-ml/fanin/functions"
+	"github.com/fanin-ml/fanin/gateway/api"
+	"github.com/fanin-ml/fanin/internal/auth"
+	"github.com/fanin-ml/fanin/internal/store"
+	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// QuotaError is a quota a request would exceed. errors.Is(err, ErrQuota) holds.
+type QuotaError struct{ Msg string }
+
+func (e *QuotaError) Error() string { return e.Msg }
+func (e *QuotaError) Unwrap() error { return ErrQuota }
+
+// CreateJob creates a job as the admin: see Create.
+func (s *Server) CreateJob(ctx context.Context, spec job.Spec) (*job.Record, error) {
+	c, err := s.create(ctx, spec, grant{Kind: auth.KindAdmin})
+	if err != nil {
+		return nil, err
+	}
+	return &c.Record, nil
+}
+
+// create validates a spec against the spec rules and the owner's quotas, records the job's
+// metadata (which also reserves its id), creates its streams, publishes its initial parameters
+// (unless uploaded), issues its token and NATS credentials, and stores its record last, so that
+// whoever sees the record finds the streams in place.
+func (s *Server) create(ctx context.Context, spec job.Spec, g grant) (*api.JobCreated, error) {
+	spec.Normalize()
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	rec := job.NewRecord(spec, s.now())
+	if err := store.CheckFits(&rec, s.nc.MaxPayload()); err != nil {
+		return nil, err
+	}
+	quota, err := s.quotaOf(ctx, g)
+	if err != nil {
+		return nil, err
+	}
+	if n := rec.Layout.NumShards(); quota.Shards > 0 && n > quota.Shards {
+		return nil, &QuotaError{fmt.Sprintf("job %q has %d shards, the quota allows %d per job: use a larger shard_size or ask for a larger quota", spec.ID, n, quota.Shards)}
+	}
+	unlock := s.lockOwner(g.owner())
+	defer unlock()
+	if quota.Jobs > 0 {
+		ms, err := s.metas(ctx)
+		if err != nil {
+			return nil, err
+		}
+		n := 0
+		for _, m := range ms {
+			if m.Owner == g.owner() {
+				n++
+			}
+		}
+		if n >= quota.Jobs {
+			return nil, &QuotaError{fmt.Sprintf("%s owns %d jobs, the quota allows %d: delete one first", ownerName(g), n, quota.Jobs)}
+		}
+	}
+	if _, err := s.buckets.Jobs.Get(ctx, spec.ID); err == nil {
+		return nil, fmt.Errorf("job %q: %w", spec.ID, ErrJobExists)
+	}
+	now := s.now().UTC()
+	meta := jobMeta{ID: spec.ID, Owner: g.owner(), Quota: quota, State: api.StateRunning, Since: now, Created: now}
+	val, _ := json.Marshal(meta)
+	if _, err := s.state.Create(ctx, metaKey(spec.ID), val); err != nil {
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			return nil, fmt.Errorf("job %q: %w", spec.ID, ErrJobExists)
+		}
+		return nil, fmt.Errorf("store metadata of job %q: %w", spec.ID, err)
+	}
+	created := &api.JobCreated{Record: rec, State: api.StateRunning, Owner: meta.Owner, Quota: quota}
+	undo := func() {
+		bg := context.WithoutCancel(ctx)
+		_ = store.DeleteJobStreams(bg, s.js, spec.ID)
+		if m, err := s.meta(bg, spec.ID); err == nil {
+			s.dropTokens(bg, m.Tokens...)
+		}
+		_ = s.state.Delete(bg, metaKey(spec.ID))
+	}
+	if err := s.setup(ctx, &rec, created); err != nil {
+		undo()
+		return nil, err
+	}
+	rv, _ := json.Marshal(rec)
+	if _, err := s.buckets.Jobs.Create(ctx, spec.ID, rv); err != nil {
+		undo()
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			return nil, fmt.Errorf("job %q: %w", spec.ID, ErrJobExists)
+		}
+		return nil, fmt.Errorf("store job %q: %w", spec.ID, err)
+	}
+	s.log.Info("job created", "job", spec.ID, "owner", meta.Owner, "ranks", spec.Ranks, "shards", rec.Layout.NumShards(),
+		"elements", rec.Layout.Elements, "function", spec.Function.Name, "credentials", created.Credentials != nil)
+	return created, nil
+}
+
+// setup creates the job's streams, initial parameters, token and credentials.
+func (s *Server) setup(ctx context.Context, rec *job.Record, c *api.JobCreated) error {
+	id := rec.Spec.ID
+	if err := store.CreateJobStreams(ctx, s.js, rec, s.nc.MaxPayload()); err != nil {
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return fmt.Errorf("job %q: %w", id, ErrJobExists)
+		}
+		return err
+	}
+	if rec.Spec.Init.Kind != "upload" {
+		if err := store.PublishInitial(ctx, s.js, rec); err != nil {
+			return err
+		}
+	}
+	var hash string
+	if s.admin != "" {
+		tok, h, err := s.issueToken(ctx, grant{Kind: auth.KindJob, Job: id})
+		if err != nil {
+			return err
+		}
+		c.Token, hash = tok, h
+	}
+	var creds *api.Credentials
+	if s.authz != nil {
+		var err error
+		if creds, err = s.mintCredentials(rec); err != nil {
+			return err
+		}
+		c.Credentials = creds
+	}
+	_, err := s.updateMeta(ctx, id, func(m *jobMeta) error {
+		if hash != "" {
+			m.Tokens = append(m.Tokens, hash)
+		}
+		if creds != nil {
+			m.Users = append(m.Users, creds.User)
+		}
+		return nil
+	})
+	if err == nil && creds != nil {
+		s.mu.Lock()
+		s.users[creds.User] = id
+		s.mu.Unlock()
+	}
+	return err
+}
+
+func (s *Server) mintCredentials(rec *job.Record) (*api.Credentials, error) {
+	c, err := s.authz.JobCredentials(rec.Spec.ID, rec.Spec.Init.Kind == "upload", s.credsTTL)
+	if err != nil {
+		return nil, err
+	}
+	out := &api.Credentials{User: c.User, JWT: c.JWT, Seed: c.Seed, Creds: c.File(), InboxPrefix: c.InboxPrefix}
+	if !c.Expires.IsZero() {
+		out.Expires = &c.Expires
+	}
+	return out, nil
+}
+
+func ownerName(g grant) string {
+	if g.Kind == auth.KindTeam {
+		return "team token " + g.Team
+	}
+	return "the admin token"
+}
+
+var ownerLocks sync.Map // owner -> *sync.Mutex: one creation at a time per owner, for the jobs quota
+
+func (s *Server) lockOwner(owner string) func() {
+	mu, _ := ownerLocks.LoadOrStore(owner, &sync.Mutex{})
+	mu.(*sync.Mutex).Lock()
+	return mu.(*sync.Mutex).Unlock
+}
+
+func (s *Server) lockJob(id string) func() {
+	mu, _ := s.jobLocks.LoadOrStore(id, &sync.Mutex{})
+	mu.(*sync.Mutex).Lock()
+	return mu.(*sync.Mutex).Unlock
+}
+
+// quotaOf is the quota of jobs created with g.
+func (s *Server) quotaOf(ctx context.Context, g grant) (api.Quota, error) {
+	if g.Kind != auth.KindTeam {
+		return s.defQuota, nil
+	}
+	t, err := s.team(ctx, g.Team)
+	if err != nil {
+		return api.Quota{}, err
+	}
+	return t.Quota, nil
+}
+
+// record returns a job's record and metadata. Jobs created before the gateway kept metadata get
+// a default one (running, owned by the admin).
+func (s *Server) record(ctx context.Context, id string) (*job.Record, *jobMeta, error) {
+	m, err := s.meta(ctx, id)
+	if err != nil && !errors.Is(err, ErrJobNotFound) {
+		return nil, nil, err
+	}
+	if m != nil && m.Record != nil {
+		return m.Record, m, nil
+	}
+	e, err := s.buckets.Jobs.Get(ctx, id)
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrInvalidKey) {
+		return nil, nil, fmt.Errorf("job %q: %w", id, ErrJobNotFound)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	var rec job.Record
+	if err := json.Unmarshal(e.Value(), &rec); err != nil {
+		return nil, nil, fmt.Errorf("decode job %q: %w", id, err)
+	}
+	if m == nil {
+		m = &jobMeta{ID: id, Owner: "admin", Quota: s.defQuota, State: api.StateRunning, Since: rec.Created, Created: rec.Created}
+	}
+	return &rec, m, nil
+}
+
+// records lists every job's record (paused ones included), sorted by id.
+func (s *Server) records(ctx context.Context) ([]job.Record, error) {
+	ids := map[string]bool{}
+	lister, err := s.buckets.Jobs.ListKeys(ctx)
+	if err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
+		return nil, err
+	}
+	if lister != nil {
+		for k := range lister.Keys() {
+			ids[k] = true
+		}
+	}
+	ms, err := s.metas(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range ms {
+		ids[m.ID] = true
+	}
+	var recs []job.Record
+	for id := range ids {
+		rec, _, err := s.record(ctx, id)
+		if errors.Is(err, ErrJobNotFound) {
+			continue // deleted meanwhile, or not created yet
+		}
+		if err != nil {
+			return nil, err
+		}
+		recs = append(recs, *rec)
+	}
+	sort.Slice(recs, func(i, j int) bool { return recs[i].Spec.ID < recs[j].Spec.ID })
+	return recs, nil
+}
+
+// Jobs lists the records of every job, sorted by id.
+func (s *Server) Jobs(ctx context.Context) ([]job.Record, error) { return s.records(ctx) }
+
+// Status returns a job's status; with detail, per shard.
+func (s *Server) Status(ctx context.Context, id string, detail bool) (*api.JobStatus, error) {
+	rec, m, err := s.record(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	st := &api.JobStatus{Record: *rec, State: m.State, Owner: m.Owner, Quota: m.Quota, Step: -1}
+	st.Rejects = s.rejects.total(ctx, id)
+	placed := s.placement.job(id)
+	shards := make([]api.ShardStatus, len(rec.Layout.Shards))
+	var params jetstream.Stream
+	known, frontier := 0, int64(-1)
+	rate := -1.0
+	for i, sh := range rec.Layout.Shards {
+		key := wire.PlacementKey(id, sh.ID)
+		ss := api.ShardStatus{ID: sh.ID, Key: key, Bytes: sh.Bytes(), Step: -1}
+		if p, ok := placed[key]; ok {
+			ss.Runtime, ss.Epoch = p.Runtime, p.Epoch
+			st.Placed++
+		}
+		if v, ok := s.loads.shard(key); ok && v.fresh && m.State == api.StateRunning {
+			ss.Step, ss.Pending = v.load.Step, v.load.Pending
+			ss.QueueWaitMs = ms(v.load.QueueWait)
+			ss.BurstMs, ss.PeriodMs = ms(v.load.Burst), ms(v.load.Period)
+			r := v.rate
+			if r == 0 && v.load.Period > 0 && v.load.Pending > 0 {
+				r = 1 / v.load.Period.Seconds()
+			}
+			if rate < 0 || r < rate {
+				rate = r
+			}
+			st.BytesPerSecond += r * float64(v.load.Bytes)
+		} else if detail || known < maxDirectGets {
+			// Not served now (paused, or between owners): its last published parameters say.
+			if params == nil {
+				params, _ = s.js.Stream(ctx, wire.ParamsStream(id))
+			}
+			if params != nil {
+				if msg, err := params.GetLastMsgForSubject(ctx, wire.ParamsSubject(id, sh.ID)); err == nil {
+					if step, err := wire.ParseStep(msg.Header); err == nil {
+						ss.Step = step
+					}
+				}
+			}
+		}
+		if ss.Step >= 0 {
+			known++
+			frontier = max(frontier, ss.Step)
+			if st.Step < 0 || ss.Step < st.Step {
+				st.Step = ss.Step
+			}
+		}
+		shards[i] = ss
+	}
+	if known < len(shards) {
+		st.Step = -1 // the slowest shard is not known
+	}
+	if rate > 0 {
+		st.StepsPerSecond = rate
+	}
+	for i := range shards {
+		if shards[i].Step >= 0 {
+			shards[i].Lag = frontier - shards[i].Step
+		}
+	}
+	if detail {
+		st.Shards = shards
+	}
+	return st, nil
+}
+
+// maxDirectGets bounds the direct gets of one listing (shards no load report covers).
+const maxDirectGets = 256
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func (s *Server) createJob(w http.ResponseWriter, r *http.Request) {
+	body, reason, detail := readBody(w, r, specTypes, wire.ReasonInvalidSpec)
+	if reason != "" {
+		s.reject(w, reason, detail, NoJob)
+		return
+	}
+	// A lenient decode names the job and the function for the rejection, whatever else is wrong.
+	var loose job.Spec
+	_ = json.Unmarshal(body, &loose)
+	if n := minShards(&loose); n > job.MaxShards {
+		// Refused before job.Parse: validating builds the layout, shard by shard, and a spec of a
+		// hundred bytes would make the gateway allocate a gigabyte to learn it has too many.
+		s.reject(w, wire.ReasonInvalidSpec, fmt.Sprintf("invalid job spec: shard_size: gives at least %d shards, more than %d: use larger shards", n, job.MaxShards), loose.ID)
+		return
+	}
+	spec, err := job.Parse(body)
+	if err != nil {
+		s.reject(w, specReason(&loose, err), err.Error(), loose.ID)
+		return
+	}
+	created, err := s.create(r.Context(), *spec, grantOf(r))
+	switch {
+	case errors.Is(err, ErrJobExists):
+		s.problem(w, http.StatusConflict, codeJobExists, err.Error())
+	case errors.Is(err, ErrQuota):
+		s.reject(w, wire.ReasonQuotaExceeded, err.Error(), spec.ID)
+	case errors.Is(err, job.ErrInvalidSpec):
+		s.reject(w, specReason(spec, err), err.Error(), spec.ID)
+	case err != nil:
+		s.internal(w, "create job "+spec.ID, err)
+	default:
+		writeJSON(w, http.StatusCreated, created)
+	}
+}
+
+// minShards is a lower bound of the number of shards of a spec's layout, computed without building
+// it: a tensor larger than a shard is split into ceil(n/target) shards of its own.
+func minShards(s *job.Spec) int64 {
+	size := int64(s.ShardSize)
+	if size <= 0 {
+		size = job.DefaultShardSize
+	}
+	target := max(1, size/4)
+	var n int64
+	for _, t := range s.Tensors {
+		elems := int64(1)
+		for _, d := range t.Shape {
+			if d < 1 {
+				elems = 0
+				break
+			}
+			if elems > job.MaxElements/int64(d) {
+				elems = job.MaxElements + 1
+				break
+			}
+			elems *= int64(d)
+		}
+		if elems > target {
+			n += (elems + target - 1) / target
+		}
+		if n > job.MaxShards {
+			break
+		}
+	}
+	return n
+}
+
+// specReason names what is wrong with a spec that failed validation with err: its function, its
+// hyper-parameters, or something else.
+func specReason(spec *job.Spec, err error) wire.Reason {
+	var se *job.SpecError
+	if !errors.As(err, &se) {
+		return wire.ReasonInvalidSpec // it did not decode
+	}
+	fnBad := false
+	for _, f := range se.Fields {
+		fnBad = fnBad || f.Field == "function"
+	}
+	if !fnBad {
+		return wire.ReasonInvalidSpec
+	}
+	_, err = functions.New(spec.Function.Name, spec.Function.Hyper)
+	switch {
+	case errors.Is(err, functions.ErrUnknownFunction):
+		return wire.ReasonUnknownFunction
+	case errors.Is(err, functions.ErrBadHyper):
+		return wire.ReasonBadHyper
+	}
+	return wire.ReasonInvalidSpec
+}
+
+func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) {
+	g := grantOf(r)
+	recs, err := s.records(r.Context())
+	if err != nil {
+		s.internal(w, "list jobs", err)
+		return
+	}
+	out := api.JobList{Jobs: []api.JobStatus{}}
+	for _, rec := range recs {
+		if !s.canReach(r.Context(), g, rec.Spec.ID) {
+			continue
+		}
+		st, err := s.Status(r.Context(), rec.Spec.ID, false)
+		if errors.Is(err, ErrJobNotFound) {
+			continue
+		}
+		if err != nil {
+			s.internal(w, "list jobs", err)
+			return
+		}
+		out.Jobs = append(out.Jobs, *st)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) getJob(w http.ResponseWriter, r *http.Request) {
+	st, err := s.Status(r.Context(), r.PathValue("id"), true)
+	if s.jobErr(w, err) {
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+func (s *Server) jobShards(w http.ResponseWriter, r *http.Request) {
+	st, err := s.Status(r.Context(), r.PathValue("id"), true)
+	if s.jobErr(w, err) {
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"job": st.Spec.ID, "state": st.State, "step": st.Step, "shards": st.Shards})
+}
+
+// jobErr answers an error of a job route; it reports whether there was one.
+func (s *Server) jobErr(w http.ResponseWriter, err error) bool {
+	switch {
+	case err == nil:
+		return false
+	case errors.Is(err, ErrJobNotFound):
+		s.problem(w, http.StatusNotFound, codeJobNotFound, err.Error())
+	case errors.Is(err, ErrBadState):
+		s.problem(w, http.StatusConflict, codeBadState, err.Error())
+	default:
+		s.internal(w, "job", err)
+	}
+	return true
+}
+
+func (s *Server) deleteJob(w http.ResponseWriter, r *http.Request) {
+	if s.jobErr(w, s.DeleteJob(r.Context(), r.PathValue("id"))) {
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) pauseJob(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if s.jobErr(w, s.Pause(r.Context(), id, api.StatePaused, "paused through the API")) {
+		return
+	}
+	s.getJob(w, r)
+}
+
+func (s *Server) resumeJob(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if s.jobErr(w, s.Resume(r.Context(), id, api.StatePaused, api.StateThrottled)) {
+		return
+	}
+	s.getJob(w, r)
+}
+
+func (s *Server) jobCredentials(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if s.authz == nil {
+		s.problem(w, http.StatusNotImplemented, codeNoCredentials, "this gateway does not issue NATS credentials (it runs without a NATS authority)")
+		return
+	}
+	rec, _, err := s.record(r.Context(), id)
+	if s.jobErr(w, err) {
+		return
+	}
+	creds, err := s.mintCredentials(rec)
+	if err != nil {
+		s.internal(w, "mint credentials", err)
+		return
+	}
+	if _, err := s.updateMeta(r.Context(), id, func(m *jobMeta) error { m.Users = append(m.Users, creds.User); return nil }); s.jobErr(w, err) {
+		return
+	}
+	s.mu.Lock()
+	s.users[creds.User] = id
+	s.mu.Unlock()
+	s.log.Info("job credentials issued", "job", id, "user", creds.User)
+	writeJSON(w, http.StatusCreated, creds)
+}
+
+// Pause takes a job off the runtimes: its record moves from the jobs bucket into the gateway's
+// metadata, so the autoscaler removes its placement and the runtimes stop its shards after a
+// final checkpoint. Its streams stay: workers may keep publishing, and their gradients queue in
+// the stream until Resume. Pause returns when the runtimes have let go (or after the drain
+// timeout), with the job's handover records cleared, so that Resume starts clean.
+func (s *Server) Pause(ctx context.Context, id, state, why string) error {
+	unlock := s.lockJob(id)
+	defer unlock()
+	rec, m, err := s.record(ctx, id)
+	if err != nil {
+		return err
+	}
+	if m.State != api.StateRunning {
+		return fmt.Errorf("job %q is %s: %w", id, m.State, ErrBadState)
+	}
+	if _, err := s.state.Get(ctx, metaKey(id)); errors.Is(err, jetstream.ErrKeyNotFound) {
+		val, _ := json.Marshal(m) // a job created before the gateway kept metadata
+		if _, err := s.state.Create(ctx, metaKey(id), val); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+			return err
+		}
+	}
+	if _, err := s.updateMeta(ctx, id, func(m *jobMeta) error {
+		m.State, m.Since, m.Record = state, s.now().UTC(), rec
+		return nil
+	}); err != nil {
+		return err
+	}
+	if err := s.buckets.Jobs.Delete(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return fmt.Errorf("pause job %q: %w", id, err)
+	}
+	s.awaitDrain(ctx, id)
+	s.clearHandover(ctx, rec)
+	s.log.Info("job paused", "job", id, "state", state, "why", why)
+	return nil
+}
+
+// Resume puts a paused job back in the jobs bucket: the autoscaler places its shards again, and
+// their new owners restore the final checkpoints and consume the gradients queued meanwhile.
+// Only a job in one of the states from may be resumed.
+func (s *Server) Resume(ctx context.Context, id string, from ...string) error {
+	unlock := s.lockJob(id)
+	defer unlock()
+	m, err := s.meta(ctx, id)
+	if err != nil {
+		return err
+	}
+	ok := false
+	for _, f := range from {
+		ok = ok || m.State == f
+	}
+	if !ok || m.Record == nil {
+		return fmt.Errorf("job %q is %s: %w", id, m.State, ErrBadState)
+	}
+	s.clearHandover(ctx, m.Record)
+	val, _ := json.Marshal(m.Record)
+	if _, err := s.buckets.Jobs.Create(ctx, id, val); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+		return fmt.Errorf("resume job %q: %w", id, err)
+	}
+	if _, err := s.updateMeta(ctx, id, func(m *jobMeta) error {
+		m.State, m.Since, m.Record = api.StateRunning, s.now().UTC(), nil
+		return nil
+	}); err != nil {
+		return err
+	}
+	s.log.Info("job resumed", "job", id)
+	return nil
+}
+
+// DeleteJob drains a job and removes it: its record (the autoscaler releases its shards), then,
+// once the runtimes let go, its streams, placement and handover entries, tokens, credentials
+// (revoked), reject records and metadata.
+func (s *Server) DeleteJob(ctx context.Context, id string) error {
+	unlock := s.lockJob(id)
+	defer unlock()
+	rec, m, err := s.record(ctx, id)
+	if err != nil {
+		return err
+	}
+	if err := s.buckets.Jobs.Delete(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return fmt.Errorf("delete job %q: %w", id, err)
+	}
+	if m.State == api.StateRunning {
+		s.awaitDrain(ctx, id)
+	}
+	if err := store.DeleteJobStreams(ctx, s.js, id); err != nil {
+		return err
+	}
+	for key, p := range s.placement.job(id) { // left by an autoscaler that is not running
+		_ = s.buckets.Placement.Delete(ctx, key, jetstream.LastRevision(p.rev))
+	}
+	s.clearHandover(ctx, rec)
+	s.revoke(ctx, m.Users)
+	s.dropTokens(ctx, m.Tokens...)
+	s.rejects.forget(ctx, id)
+	if err := s.state.Delete(ctx, metaKey(id)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return fmt.Errorf("delete metadata of job %q: %w", id, err)
+	}
+	s.mu.Lock()
+	for _, u := range m.Users {
+		delete(s.users, u)
+	}
+	s.mu.Unlock()
+	s.log.Info("job deleted", "job", id)
+	return nil
+}
+
+// awaitDrain waits until no shard of the job is placed and every live runtime has reported since
+// without it, or the drain timeout passes.
+func (s *Server) awaitDrain(ctx context.Context, id string) {
+	deadline := s.now().Add(s.drain)
+	var emptySince time.Time
+	for s.now().Before(deadline) && ctx.Err() == nil {
+		if len(s.placement.job(id)) > 0 {
+			emptySince = time.Time{}
+		} else {
+			if emptySince.IsZero() {
+				emptySince = s.now()
+			}
+			if !s.loads.serves(id, emptySince) {
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	s.log.Warn("job still placed after the drain timeout; going on", "job", id, "timeout", s.drain)
+}
+
+// clearHandover removes the job's handover records: a later placement of the same shard starts at
+// epoch 1 again, and an old record of a higher epoch would let its new owner skip the wait for
+// the previous one.
+func (s *Server) clearHandover(ctx context.Context, rec *job.Record) {
+	for _, sh := range rec.Layout.Shards {
+		err := s.buckets.Handover.Delete(ctx, wire.PlacementKey(rec.Spec.ID, sh.ID))
+		if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+			s.log.Debug("clear handover", "job", rec.Spec.ID, "shard", sh.ID, "err", err)
+		}
+	}
+}
+
+// revoke revokes NATS users: recorded in the state bucket (pushed again at every start) and
+// pushed to the servers now.
+func (s *Server) revoke(ctx context.Context, users []string) {
+	if s.authz == nil || len(users) == 0 {
+		return
+	}
+	now := s.now()
+	for _, u := range users {
+		_, _ = s.state.Put(ctx, revokedKey(u), []byte(fmt.Sprint(now.Unix())))
+	}
+	accJWT, err := s.authz.Revoke(now, users...)
+	if err != nil {
+		s.log.Error("revoke job credentials", "err", err)
+		return
+	}
+	if s.sys == nil {
+		s.log.Warn("job credentials revoked but not pushed: the gateway has no system account connection", "users", len(users))
+		return
+	}
+	if err := s.authz.PushAccount(ctx, s.sys, accJWT); err != nil {
+		s.log.Error("push revocations", "err", err)
+	}
+}
+
+// pushRevocations pushes the revocations recorded so far: a server with a memory resolver forgets
+// them when it restarts.
+func (s *Server) pushRevocations(ctx context.Context) {
+	lister, err := s.state.ListKeysFiltered(ctx, "revoked.*")
+	if err != nil {
+		return
+	}
+	var users []string
+	var at time.Time
+	for k := range lister.Keys() {
+		e, err := s.state.Get(ctx, k)
+		if err != nil {
+			continue
+		}
+		var sec int64
+		_, _ = fmt.Sscan(string(bytes.TrimSpace(e.Value())), &sec)
+		if t := time.Unix(sec, 0); t.After(at) {
+			at = t
+		}
+		users = append(users, k[len("revoked."):])
+	}
+	if len(users) == 0 {
+		return
+	}
+	accJWT, err := s.authz.Revoke(at, users...)
+	if err == nil {
+		err = s.authz.PushAccount(ctx, s.sys, accJWT)
+	}
+	if err != nil {
+		s.log.Warn("push recorded revocations", "users", len(users), "err", err)
+	}
+}

@@ -1,0 +1,270 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"regexp"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/fanin-ml/fanin/gateway/api"
+	"github.com/fanin-ml/fanin/internal/auth"
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// Problem is an RFC 9457 problem document with a stable machine-readable code.
+type Problem = api.Problem
+
+// Problem codes that are not rejected inputs (those are wire.Reason codes).
+const (
+	codeNotFound         = "not_found"
+	codeMethodNotAllowed = "method_not_allowed"
+	codeJobNotFound      = "job_not_found"
+	codeJobExists        = "job_exists"
+	codeBadState         = "bad_state" // e.g. resume a job that is not paused
+	codeInternal         = "internal"
+	codeNoCredentials    = "credentials_disabled"
+	codeTeamNotFound     = "token_not_found"
+	codeRuntimeMissing   = "runtime_not_found"
+)
+
+// reasonStatus is the HTTP status of each rejection the API answers.
+var reasonStatus = map[wire.Reason]int{
+	wire.ReasonUnauthorized:    http.StatusUnauthorized,
+	wire.ReasonForbidden:       http.StatusForbidden,
+	wire.ReasonQuotaExceeded:   http.StatusTooManyRequests,
+	wire.ReasonInvalidSpec:     http.StatusBadRequest,
+	wire.ReasonUnknownFunction: http.StatusBadRequest,
+	wire.ReasonBadHyper:        http.StatusBadRequest,
+	wire.ReasonBodyTooLarge:    http.StatusRequestEntityTooLarge,
+	wire.ReasonTooDeep:         http.StatusBadRequest,
+	wire.ReasonMediaType:       http.StatusUnsupportedMediaType,
+	wire.ReasonInvalidPolicy:   http.StatusBadRequest,
+	wire.ReasonBadParameter:    http.StatusBadRequest,
+}
+
+// NoJob and NATSJob are the names under which rejections that name no job are counted: inputs of
+// the HTTP API, and NATS connections fanin cannot attribute to a job. Neither is a valid job id.
+const (
+	NoJob   = "_api"
+	NATSJob = "_nats"
+)
+
+var jobIDPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+
+// validJobID reports whether id can be a job id (see job.Spec.Validate), and so a subject token.
+func validJobID(id string) bool { return jobIDPattern.MatchString(id) }
+
+// reject answers an input the API refuses: a problem document with the reason as its code, and a
+// record of the rejection under the job it concerns (NoJob if none).
+func (s *Server) reject(w http.ResponseWriter, reason wire.Reason, detail, jobID string) {
+	status := reasonStatus[reason]
+	if status == 0 {
+		status = http.StatusBadRequest
+	}
+	if reason == wire.ReasonUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="fanin"`)
+	}
+	s.problem(w, status, string(reason), detail)
+	if !validJobID(jobID) {
+		jobID = NoJob
+	}
+	rej := wire.Rejectf(reason, "%s", detail)
+	rej.Job = jobID
+	s.rejects.record(rej, sourceGateway)
+}
+
+func (s *Server) problem(w http.ResponseWriter, status int, code, detail string) {
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(Problem{
+		Type: "urn:fanin:problem:" + code, Title: http.StatusText(status), Status: status, Detail: detail, Code: code,
+	})
+}
+
+func (s *Server) internal(w http.ResponseWriter, what string, err error) {
+	s.log.Error(what, "err", err)
+	s.problem(w, http.StatusInternalServerError, codeInternal, what+": "+err.Error())
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// grant is what a request's token allows.
+type grant struct {
+	Kind auth.Kind
+	Team string // team tokens: the team's id
+	Job  string // job tokens: the job
+}
+
+const kindOpen auth.Kind = "open" // the API runs without authentication: everything is allowed
+
+func (g grant) admin() bool { return g.Kind == auth.KindAdmin || g.Kind == kindOpen }
+
+// owner is the name the grant's jobs are owned under.
+func (g grant) owner() string {
+	if g.Kind == auth.KindTeam {
+		return g.Team
+	}
+	return "admin"
+}
+
+type grantKey struct{}
+
+func grantOf(r *http.Request) grant {
+	g, _ := r.Context().Value(grantKey{}).(grant)
+	return g
+}
+
+// authenticate reads the bearer token of a request.
+func (s *Server) authenticate(r *http.Request) (grant, string) {
+	if s.admin == "" {
+		return grant{Kind: kindOpen}, ""
+	}
+	h := r.Header.Get("Authorization")
+	if h == "" {
+		return grant{}, "no credentials: send the header Authorization: Bearer <token>"
+	}
+	scheme, tok, _ := strings.Cut(h, " ")
+	tok = strings.TrimSpace(tok)
+	if !strings.EqualFold(scheme, "Bearer") || tok == "" {
+		return grant{}, "the Authorization header is not a bearer token: send Authorization: Bearer <token>"
+	}
+	if auth.Equal(tok, s.admin) {
+		return grant{Kind: auth.KindAdmin}, ""
+	}
+	if g, ok := s.tokens.lookup(auth.HashToken(tok)); ok {
+		return g, ""
+	}
+	return grant{}, "the token is not valid: unknown, deleted, or its job was deleted"
+}
+
+// guard authenticates and authorizes a request before its handler runs.
+func (s *Server) guard(a Access, h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if a == Public {
+			h(w, r)
+			return
+		}
+		jobID := ""
+		if a == JobUser {
+			jobID = r.PathValue("id")
+		}
+		g, why := s.authenticate(r)
+		if why != "" {
+			s.reject(w, wire.ReasonUnauthorized, fmt.Sprintf("%s %s: %s", r.Method, r.URL.Path, why), jobID)
+			return
+		}
+		if a == JobUser && !validJobID(jobID) {
+			s.reject(w, wire.ReasonBadParameter, fmt.Sprintf("%q is not a job id: 1-63 characters of a-z, 0-9 and '-'", jobID), NoJob)
+			return
+		}
+		var denied string
+		switch {
+		case a == Admin && !g.admin():
+			denied = "only the admin token may"
+		case a == Creator && !g.admin() && g.Kind != auth.KindTeam:
+			denied = "only the admin token or a team token may"
+		case a == JobUser && !s.canReach(r.Context(), g, jobID):
+			denied = fmt.Sprintf("this %s token does not reach job %q; it may not", g.Kind, jobID)
+		}
+		if denied != "" {
+			s.reject(w, wire.ReasonForbidden, fmt.Sprintf("%s %s %s", denied, r.Method, r.URL.Path), jobID)
+			return
+		}
+		h(w, r.WithContext(context.WithValue(r.Context(), grantKey{}, g)))
+	})
+}
+
+func (s *Server) canReach(ctx context.Context, g grant, jobID string) bool {
+	switch g.Kind {
+	case auth.KindAdmin, kindOpen:
+		return true
+	case auth.KindJob:
+		return g.Job == jobID
+	case auth.KindTeam:
+		m, err := s.meta(ctx, jobID)
+		return err == nil && m.Owner == g.Team
+	}
+	return false
+}
+
+// Media types a request body may have.
+var (
+	specTypes = []string{"application/json", "application/yaml", "application/x-yaml", "text/yaml"}
+	jsonTypes = []string{"application/json"}
+)
+
+// readBody reads a request body of one of the media types (without a Content-Type it is taken
+// as JSON or YAML), at most MaxSpecBytes, nested at most MaxDepth deep, and returns it as JSON; a
+// body that is neither JSON nor YAML is rejected with reason bad.
+func readBody(w http.ResponseWriter, r *http.Request, types []string, bad wire.Reason) ([]byte, wire.Reason, string) {
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		mt, _, err := mime.ParseMediaType(ct)
+		ok := err == nil
+		if ok {
+			ok = false
+			for _, t := range types {
+				ok = ok || mt == t
+			}
+		}
+		if !ok {
+			return nil, wire.ReasonMediaType, fmt.Sprintf("Content-Type %q: send %s", ct, strings.Join(types, " or "))
+		}
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxSpecBytes))
+	if err != nil {
+		return nil, wire.ReasonBodyTooLarge, fmt.Sprintf("the request body is at most %d bytes", MaxSpecBytes)
+	}
+	if d := flowDepth(body); d > MaxDepth {
+		return nil, wire.ReasonTooDeep, fmt.Sprintf("the request body is nested %d levels deep, at most %d are accepted", d, MaxDepth)
+	}
+	js, err := yaml.YAMLToJSON(body)
+	if err != nil {
+		return nil, bad, fmt.Sprintf("not JSON or YAML: %v", err)
+	}
+	if d := flowDepth(js); d > MaxDepth {
+		return nil, wire.ReasonTooDeep, fmt.Sprintf("the request body is nested %d levels deep, at most %d are accepted", d, MaxDepth)
+	}
+	return js, "", ""
+}
+
+// flowDepth is the deepest nesting of [ and { outside quoted strings: exact for JSON, and for the
+// flow style of YAML; YAML's block style shows up once the body is converted to JSON.
+func flowDepth(b []byte) int {
+	depth, deepest := 0, 0
+	var quote byte
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		if quote != 0 {
+			switch {
+			case c == '\\' && quote == '"':
+				i++
+			case c == quote:
+				quote = 0
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			quote = c
+		case '[', '{':
+			if depth++; depth > deepest {
+				deepest = depth
+			}
+		case ']', '}':
+			if depth > 0 {
+				depth--
+			}
+		}
+	}
+	return deepest
+}

@@ -1,0 +1,179 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/fanin-ml/fanin/gateway/api"
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// The bytes/s quota. Gradients do not pass through the gateway, and NATS has no rate limit, so
+// the gateway meters what the runtimes aggregate: every load report says, per shard, the last
+// applied step and the gradient bytes of one step (ranks x shard). A job's bytes since the last
+// tick are the steps its shards advanced times those bytes. The governor keeps a token bucket per
+// job (refilled at the quota, holding QuotaBurst of it); a job that overdraws it is throttled: it
+// is paused like Pause does (its gradients keep queuing in its stream, nothing is lost or
+// changed) until the bucket holds half a burst again, then resumed. Each throttling is recorded
+// as a quota_exceeded rejection of the job. Over any long window a job aggregates at most its
+// quota plus one burst.
+//
+// Metering by the load reports is coarse (one report per second per runtime) and pausing costs a
+// drain and a restore; a runtime that delays consuming a job's gradients with the same token
+// bucket would throttle smoothly (see docs/API.md).
+const QuotaBurst = 5 * time.Second
+
+type governor struct {
+	s *Server
+
+	mu   sync.Mutex // guards jobs and busy
+	jobs map[string]*meter
+	busy map[string]bool // a pause or resume of the job is under way
+}
+
+// meter is one job's token bucket.
+type meter struct {
+	credit float64 // bytes
+	last   time.Time
+	steps  map[string]int64 // shard key -> last step counted
+}
+
+func newGovernor(s *Server) *governor {
+	return &governor{s: s, jobs: map[string]*meter{}, busy: map[string]bool{}}
+}
+
+func (g *governor) run(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			g.step(ctx)
+		}
+	}
+}
+
+// GovernStep runs one check of the bytes/s quotas (the loop does it every WithGovernorInterval).
+func (s *Server) GovernStep(ctx context.Context) { s.gov.step(ctx) }
+
+func (g *governor) step(ctx context.Context) {
+	s := g.s
+	ms, err := s.metas(ctx)
+	if err != nil {
+		return
+	}
+	now := s.now()
+	live := map[string]bool{}
+	for _, m := range ms {
+		q := float64(m.Quota.BytesPerSecond)
+		if q <= 0 {
+			continue
+		}
+		live[m.ID] = true
+		burst := q * s.burst.Seconds()
+		g.mu.Lock()
+		mt := g.jobs[m.ID]
+		if mt == nil {
+			mt = &meter{credit: burst, last: now, steps: g.baseline(ctx, m.ID)}
+			g.jobs[m.ID] = mt
+		}
+		mt.credit = min(burst, mt.credit+q*now.Sub(mt.last).Seconds())
+		mt.last = now
+		used := g.used(m, mt)
+		mt.credit -= used
+		credit, busy := mt.credit, g.busy[m.ID]
+		g.mu.Unlock()
+		switch {
+		case busy:
+		case m.State == api.StateRunning && credit < 0:
+			wait := time.Duration((burst/2 - credit) / q * float64(time.Second)).Round(100 * time.Millisecond)
+			rej := wire.Rejectf(wire.ReasonQuotaExceeded,
+				"job %q aggregated %.0f bytes of gradients in the last check, beyond its quota of %d bytes/s (burst %.0f bytes): throttled (paused) for about %v",
+				m.ID, used, m.Quota.BytesPerSecond, burst, wait)
+			rej.Job = m.ID
+			s.rejects.record(rej, sourceGateway)
+			g.transition(m.ID, func(ctx context.Context) error {
+				return s.Pause(ctx, m.ID, api.StateThrottled, fmt.Sprintf("over its bytes/s quota for about %v", wait))
+			})
+		case m.State == api.StateThrottled && credit >= burst/2:
+			g.transition(m.ID, func(ctx context.Context) error { return s.Resume(ctx, m.ID, api.StateThrottled) })
+		}
+	}
+	g.mu.Lock()
+	for id := range g.jobs {
+		if !live[id] {
+			delete(g.jobs, id)
+		}
+	}
+	g.mu.Unlock()
+}
+
+// used is the gradient bytes the job's shards aggregated since the last check. g.mu is held.
+func (g *governor) used(m *jobMeta, mt *meter) float64 {
+	rec, _, err := g.s.record(context.Background(), m.ID)
+	if err != nil {
+		return 0
+	}
+	used := 0.0
+	for _, sh := range rec.Layout.Shards {
+		key := wire.PlacementKey(m.ID, sh.ID)
+		v, ok := g.s.loads.shard(key)
+		if !ok {
+			continue
+		}
+		if prev, seen := mt.steps[key]; seen && v.load.Step > prev {
+			used += float64(v.load.Step-prev) * float64(v.load.Bytes)
+		}
+		if v.load.Step > mt.steps[key] || !hasKey(mt.steps, key) {
+			mt.steps[key] = v.load.Step
+		}
+	}
+	return used
+}
+
+func hasKey(m map[string]int64, k string) bool { _, ok := m[k]; return ok }
+
+// baseline is where metering a job starts: every shard's last published step, read from its
+// parameter stream (load reports only come once a runtime has served the shard for a second).
+func (g *governor) baseline(ctx context.Context, id string) map[string]int64 {
+	steps := map[string]int64{}
+	rec, _, err := g.s.record(ctx, id)
+	if err != nil {
+		return steps
+	}
+	ps, err := g.s.js.Stream(ctx, wire.ParamsStream(id))
+	if err != nil {
+		return steps
+	}
+	for _, sh := range rec.Layout.Shards {
+		if m, err := ps.GetLastMsgForSubject(ctx, wire.ParamsSubject(id, sh.ID)); err == nil {
+			if step, err := wire.ParseStep(m.Header); err == nil {
+				steps[wire.PlacementKey(id, sh.ID)] = step
+			}
+		}
+	}
+	return steps
+}
+
+// transition pauses or resumes a job in the background, one at a time per job.
+func (g *governor) transition(id string, do func(context.Context) error) {
+	g.mu.Lock()
+	g.busy[id] = true
+	g.mu.Unlock()
+	g.s.wg.Add(1)
+	go func() {
+		defer g.s.wg.Done()
+		ctx, cancel := context.WithTimeout(g.s.bg, 2*g.s.drain)
+		defer cancel()
+		if err := do(ctx); err != nil {
+			g.s.log.Warn("quota governor", "job", id, "err", err)
+		}
+		g.mu.Lock()
+		delete(g.busy, id)
+		g.mu.Unlock()
+	}()
+}

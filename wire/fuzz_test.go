@@ -1,0 +1,132 @@
+package wire
+
+import (
+	"encoding/binary"
+	"math"
+	"strconv"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/fanin-ml/fanin/functions"
+)
+
+// FuzzGradMessage feeds the gradient decoder arbitrary headers and payloads: ParseGradHeaders and
+// the payload checks a runtime applies (length against the shard, NaN/Inf). Nothing panics; what
+// is accepted is well formed (a step >= 1 and a rank >= 0 written in plain decimal digits, leading
+// zeros allowed, a finite weight > 0, f32); what is refused carries a reason from the table and a detail;
+// and a payload that passes the checks holds exactly the shard's finite float32.
+//
+//	go test -run '^$' -fuzz FuzzGradMessage -fuzztime 30s ./wire
+func FuzzGradMessage(f *testing.F) {
+	f.Add("1", "0", "f32", "", "", true, true, true, []byte{0, 0, 128, 63}, 1)
+	f.Add("12", "3", "f32", "128", "_INBOX.x", true, true, true, make([]byte, 4096), 1024)
+	f.Add("0", "0", "f32", "", "", true, true, true, []byte{}, 0)
+	f.Add("+1", "-1", "bf16", "NaN", "", true, true, true, []byte{1, 2, 3}, 1)
+	f.Add("999999999999999999", "2147483648", "f32", "1e309", "", true, true, true, []byte{0, 0, 192, 127}, 1)
+	f.Add("", "", "", "", "", false, false, false, []byte(nil), 4)
+	f.Add("1", "0", "f32", "0", "", true, true, false, []byte{0, 0, 128, 255}, 1)
+	f.Add("٣", "0x1", "F32", " 1", "", true, true, true, []byte{0, 0, 128, 127, 0}, 1)
+	f.Fuzz(func(t *testing.T, step, rank, dtype, weight, replyTo string, hasStep, hasRank, hasDtype bool, payload []byte, shardLen int) {
+		var h nats.Header
+		if hasStep || hasRank || hasDtype || weight != "" {
+			h = nats.Header{}
+		}
+		set := func(ok bool, k, v string) {
+			if ok {
+				h[k] = []string{v}
+			}
+		}
+		set(hasStep, HdrStep, step)
+		set(hasRank, HdrRank, rank)
+		set(hasDtype, HdrDtype, dtype)
+		set(weight != "", HdrWeight, weight)
+		set(replyTo != "" && h != nil, HdrReplyTo, replyTo)
+
+		meta, rej := ParseGradHeaders(h)
+		if rej != nil {
+			if !KnownReason(rej.Reason) || rej.Detail == "" {
+				t.Fatalf("rejection %+v: unknown reason or no detail", rej)
+			}
+			return
+		}
+		if !hasStep || !hasRank || !hasDtype || dtype != DtypeF32 {
+			t.Fatalf("accepted without a required header: %v", h)
+		}
+		if n, err := strconv.ParseInt(step, 10, 64); meta.Step < 1 || err != nil || n != meta.Step || !digits(step) {
+			t.Fatalf("step %q accepted as %d", step, meta.Step)
+		}
+		if n, err := strconv.ParseInt(rank, 10, 64); meta.Rank < 0 || err != nil || n != int64(meta.Rank) || !digits(rank) {
+			t.Fatalf("rank %q accepted as %d", rank, meta.Rank)
+		}
+		if !(meta.Weight > 0) || math.IsInf(meta.Weight, 0) || (weight == "" && meta.Weight != 1) {
+			t.Fatalf("weight %q accepted as %v", weight, meta.Weight)
+		}
+		if meta.ReplyTo != replyTo {
+			t.Fatalf("reply-to %q read as %q", replyTo, meta.ReplyTo)
+		}
+
+		// The payload checks of a shard of shardLen elements.
+		shardLen = int(uint(shardLen) % (1 << 16))
+		if len(payload) != 4*shardLen {
+			return // bad_length or oversized
+		}
+		if i := functions.NonFinite(payload); i >= 0 {
+			v := math.Float32frombits(binary.LittleEndian.Uint32(payload[4*i:]))
+			if !math.IsNaN(float64(v)) && !math.IsInf(float64(v), 0) {
+				t.Fatalf("element %d (%v) reported non-finite", i, v)
+			}
+			return
+		}
+		for i := 0; i < shardLen; i++ {
+			v := float64(math.Float32frombits(binary.LittleEndian.Uint32(payload[4*i:])))
+			if math.IsNaN(v) || math.IsInf(v, 0) {
+				t.Fatalf("element %d is %v, but NonFinite found none", i, v)
+			}
+		}
+	})
+}
+
+// FuzzControlStrings feeds the other decoders of the wire protocol: rejection reports, ack reply
+// subjects, shard subjects, message ids. Nothing panics, and what decodes round-trips.
+//
+//	go test -run '^$' -fuzz FuzzControlStrings -fuzztime 30s ./wire
+func FuzzControlStrings(f *testing.F) {
+	f.Add([]byte(`{"reason":"stale_step","detail":"d","job":"j","shard":1,"step":3,"rank":0}`), "$JS.ACK.GRAD.cons.1.4711.12.1700000000000000000.0", "fanin.v1.j.grad.17", "j.g.3.12.1.a2")
+	f.Add([]byte(`{"reason":""}`), "$JS.ACK.dom.HASH.GRAD.cons.1.42.12.1700000000000000000.9.tok", "fanin.v1.j.grad.07", "x.ab")
+	f.Add([]byte(`null`), "$JS.ACK.a.b.c", "fanin.v1.j.grad.", "")
+	f.Fuzz(func(t *testing.T, report []byte, reply, subject, msgID string) {
+		if r, err := UnmarshalReject(report); err == nil {
+			if r.Reason == "" {
+				t.Fatal("a report without a reason decoded")
+			}
+			back, err := UnmarshalReject(r.Marshal())
+			if err != nil || *back != *r {
+				t.Fatalf("round trip: %+v -> %+v (%v)", r, back, err)
+			}
+		}
+		if seq, pending, ok := AckInfo(reply); ok {
+			if s2, ok2 := StreamSeq(reply); !ok2 || s2 != seq {
+				t.Fatalf("AckInfo and StreamSeq disagree on %q", reply)
+			}
+			_ = pending
+		}
+		if id, ok := ShardFromSubject(subject); ok {
+			if id < 0 || GradSubject("j", id)[len("fanin.v1.j.grad."):] != subject[len(subject)-len(strconv.Itoa(id)):] {
+				t.Fatalf("shard %d from %q", id, subject)
+			}
+		}
+		if GradAttempt(msgID) < 0 {
+			t.Fatalf("negative attempt from %q", msgID)
+		}
+	})
+}
+
+func digits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return s != ""
+}
