@@ -1,0 +1,629 @@
+// Package dashboard is fanin's live web dashboard: an http.Handler that serves a page from embedded
+// static files and the JSON it polls, built from what fanin's components publish in JetStream (jobs,
+// runtimes, placement, load reports, autoscaler decisions, rejects).
+package dashboard
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fanin-ml/fanin/autoscaler"
+	"github.com/fanin-ml/fanin/internal/store"
+	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/wire"
+)
+
+//go:embed static
+var static embed.FS
+
+// Routes the dashboard serves; mount the Dashboard on both patterns.
+const (
+	RootPattern   = "GET /{$}"        // the page
+	PrefixPattern = "GET /dashboard/" // its files (/dashboard/app.js, ...) and its JSON (/dashboard/api/state)
+)
+
+// Limits of what the dashboard keeps in memory.
+const (
+	historyLen   = 900 // pool samples, one per second: 15 minutes
+	maxDecisions = 50
+	maxRejects   = 100
+	rateWindow   = 10 * time.Second // a job's step rate is measured over this window
+)
+
+// Dashboard serves the web dashboard. It watches fanin's state in JetStream from New until Close.
+type Dashboard struct {
+	js    jetstream.JetStream
+	nc    *nats.Conn
+	log   *slog.Logger
+	now   func() time.Time
+	every time.Duration
+	mux   *http.ServeMux
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // the watchers and the sampler
+	subs   []*nats.Subscription
+
+	mu        sync.Mutex // guards everything below
+	jobs      map[string]job.Record
+	placement map[string]wire.Placement
+	runtimes  map[string]wire.RuntimeInfo
+	loads     map[string]wire.LoadReport
+	decisions []autoscaler.Decision // oldest first
+	rejects   []wire.Reject         // oldest first
+	rejectAt  []time.Time           // when each of rejects arrived
+	counts    map[[2]string]int64   // {job, reason} -> rejects seen since start
+	history   []Sample              // oldest first
+	steps     map[string][]stepMark // job -> recent (time, step), oldest first
+}
+
+type stepMark struct {
+	at   time.Time
+	step int64
+}
+
+// Option configures a Dashboard.
+type Option func(*Dashboard) error
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(d *Dashboard) error { d.log = l; return nil } }
+
+// WithSampleInterval sets how often the pool's history is sampled (default 1s).
+func WithSampleInterval(every time.Duration) Option {
+	return func(d *Dashboard) error {
+		if every <= 0 {
+			return fmt.Errorf("dashboard: sample interval must be > 0, got %v", every)
+		}
+		d.every = every
+		return nil
+	}
+}
+
+// New starts watching fanin's state over nc and returns the dashboard; it stops when ctx is done
+// or Close is called. Options: WithLogger, WithSampleInterval.
+func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Dashboard, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	d := &Dashboard{
+		js: js, nc: nc, log: slog.Default(), now: time.Now, every: time.Second, mux: http.NewServeMux(),
+		jobs: map[string]job.Record{}, placement: map[string]wire.Placement{}, runtimes: map[string]wire.RuntimeInfo{},
+		loads: map[string]wire.LoadReport{}, counts: map[[2]string]int64{}, steps: map[string][]stepMark{},
+	}
+	for _, o := range opts {
+		if err := o(d); err != nil {
+			return nil, err
+		}
+	}
+	files, _ := fs.Sub(static, "static")
+	d.mux.HandleFunc(RootPattern, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "no-cache")
+		http.ServeFileFS(w, r, files, "index.html")
+	})
+	d.mux.Handle("GET /dashboard/", http.StripPrefix("/dashboard/", http.FileServerFS(files)))
+	d.mux.HandleFunc("GET /dashboard/api/state", d.serveState)
+
+	b, err := store.OpenBuckets(ctx, js)
+	if err != nil {
+		return nil, fmt.Errorf("dashboard: %w", err)
+	}
+	wctx, cancel := context.WithCancel(context.Background())
+	d.cancel = cancel
+	defer func() {
+		if err != nil {
+			d.Close()
+		}
+	}()
+	for _, w := range []struct {
+		kv jetstream.KeyValue
+		fn func(jetstream.KeyValueEntry)
+	}{{b.Jobs, d.onJob}, {b.Placement, d.onPlacement}, {b.Runtimes, d.onRuntime}} {
+		watcher, werr := w.kv.WatchAll(wctx)
+		if werr != nil {
+			err = fmt.Errorf("dashboard: watch %s: %w", w.kv.Bucket(), werr)
+			return nil, err
+		}
+		d.wg.Add(1)
+		go func() {
+			defer d.wg.Done()
+			defer watcher.Stop()
+			for {
+				select {
+				case <-wctx.Done():
+					return
+				case e, ok := <-watcher.Updates():
+					if !ok {
+						return
+					}
+					if e != nil {
+						w.fn(e)
+					}
+				}
+			}
+		}()
+	}
+	d.loadDecisions(ctx)
+	for subj, fn := range map[string]nats.MsgHandler{
+		wire.LoadWildcard:         d.onLoad,
+		wire.DecisionsSubject:     d.onDecision,
+		wire.Prefix + "*.rejects": d.onReject,
+	} {
+		sub, serr := nc.Subscribe(subj, fn)
+		if serr != nil {
+			err = fmt.Errorf("dashboard: subscribe %s: %w", subj, serr)
+			return nil, err
+		}
+		d.subs = append(d.subs, sub)
+	}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		t := time.NewTicker(d.every)
+		defer t.Stop()
+		d.sample()
+		for {
+			select {
+			case <-wctx.Done():
+				return
+			case <-t.C:
+				d.sample()
+			}
+		}
+	}()
+	go func() { // stop with the caller's context
+		select {
+		case <-ctx.Done():
+			d.Close()
+		case <-wctx.Done():
+		}
+	}()
+	return d, nil
+}
+
+// Close stops watching and waits for the watchers. The handler keeps serving the last state.
+func (d *Dashboard) Close() {
+	d.cancel()
+	d.mu.Lock()
+	subs := d.subs
+	d.subs = nil
+	d.mu.Unlock()
+	for _, s := range subs {
+		_ = s.Unsubscribe()
+	}
+	d.wg.Wait()
+}
+
+// ServeHTTP serves the page at /, its files under /dashboard/ and its JSON at /dashboard/api/state.
+func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) { d.mux.ServeHTTP(w, r) }
+
+// loadDecisions reads the latest decisions kept by the decisions stream, if there is one yet.
+func (d *Dashboard) loadDecisions(ctx context.Context) {
+	st, err := d.js.Stream(ctx, wire.DecisionsStream)
+	if err != nil {
+		if !errors.Is(err, jetstream.ErrStreamNotFound) {
+			d.log.Warn("dashboard: decisions stream", "err", err)
+		}
+		return
+	}
+	info, err := st.Info(ctx)
+	if err != nil || info.State.Msgs == 0 {
+		return
+	}
+	first := info.State.FirstSeq
+	if last := info.State.LastSeq; last >= maxDecisions && last-maxDecisions+1 > first {
+		first = last - maxDecisions + 1
+	}
+	for seq := first; seq <= info.State.LastSeq; seq++ {
+		m, err := st.GetMsg(ctx, seq)
+		if err != nil {
+			continue // purged, or a gap
+		}
+		d.addDecision(m.Data)
+	}
+}
+
+func (d *Dashboard) onJob(e jetstream.KeyValueEntry) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if e.Operation() != jetstream.KeyValuePut {
+		delete(d.jobs, e.Key())
+		delete(d.steps, e.Key())
+		return
+	}
+	var rec job.Record
+	if err := json.Unmarshal(e.Value(), &rec); err == nil {
+		d.jobs[e.Key()] = rec
+	}
+}
+
+func (d *Dashboard) onPlacement(e jetstream.KeyValueEntry) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if e.Operation() != jetstream.KeyValuePut {
+		delete(d.placement, e.Key())
+		return
+	}
+	var p wire.Placement
+	if err := json.Unmarshal(e.Value(), &p); err == nil {
+		d.placement[e.Key()] = p
+	}
+}
+
+func (d *Dashboard) onRuntime(e jetstream.KeyValueEntry) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if e.Operation() != jetstream.KeyValuePut {
+		delete(d.runtimes, e.Key())
+		delete(d.loads, e.Key())
+		return
+	}
+	var ri wire.RuntimeInfo
+	if err := json.Unmarshal(e.Value(), &ri); err == nil {
+		d.runtimes[e.Key()] = ri
+	}
+}
+
+func (d *Dashboard) onLoad(m *nats.Msg) {
+	var l wire.LoadReport
+	if json.Unmarshal(m.Data, &l) != nil || l.Runtime == "" {
+		return
+	}
+	d.mu.Lock()
+	d.loads[l.Runtime] = l
+	d.mu.Unlock()
+}
+
+func (d *Dashboard) onDecision(m *nats.Msg) { d.addDecision(m.Data) }
+
+func (d *Dashboard) addDecision(data []byte) {
+	var dec autoscaler.Decision
+	if json.Unmarshal(data, &dec) != nil {
+		return
+	}
+	dec.Placement = nil // the placement bucket says it; the dashboard keeps the why
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if n := len(d.decisions); n > 0 && !dec.At.After(d.decisions[n-1].At) {
+		return // already read from the stream
+	}
+	d.decisions = append(d.decisions, dec)
+	if len(d.decisions) > maxDecisions {
+		d.decisions = d.decisions[len(d.decisions)-maxDecisions:]
+	}
+}
+
+func (d *Dashboard) onReject(m *nats.Msg) {
+	rej, err := wire.UnmarshalReject(m.Data)
+	if err != nil {
+		return
+	}
+	now := d.now()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.counts[[2]string{rej.Job, string(rej.Reason)}]++
+	d.rejects = append(d.rejects, *rej)
+	d.rejectAt = append(d.rejectAt, now)
+	if len(d.rejects) > maxRejects {
+		d.rejects = d.rejects[len(d.rejects)-maxRejects:]
+		d.rejectAt = d.rejectAt[len(d.rejectAt)-maxRejects:]
+	}
+}
+
+// Sample is one point of the pool's history.
+type Sample struct {
+	At       int64 `json:"t"`        // Unix milliseconds
+	Runtimes int   `json:"runtimes"` // live runtimes
+	Cores    int   `json:"cores"`    // their cores
+	Desired  int   `json:"desired"`  // the autoscaler's latest wanted size (0: no decision yet)
+	// DesiredCores is Desired in cores, at the pool's mean cores per runtime: comparable with Cores.
+	DesiredCores float64 `json:"desired_cores"`
+	Demand       float64 `json:"demand"` // cores the load needs at its peak, per the latest decision
+	Busy         float64 `json:"busy"`   // cores busy on average: the shards' work per step over their period
+}
+
+// sample records the pool's size and load, and every job's step, for the history and rates.
+func (d *Dashboard) sample() {
+	now := d.now()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := Sample{At: now.UnixMilli()}
+	for id, ri := range d.runtimes {
+		if !d.alive(ri, now) {
+			continue
+		}
+		s.Runtimes++
+		s.Cores += max(1, ri.Cores)
+		for _, sh := range d.loads[id].Shards {
+			if sh.Period > 0 {
+				s.Busy += sh.Work / sh.Period.Seconds()
+			}
+		}
+	}
+	if n := len(d.decisions); n > 0 {
+		s.Desired, s.Demand = d.decisions[n-1].Desired, d.decisions[n-1].Demand
+		if s.Runtimes > 0 {
+			s.DesiredCores = float64(s.Desired) * float64(s.Cores) / float64(s.Runtimes)
+		}
+	}
+	d.history = append(d.history, s)
+	if len(d.history) > historyLen {
+		d.history = d.history[len(d.history)-historyLen:]
+	}
+	for id := range d.jobs {
+		step, ok := d.jobStep(id)
+		if !ok {
+			continue
+		}
+		marks := append(d.steps[id], stepMark{now, step})
+		for len(marks) > 2 && now.Sub(marks[1].at) >= rateWindow {
+			marks = marks[1:]
+		}
+		d.steps[id] = marks
+	}
+}
+
+func (d *Dashboard) alive(ri wire.RuntimeInfo, now time.Time) bool {
+	return now.Sub(ri.Beat) < store.RuntimeTTL
+}
+
+// jobStep is the last step applied to every shard of the job, from the runtimes' load reports.
+// d.mu is held.
+func (d *Dashboard) jobStep(id string) (int64, bool) {
+	rec, ok := d.jobs[id]
+	if !ok {
+		return 0, false
+	}
+	seen := 0
+	step := int64(-1)
+	for _, l := range d.loads {
+		for _, sh := range l.Shards {
+			if sh.Job == id {
+				seen++
+				if step < 0 || sh.Step < step {
+					step = sh.Step
+				}
+			}
+		}
+	}
+	return step, seen > 0 && seen >= rec.Layout.NumShards()
+}
+
+// State is the JSON the page polls.
+type State struct {
+	Now       time.Time      `json:"now"`
+	Connected bool           `json:"connected"`
+	Jobs      []JobView      `json:"jobs"`
+	Runtimes  []RuntimeView  `json:"runtimes"`
+	History   []Sample       `json:"history"`
+	Decisions []DecisionView `json:"decisions"` // newest first
+	Rejects   []RejectView   `json:"rejects"`   // newest first
+	Counts    []RejectCount  `json:"reject_counts"`
+}
+
+// JobView is one job's row.
+type JobView struct {
+	ID          string  `json:"id"`
+	Function    string  `json:"function"`
+	Sync        string  `json:"sync"`
+	Ranks       int     `json:"ranks"`
+	Shards      int     `json:"shards"`
+	Bytes       int64   `json:"bytes"` // parameters
+	Created     string  `json:"created"`
+	Step        int64   `json:"step"` // -1: not reported yet
+	StepsPerSec float64 `json:"steps_per_sec"`
+	State       string  `json:"state"` // running, idle or waiting (not every shard served yet)
+	Placed      int     `json:"placed"`
+	Pending     uint64  `json:"pending"`
+	Rejects     int64   `json:"rejects"`
+}
+
+// RuntimeView is one runtime with the shards placed on it.
+type RuntimeView struct {
+	ID       string      `json:"id"`
+	Cores    int         `json:"cores"`
+	Alive    bool        `json:"alive"`
+	Busy     float64     `json:"busy"` // cores busy on average
+	Uptime   string      `json:"uptime"`
+	Shards   []ShardView `json:"shards"`
+	Draining bool        `json:"draining"`
+}
+
+// ShardView is one placed shard.
+type ShardView struct {
+	Key     string  `json:"key"`
+	Job     string  `json:"job"`
+	Shard   string  `json:"shard"`
+	Epoch   uint64  `json:"epoch"`
+	Step    int64   `json:"step"`
+	Pending uint64  `json:"pending"`
+	Busy    float64 `json:"busy"`
+}
+
+// DecisionView is one decision of the autoscaler.
+type DecisionView struct {
+	At      time.Time         `json:"at"`
+	Desired int               `json:"desired"`
+	Mode    string            `json:"mode"`
+	Demand  float64           `json:"demand"`
+	Moves   []autoscaler.Move `json:"moves"`
+	Drain   []string          `json:"drain"`
+	Reasons []string          `json:"reasons"`
+}
+
+// RejectView is one rejected message.
+type RejectView struct {
+	At time.Time `json:"at"`
+	wire.Reject
+}
+
+// RejectCount is how many messages of a job were rejected for a reason since the dashboard started.
+type RejectCount struct {
+	Job    string `json:"job"`
+	Reason string `json:"reason"`
+	Count  int64  `json:"count"`
+}
+
+// Snapshot is the current state, as served to the page.
+func (d *Dashboard) Snapshot() State {
+	now := d.now()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st := State{Now: now.UTC(), Connected: d.nc.IsConnected(), History: append([]Sample(nil), d.history...)}
+
+	shardLoad := map[string]wire.ShardLoad{}
+	for _, l := range d.loads {
+		for _, s := range l.Shards {
+			shardLoad[s.Key] = s
+		}
+	}
+	rejectsOf := map[string]int64{}
+	for k, n := range d.counts {
+		rejectsOf[k[0]] += n
+		st.Counts = append(st.Counts, RejectCount{Job: k[0], Reason: k[1], Count: n})
+	}
+	sort.Slice(st.Counts, func(i, j int) bool {
+		a, b := st.Counts[i], st.Counts[j]
+		return a.Job < b.Job || (a.Job == b.Job && a.Reason < b.Reason)
+	})
+
+	for id, rec := range d.jobs {
+		jv := JobView{ID: id, Function: rec.Spec.Function.Name, Sync: rec.Spec.Sync, Ranks: rec.Spec.Ranks,
+			Shards: rec.Layout.NumShards(), Bytes: 4 * int64(rec.Layout.Elements), Created: rec.Created.UTC().Format(time.RFC3339),
+			Step: -1, State: "waiting", Rejects: rejectsOf[id]}
+		for _, sh := range rec.Layout.Shards {
+			key := wire.PlacementKey(id, sh.ID)
+			if p, ok := d.placement[key]; ok && p.Runtime != "" {
+				jv.Placed++
+			}
+			jv.Pending += shardLoad[key].Pending
+		}
+		if step, ok := d.jobStep(id); ok {
+			jv.Step, jv.State = step, "idle"
+		}
+		if marks := d.steps[id]; len(marks) >= 2 {
+			a, b := marks[0], marks[len(marks)-1]
+			if dt := b.at.Sub(a.at).Seconds(); dt > 0 {
+				jv.StepsPerSec = float64(b.step-a.step) / dt
+			}
+			if jv.StepsPerSec > 0 && now.Sub(lastAdvance(marks)) < rateWindow {
+				jv.State = "running"
+			}
+		}
+		st.Jobs = append(st.Jobs, jv)
+	}
+	sort.Slice(st.Jobs, func(i, j int) bool { return st.Jobs[i].ID < st.Jobs[j].ID })
+
+	draining := map[string]bool{}
+	if n := len(d.decisions); n > 0 {
+		for _, id := range d.decisions[n-1].Drain {
+			draining[id] = true
+		}
+	}
+	views := map[string]*RuntimeView{}
+	for id, ri := range d.runtimes {
+		rv := &RuntimeView{ID: id, Cores: ri.Cores, Alive: d.alive(ri, now), Draining: draining[id],
+			Uptime: now.Sub(ri.Started).Truncate(time.Second).String(), Shards: []ShardView{}}
+		views[id] = rv
+	}
+	keys := make([]string, 0, len(d.placement))
+	for k := range d.placement {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return lessKey(keys[i], keys[j]) })
+	for _, key := range keys {
+		p := d.placement[key]
+		rv := views[p.Runtime]
+		if rv == nil { // placed on a runtime that is gone: show it, so that the shard is seen waiting
+			rv = &RuntimeView{ID: p.Runtime, Shards: []ShardView{}}
+			views[p.Runtime] = rv
+		}
+		jobID, shard := splitKey(key)
+		l := shardLoad[key]
+		sv := ShardView{Key: key, Job: jobID, Shard: shard, Epoch: p.Epoch, Step: l.Step, Pending: l.Pending}
+		if l.Period > 0 {
+			sv.Busy = l.Work / l.Period.Seconds()
+		}
+		rv.Busy += sv.Busy
+		rv.Shards = append(rv.Shards, sv)
+	}
+	for _, rv := range views {
+		st.Runtimes = append(st.Runtimes, *rv)
+	}
+	sort.Slice(st.Runtimes, func(i, j int) bool { return lessKey(st.Runtimes[i].ID, st.Runtimes[j].ID) })
+
+	for i := len(d.decisions) - 1; i >= 0; i-- {
+		dec := d.decisions[i]
+		st.Decisions = append(st.Decisions, DecisionView{At: dec.At, Desired: dec.Desired, Mode: dec.Mode, Demand: dec.Demand,
+			Moves: dec.Moves, Drain: dec.Drain, Reasons: dec.Reasons})
+	}
+	for i := len(d.rejects) - 1; i >= 0; i-- {
+		st.Rejects = append(st.Rejects, RejectView{At: d.rejectAt[i].UTC(), Reject: d.rejects[i]})
+	}
+	return st
+}
+
+// lastAdvance is when the step last moved.
+func lastAdvance(marks []stepMark) time.Time {
+	for i := len(marks) - 1; i > 0; i-- {
+		if marks[i].step != marks[i-1].step {
+			return marks[i].at
+		}
+	}
+	return time.Time{}
+}
+
+func (d *Dashboard) serveState(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	_ = json.NewEncoder(w).Encode(d.Snapshot())
+}
+
+// splitKey splits a placement key <job>.<shard>.
+func splitKey(key string) (job, shard string) {
+	i := strings.LastIndexByte(key, '.')
+	if i < 0 {
+		return key, ""
+	}
+	return key[:i], key[i+1:]
+}
+
+// lessKey orders keys with numeric suffixes naturally: rt-2 before rt-10, job.2 before job.10.
+func lessKey(a, b string) bool {
+	pa, na := splitNum(a)
+	pb, nb := splitNum(b)
+	if pa != pb {
+		return pa < pb
+	}
+	if na != nb {
+		return na < nb
+	}
+	return a < b
+}
+
+func splitNum(s string) (string, int) {
+	i := len(s)
+	for i > 0 && s[i-1] >= '0' && s[i-1] <= '9' {
+		i--
+	}
+	n := 0
+	for _, c := range s[i:] {
+		n = n*10 + int(c-'0')
+		if n > 1<<30 {
+			return s, 0
+		}
+	}
+	return s[:i], n
+}

@@ -1,0 +1,157 @@
+package dashboard_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/fanin-ml/fanin/dashboard"
+	"github.com/fanin-ml/fanin/internal/testutil"
+	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/sdk"
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// The dashboard serves its page and files, and its state shows a job that steps, the runtimes
+// with the shards placed on them, the autoscaler's decisions, the pool's history, and rejects.
+func TestDashboardShowsARunningJob(t *testing.T) {
+	st := testutil.Stack(t, 2)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	nc, err := nats.Connect(st.URL, nats.Name("dashboard"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	d, err := dashboard.New(ctx, nc, dashboard.WithSampleInterval(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	mux := http.NewServeMux()
+	mux.Handle(dashboard.RootPattern, d)
+	mux.Handle(dashboard.PrefixPattern, d)
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	for path, want := range map[string]string{"/": "<title>fanin</title>", "/dashboard/app.js": "dashboard/api/state",
+		"/dashboard/style.css": ".runtime"} {
+		body, ctype := get(t, srv.URL+path)
+		if !strings.Contains(body, want) {
+			t.Errorf("GET %s (%s) lacks %q", path, ctype, want)
+		}
+	}
+
+	rec, err := st.Gateway.CreateJob(ctx, job.Spec{ID: "dash", Tensors: []job.Tensor{{Name: "w", Shape: []int{3000}}},
+		Ranks: 2, Function: job.Function{Name: "sgd", Hyper: map[string]float64{"lr": 0.1}}, ShardSize: 4 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := trainInBackground(t, st.URL, rec)
+	defer stop()
+	rej := wire.Rejectf(wire.ReasonBadLength, "payload is 3 bytes, shard 0 holds 4096 bytes")
+	rej.Job, rej.Shard, rej.Step, rej.Rank = "dash", 0, 1, 1
+	if err := nc.Publish(wire.RejectsSubject("dash"), rej.Marshal()); err != nil {
+		t.Fatal(err)
+	}
+
+	testutil.CheckFor(t, 20*time.Second, 200*time.Millisecond, func() error {
+		var s dashboard.State
+		body, _ := get(t, srv.URL+"/dashboard/api/state")
+		if err := json.Unmarshal([]byte(body), &s); err != nil {
+			return err
+		}
+		if len(s.Jobs) != 1 || s.Jobs[0].ID != "dash" {
+			return fmt.Errorf("jobs: %+v", s.Jobs)
+		}
+		j := s.Jobs[0]
+		switch {
+		case j.State != "running" || j.StepsPerSec <= 0 || j.Step < 1:
+			return fmt.Errorf("job not seen running: %+v", j)
+		case j.Placed != rec.Layout.NumShards() || j.Shards != rec.Layout.NumShards():
+			return fmt.Errorf("job placed %d of %d shards, layout has %d", j.Placed, j.Shards, rec.Layout.NumShards())
+		case j.Rejects != 1 || len(s.Rejects) != 1 || s.Rejects[0].Reason != wire.ReasonBadLength:
+			return fmt.Errorf("rejects: job %d, recent %+v", j.Rejects, s.Rejects)
+		case len(s.Decisions) == 0 || len(s.Decisions[0].Reasons) == 0:
+			return fmt.Errorf("decisions: %+v", s.Decisions)
+		case len(s.History) < 2 || s.History[len(s.History)-1].Runtimes != 2:
+			return fmt.Errorf("history: %+v", s.History)
+		}
+		placed := 0
+		for _, r := range s.Runtimes {
+			placed += len(r.Shards)
+		}
+		if len(s.Runtimes) != 2 || placed != rec.Layout.NumShards() {
+			return fmt.Errorf("runtimes: %+v", s.Runtimes)
+		}
+		return nil
+	})
+}
+
+func get(t *testing.T, url string) (body, contentType string) {
+	t.Helper()
+	res, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	if res.StatusCode != 200 {
+		t.Fatalf("GET %s: %s: %s", url, res.Status, b)
+	}
+	return string(b), res.Header.Get("Content-Type")
+}
+
+// trainInBackground steps rec's ranks until stop is called.
+func trainInBackground(t *testing.T, url string, rec *job.Record) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	var workers []*sdk.Worker
+	for r := range rec.Spec.Ranks {
+		c, err := sdk.Connect(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Close)
+		w, err := c.Worker(ctx, rec.Spec.ID, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		workers = append(workers, w)
+	}
+	for r, w := range workers {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			_, params, err := w.Params(ctx)
+			if err != nil {
+				return
+			}
+			g := make([]float32, len(params))
+			for step := int64(1); ctx.Err() == nil; step++ {
+				testutil.Gradient(g, params, step, r)
+				if params, err = w.Step(ctx, g); err != nil {
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}()
+	}
+	return func() {
+		cancel()
+		for range workers {
+			<-done
+		}
+		for _, w := range workers {
+			_ = w.Close()
+		}
+	}
+}
