@@ -17,7 +17,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fanin-ml/fanin/internal/metrics"
 	"github.com/fanin-ml/fanin/internal/store"
+	"github.com/fanin-ml/fanin/internal/telemetry"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/wire"
 )
@@ -51,6 +53,8 @@ type Controller struct {
 	decider  *Decider
 	buckets  *store.Buckets
 	loop     bool
+	tracing  *telemetry.Provider        // nil: tracing off
+	met      *metrics.AutoscalerMetrics // nil: metrics off
 
 	mu        sync.Mutex // guards everything below
 	policy    Policy
@@ -106,8 +110,14 @@ func WithManualSteps() ControllerOption {
 	return func(c *Controller) error { c.loop = false; return nil }
 }
 
+// WithControllerTelemetry sets the tracer provider and the metrics registry (defaults:
+// telemetry.Default() and metrics.Default()); nil turns either off.
+func WithControllerTelemetry(tp *telemetry.Provider, m *metrics.Metrics) ControllerOption {
+	return func(c *Controller) error { c.tracing, c.met = tp, m.Autoscaler(); return nil }
+}
+
 // NewController returns a controller; driver may be nil for a pool someone else sizes. Options:
-// WithControllerLogger, WithInterval, WithPolicy, WithManualSteps.
+// WithControllerLogger, WithInterval, WithPolicy, WithManualSteps, WithControllerTelemetry.
 func NewController(nc *nats.Conn, driver PoolDriver, opts ...ControllerOption) (*Controller, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -118,6 +128,7 @@ func NewController(nc *nats.Conn, driver PoolDriver, opts ...ControllerOption) (
 		interval: time.Second, now: time.Now, decider: NewDecider(), loop: true, policy: DefaultPolicy(),
 		loads: map[string]wire.LoadReport{}, jobs: map[string]job.Record{}, runtimes: map[string]time.Time{},
 		placement: map[string]placed{}, draining: map[string]bool{},
+		tracing: telemetry.Default(), met: metrics.Default().Autoscaler(),
 	}
 	for _, o := range opts {
 		if err := o(c); err != nil {
@@ -146,6 +157,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		return err
 	}
 	defer sub.Unsubscribe()
+	defer c.met.WatchConn("autoscaler "+c.id, c.nc)()
 
 	watches := []struct {
 		kv jetstream.KeyValue
@@ -203,8 +215,10 @@ var ErrNotLeader = errors.New("not the autoscaler leader")
 // Step runs one observe-decide-act cycle if this controller is (or becomes) the leader.
 func (c *Controller) Step(ctx context.Context) (Decision, error) {
 	if !c.campaign(ctx) {
+		c.met.Leader(false)
 		return Decision{}, ErrNotLeader
 	}
+	c.met.Leader(true)
 	c.deregisterVanished(ctx)
 	now := c.now()
 	c.mu.Lock()
@@ -212,7 +226,12 @@ func (c *Controller) Step(ctx context.Context) (Decision, error) {
 	obs := c.observe(now)
 	c.mu.Unlock()
 	d := c.decider.Decide(pol, obs, now)
-	if err := c.apply(ctx, obs, d); err != nil {
+	c.observeDecision(obs, d)
+	ctx, span := c.traceDecision(ctx, obs, d)
+	err := c.apply(ctx, obs, d)
+	endSpan(span, err)
+	if err != nil {
+		c.met.Error()
 		return d, err
 	}
 	c.record(d)

@@ -19,6 +19,7 @@ import (
 	"github.com/fanin-ml/fanin/internal/devstack"
 	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/internal/testutil"
+	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/sdk"
 	"github.com/fanin-ml/fanin/wire"
 )
@@ -123,12 +124,13 @@ func testMigrations(t *testing.T, fn string) {
 		errs := make([]error, 4)
 		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		var wg sync.WaitGroup
+		late := time.Duration(rng.IntN(3)) * time.Millisecond
 		for r, w := range workers {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				if r == 3 { // the last rank arrives late, so moves land in the middle of steps
-					time.Sleep(time.Duration(rng.IntN(3)) * time.Millisecond)
+					time.Sleep(late)
 				}
 				results[r], errs[r] = w.Step(sctx, grads[r])
 			}()
@@ -179,4 +181,144 @@ func testMigrations(t *testing.T, fn string) {
 	})
 	slices.Sort(pauses)
 	t.Logf("%s: %d moves, %d handovers; pause p50 %v, max %v", fn, moves, migrations, pauses[len(pauses)/2], pauses[len(pauses)-1])
+}
+
+// BenchmarkMigrationPause moves a 1 MiB shard between two runtimes at step boundaries while two
+// workers train, and reports the handover pause (old owner stops -> new owner serves) p50 and p99.
+func BenchmarkMigrationPause(b *testing.B) {
+	for _, fn := range []string{"sgd", "adam"} {
+		b.Run("fn="+fn+",Shard=1MiB", func(b *testing.B) { benchMigration(b, fn) })
+	}
+}
+
+func benchMigration(b *testing.B, fn string) {
+	st, err := devstack.Start(context.Background(), devstack.Config{
+		DataDir: b.TempDir(), NATSPort: -1, Runtimes: 2, NoAutoscaler: true, Logger: testutil.Logger(),
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	nc, _ := nats.Connect(st.URL)
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	bk, err := store.OpenBuckets(ctx, js)
+	if err != nil {
+		b.Fatal(err)
+	}
+	t := &testing.T{}
+	pl := placer{bk.Placement}
+	spec := testSpec("pause-"+fn, fn, map[string]float64{"lr": 0.01})
+	spec.Ranks = 2
+	spec.Tensors = []job.Tensor{{Name: "w", Shape: []int{1 << 18}}} // 1 MiB: one shard
+	spec.ShardSize = 1 << 20
+	rec, err := st.Gateway.CreateJob(ctx, spec)
+	if err != nil {
+		b.Fatal(err)
+	}
+	key := wire.PlacementKey(rec.Spec.ID, 0)
+	pl.place(t, key, "rt-0")
+	workers := make([]*sdk.Worker, 2)
+	for r := range workers {
+		c, err := sdk.Connect(ctx, st.URL)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		if workers[r], err = c.Worker(ctx, rec.Spec.ID, r); err != nil {
+			b.Fatal(err)
+		}
+	}
+	grads := make([]float32, 1<<18)
+	step := func() {
+		var wg sync.WaitGroup
+		for _, w := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := w.Step(ctx, grads); err != nil {
+					b.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	step()
+	owner := 0
+	for b.Loop() {
+		owner = 1 - owner
+		pl.place(t, key, fmt.Sprintf("rt-%d", owner))
+		step() // completes only once the new owner serves
+	}
+	var pauses []time.Duration
+	for _, rt := range st.AllRuntimes() {
+		pauses = append(pauses, rt.Stats().Pauses...)
+	}
+	if len(pauses) == 0 {
+		b.Fatal("no handover measured")
+	}
+	slices.Sort(pauses)
+	b.ReportMetric(float64(pauses[len(pauses)/2].Microseconds())/1000, "p50-pause-ms")
+	b.ReportMetric(float64(pauses[len(pauses)*99/100].Microseconds())/1000, "p99-pause-ms")
+	b.ReportMetric(float64(len(pauses)), "handovers")
+}
+
+// TestRapidMovesKeepTheChain moves a stateful shard back and forth at the start of every step, so
+// an owner is often told to move on before it ever served the shard. The handover chain must hold:
+// an owner releases only after its predecessor did, so nobody restores a checkpoint older than the
+// newest one (which would strand it behind gradients already purged).
+func TestRapidMovesKeepTheChain(t *testing.T) {
+	st, err := devstack.Start(context.Background(), devstack.Config{
+		DataDir: t.TempDir(), NATSPort: -1, Runtimes: 2, NoAutoscaler: true, Logger: testutil.Logger(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	nc, _ := nats.Connect(st.URL)
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	bk, err := store.OpenBuckets(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl := placer{bk.Placement}
+	spec := testSpec("chain", "adam", map[string]float64{"lr": 0.01})
+	spec.Ranks = 2
+	spec.Tensors = []job.Tensor{{Name: "w", Shape: []int{1 << 14}}}
+	spec.ShardSize = 64 << 10
+	rec, err := st.Gateway.CreateJob(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := wire.PlacementKey(rec.Spec.ID, 0)
+	workers := make([]*sdk.Worker, 2)
+	for r := range workers {
+		c, err := sdk.Connect(ctx, st.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if workers[r], err = c.Worker(ctx, rec.Spec.ID, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	grads := make([]float32, 1<<14)
+	for i := range 150 {
+		pl.place(t, key, fmt.Sprintf("rt-%d", i%2))
+		sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		errs := make([]error, 2)
+		var wg sync.WaitGroup
+		for r, w := range workers {
+			wg.Add(1)
+			go func() { defer wg.Done(); _, errs[r] = w.Step(sctx, grads) }()
+		}
+		wg.Wait()
+		cancel()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatalf("move %d: %v", i, err)
+		}
+	}
 }

@@ -114,6 +114,7 @@ func (l *rejectLog) counts() map[wire.Reason]int64 {
 // on the job's rejects subject for observers.
 func (r *Runtime) reject(rej *wire.Reject, replyTo string) {
 	r.rejects.add(rej)
+	r.met.Reject(rej.Job, string(rej.Reason))
 	body := rej.Marshal()
 	if replyTo != "" {
 		m := nats.NewMsg(replyTo)

@@ -14,7 +14,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fanin-ml/fanin/internal/metrics"
 	"github.com/fanin-ml/fanin/internal/store"
+	"github.com/fanin-ml/fanin/internal/telemetry"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/wire"
 )
@@ -38,10 +40,17 @@ type Runtime struct {
 	rejects *rejectLog
 	stats   Stats
 
+	tracing *telemetry.Provider     // nil: tracing off
+	metrics *metrics.Metrics        // nil: metrics off
+	met     *metrics.RuntimeMetrics // this runtime's handle of metrics; nil when off
+
 	mu     sync.Mutex // guards shards and jobs
 	shards map[string]*shardExec
 	jobs   map[string]*jobInfo
-	wg     sync.WaitGroup // the shard executors' goroutines
+	// releasing holds, per shard key, the newest executor started here; one that is stopping is
+	// waited for by the next executor of the same shard on this runtime.
+	releasing map[string]*shardExec
+	wg        sync.WaitGroup // the shard executors' goroutines
 }
 
 // jobInfo is what the shards of one job share on this runtime.
@@ -83,7 +92,8 @@ func WithCores(n int) Option {
 	}
 }
 
-// New returns a runtime that talks to NATS over nc. Options: WithID, WithLogger, WithCores.
+// New returns a runtime that talks to NATS over nc. Options: WithID, WithLogger, WithCores,
+// WithTracing, WithMetrics.
 func New(nc *nats.Conn, opts ...Option) (*Runtime, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -99,7 +109,10 @@ func New(nc *nats.Conn, opts ...Option) (*Runtime, error) {
 		heartbeat: 2 * time.Second,
 		sweep:     2 * time.Second,
 		shards:    make(map[string]*shardExec),
+		releasing: make(map[string]*shardExec),
 		jobs:      make(map[string]*jobInfo),
+		tracing:   telemetry.Default(),
+		metrics:   metrics.Default(),
 	}
 	for _, o := range opts {
 		if err := o(r); err != nil {
@@ -109,6 +122,7 @@ func New(nc *nats.Conn, opts ...Option) (*Runtime, error) {
 	r.log = r.log.With("runtime", r.id)
 	r.cpu = make(chan struct{}, r.cores)
 	r.rejects = newRejectLog(r.log, r.now)
+	r.met = r.metrics.Runtime(r.id)
 	return r, nil
 }
 
@@ -142,6 +156,8 @@ func (r *Runtime) Run(ctx context.Context) error {
 	go func() { defer bg.Done(); r.purger.run(loops) }()
 	go func() { defer bg.Done(); r.beat(loops, started) }()
 	r.log.Info("runtime started", "cores", r.cores)
+	r.met.Observe(r.cores, r.shardGauges)
+	stopConnMetrics := r.metrics.WatchConn("runtime "+r.id, r.nc)
 
 	defer func() {
 		_ = watcher.Stop()
@@ -152,6 +168,8 @@ func (r *Runtime) Run(ctx context.Context) error {
 		dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_ = b.Runtimes.Delete(dctx, r.id)
 		cancel()
+		r.met.Close()
+		stopConnMetrics()
 		r.log.Info("runtime stopped")
 	}()
 	for {
@@ -232,21 +250,69 @@ func (r *Runtime) onPlacement(ctx context.Context, e jetstream.KeyValueEntry) {
 // release stops x and, when the shard moved to another runtime, writes the handover record the new
 // owner waits for: by then the shard's final snapshot is stored.
 func (r *Runtime) release(x *shardExec, epoch uint64, moved bool) {
+	defer r.doneReleasing(x)
 	stopped := r.now()
 	x.cancel()
 	<-x.done
 	if !moved {
 		return
 	}
+	if !x.acquired.Load() {
+		// Moved on before it was ever served here: the previous owner may still be storing its
+		// final snapshot. Releasing now would let the next owner restore an older one, so first
+		// wait for that release (or that owner's death), as serving would have.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if _, err := x.awaitRelease(ctx); err != nil {
+			r.log.Warn("shard moved on before its previous owner released it", "shard", x.key, "err", err)
+		}
+		cancel()
+	}
 	x.mu.Lock()
 	h := wire.Handover{Epoch: epoch, From: r.id, Step: x.step, Stopped: stopped.UTC(), Released: r.now().UTC()}
 	x.mu.Unlock()
-	val, _ := json.Marshal(h)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := r.buckets.Handover.Put(ctx, x.key, val); err != nil {
+	if err := r.recordHandover(ctx, x.key, h); err != nil {
 		r.log.Warn("handover not recorded; the new owner waits for this runtime to be gone", "shard", x.key, "err", err)
 	}
+}
+
+// recordHandover writes h unless the shard's record is already at a later epoch: releases may
+// finish out of order, and a record must never go back, or an owner that waits for the later
+// epoch would wait forever. A release of epoch e implies every earlier one.
+func (r *Runtime) recordHandover(ctx context.Context, key string, h wire.Handover) error {
+	val, _ := json.Marshal(h)
+	for {
+		e, err := r.buckets.Handover.Get(ctx, key)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+			if _, err = r.buckets.Handover.Create(ctx, key, val); err == nil || !errors.Is(err, jetstream.ErrKeyExists) {
+				return err
+			}
+			continue
+		case err != nil:
+			return err
+		}
+		var cur wire.Handover
+		if json.Unmarshal(e.Value(), &cur) == nil && cur.Epoch >= h.Epoch {
+			return nil
+		}
+		if _, err = r.buckets.Handover.Update(ctx, key, val, e.Revision()); err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return err
+		}
+	}
+}
+
+func (r *Runtime) doneReleasing(x *shardExec) {
+	r.mu.Lock()
+	if r.releasing[x.key] == x {
+		delete(r.releasing, x.key)
+	}
+	r.mu.Unlock()
+	x.releaseOnce.Do(func() { close(x.released) })
 }
 
 func (r *Runtime) startShard(ctx context.Context, key, jobID string, shard int, p wire.Placement) {
@@ -269,6 +335,10 @@ func (r *Runtime) startShard(ctx context.Context, key, jobID string, shard int, 
 	sctx, cancel := context.WithCancel(ctx)
 	x.cancel = cancel
 	x.placement = p
+	r.mu.Lock()
+	x.prevLocal = r.releasing[key] // an executor of this shard that is still stopping here
+	r.releasing[key] = x
+	r.mu.Unlock()
 	r.mu.Lock()
 	r.shards[key] = x
 	r.mu.Unlock()
@@ -297,6 +367,7 @@ func (r *Runtime) stopAll() {
 	}
 	for _, x := range all {
 		<-x.done
+		r.doneReleasing(x)
 	}
 }
 
@@ -342,6 +413,7 @@ func (r *Runtime) releaseJob(id string) {
 	if ji := r.jobs[id]; ji != nil {
 		if ji.refs--; ji.refs <= 0 {
 			delete(r.jobs, id)
+			r.met.ForgetJob(id)
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanin-ml/fanin/functions"
+	"github.com/fanin-ml/fanin/internal/metrics"
 	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/wire"
@@ -42,9 +43,13 @@ type shardExec struct {
 	finite    bool  // reject NaN and Inf
 	ckptEvery int64 // stateful functions checkpoint every ckptEvery steps
 
-	cancel    context.CancelFunc
-	done      chan struct{}  // closed when run returns
-	placement wire.Placement // the entry that placed the shard here
+	cancel      context.CancelFunc
+	done        chan struct{}  // closed when run returns
+	placement   wire.Placement // the entry that placed the shard here
+	prevLocal   *shardExec     // a previous executor of the shard on this runtime, maybe still stopping
+	released    chan struct{}  // closed once this executor has stopped and released the shard
+	releaseOnce sync.Once
+	acquired    atomic.Bool // the previous owner released the shard to this executor
 
 	mu      sync.Mutex // guards everything below; held by the message handler
 	stopped bool
@@ -62,6 +67,12 @@ type shardExec struct {
 
 	// Load signals, averaged over recent steps (see load.go).
 	stats shardStats
+
+	// Telemetry of the open step (see telemetry.go).
+	met     *metrics.JobMetrics // nil when metrics are off
+	created int64               // the job's creation time, UnixNano: part of its steps' trace ids
+	times   stepTimes
+	trace   stepTrace
 
 	outs    chan *outBuf // free parameter buffers: at most cap(outs) publishes in flight
 	ckptBuf *outBuf
@@ -97,6 +108,7 @@ func newShardExec(r *Runtime, ji *jobInfo, shard int, epoch uint64) (*shardExec,
 		weighted:  functions.Weighted(fn.Name()),
 		finite:    !ji.rec.Spec.AllowNonFinite,
 		done:      make(chan struct{}),
+		released:  make(chan struct{}),
 		params:    make([]float32, s.Len),
 		acc:       make([]float32, s.Len),
 		have:      make([]bool, n),
@@ -104,6 +116,8 @@ func newShardExec(r *Runtime, ji *jobInfo, shard int, epoch uint64) (*shardExec,
 		weights:   make([]float64, n),
 		outs:      make(chan *outBuf, 2),
 		ckptEvery: max(1, int64((1+fn.Slots())/n)),
+		met:       r.met.Job(ji.rec.Spec.ID),
+		created:   ji.rec.Created.UnixNano(),
 	}
 	for range 2 {
 		x.outs <- &outBuf{msg: nats.NewMsg(wire.ParamsSubject(ji.rec.Spec.ID, shard)), data: make([]byte, s.Bytes())}
@@ -138,10 +152,18 @@ func (x *shardExec) run(ctx context.Context) {
 }
 
 func (x *shardExec) serve(ctx context.Context) error {
+	if prev := x.prevLocal; prev != nil {
+		select { // this runtime's previous executor of the shard must have released it
+		case <-prev.released:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	released, err := x.awaitRelease(ctx)
 	if err != nil {
 		return err
 	}
+	x.acquired.Store(true)
 	if err := x.restore(ctx); err != nil {
 		return err
 	}
@@ -179,6 +201,7 @@ func (x *shardExec) serve(ctx context.Context) error {
 	if !released.IsZero() {
 		pause := x.r.now().Sub(released)
 		x.r.stats.addPause(pause)
+		x.r.met.Migration(pause)
 		x.log.Debug("shard taken over", "from", x.placement.From, "pause", pause)
 	}
 
@@ -289,6 +312,7 @@ func (x *shardExec) handle(m jetstream.Msg) {
 		return
 	}
 	x.stats.pending = pending
+	x.times.stored = ackStamp(m.Reply())
 	x.handleSeq(m, seq)
 }
 
@@ -318,12 +342,16 @@ func (x *shardExec) handleSeq(m jetstream.Msg, seq uint64) {
 		return
 	}
 	x.r.stats.bytesIn.Add(int64(len(data)))
+	x.met.Gradient(len(data))
 	queued := time.Now()
-	if x.next == 0 && !x.anyRank() {
+	first := x.next == 0 && !x.anyRank()
+	if first {
 		x.stats.stepStart = queued
 	}
+	x.observeGradient(m, meta.Step, meta.Rank, first, queued)
 	x.r.cpu <- struct{}{}
 	started := time.Now()
+	x.times.folding, x.times.lastRank = started, meta.Rank
 	x.fold(meta.Rank, meta.Weight, data)
 	complete := x.next == x.ranks
 	if complete {
@@ -411,11 +439,13 @@ func (x *shardExec) apply() {
 		Params: x.params, Grad: x.acc, State: x.state,
 		Step: x.step + 1, Ranks: x.ranks, WeightSum: x.wsum,
 	})
+	end := time.Now()
 	x.step++
 	x.stepSeq = x.seq
 	x.resetGather()
 	x.r.stats.invocations.Add(1)
-	x.r.stats.fnNanos.Add(int64(time.Since(start)))
+	x.r.stats.fnNanos.Add(int64(end.Sub(start)))
+	x.times.fnStart, x.times.fnEnd = start, end
 }
 
 func (x *shardExec) anyRank() bool {
@@ -440,11 +470,13 @@ func (x *shardExec) publishParams() {
 	functions.EncodeLE(ob.data, x.params)
 	ob.msg.Data = ob.data
 	store.SetParamsHeaders(ob.msg.Header, x.ji.rec.Spec.ID, x.shard.ID, x.step, x.stepSeq)
+	done := x.completeStep(ob.msg)
 	purgeTo := uint64(0)
 	if len(x.state) == 0 { // the parameters are the snapshot: once stored, older gradients can go
 		purgeTo = x.stepSeq + 1
 	}
 	x.r.acks.submit(ob.msg, func(ok bool) {
+		done.acked(ok)
 		if ok && purgeTo > 0 {
 			x.r.purger.schedule(x.ji.grads, x.gradSj, purgeTo)
 		}

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanin-ml/fanin/functions"
+	"github.com/fanin-ml/fanin/internal/telemetry"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/wire"
 )
@@ -24,6 +25,7 @@ type Client struct {
 	js      jetstream.JetStream
 	ownConn bool
 	natsOpt []nats.Option
+	tracing *telemetry.Provider // nil: tracing off
 }
 
 // Option configures a Client.
@@ -34,9 +36,9 @@ func WithNATSOptions(opts ...nats.Option) Option {
 	return func(c *Client) error { c.natsOpt = append(c.natsOpt, opts...); return nil }
 }
 
-// Connect dials the NATS server at url. Options: WithNATSOptions.
+// Connect dials the NATS server at url. Options: WithNATSOptions, WithTracerProvider, WithTracing.
 func Connect(ctx context.Context, url string, opts ...Option) (*Client, error) {
-	c := &Client{ownConn: true}
+	c := &Client{ownConn: true, tracing: telemetry.Default()}
 	for _, o := range opts {
 		if err := o(c); err != nil {
 			return nil, err
@@ -54,9 +56,9 @@ func Connect(ctx context.Context, url string, opts ...Option) (*Client, error) {
 	return c, ctx.Err()
 }
 
-// New uses an existing connection, which the caller keeps and closes.
+// New uses an existing connection, which the caller keeps and closes. Options as for Connect.
 func New(nc *nats.Conn, opts ...Option) (*Client, error) {
-	c := &Client{}
+	c := &Client{tracing: telemetry.Default()}
 	for _, o := range opts {
 		if err := o(c); err != nil {
 			return nil, err

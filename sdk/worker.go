@@ -36,6 +36,7 @@ type Worker struct {
 	psub    *nats.Subscription
 	rsub    *nats.Subscription
 	rejects chan *wire.Reject // written by the reject subscription, read by Step
+	trace   *stepTrace        // the open Step's tracing; nil when not traced
 
 	mu      sync.Mutex // guards the fields below, written by the parameter subscription
 	want    int64      // the step Step waits for; 0 when not waiting
@@ -187,11 +188,15 @@ func (w *Worker) Step(ctx context.Context, grads []float32) ([]float32, error) {
 	t := w.step + 1
 	w.expect(t)
 	defer w.expect(0)
-	if err := w.publish(ctx, t, grads); err != nil {
-		w.attempt++
-		return nil, err
+	w.trace = w.traceStep(ctx, t)
+	err := w.publish(ctx, t, grads)
+	w.trace.published(err)
+	if err == nil {
+		err = w.await(ctx, t)
 	}
-	if err := w.await(ctx, t); err != nil {
+	w.trace.done(err)
+	w.trace = nil
+	if err != nil {
 		w.attempt++
 		return nil, err
 	}
@@ -299,7 +304,10 @@ func (w *Worker) await(ctx context.Context, t int64) error {
 				have := w.got[s.ID] >= t
 				w.mu.Unlock()
 				if !have {
-					if _, err := w.fetchShard(ctx, s, t); err != nil {
+					span := w.trace.fetch(s.ID)
+					_, err := w.fetchShard(ctx, s, t)
+					endSpan(span, err)
+					if err != nil {
 						return err
 					}
 					w.markIfComplete(t)
@@ -332,6 +340,7 @@ func (w *Worker) markIfComplete(t int64) {
 
 // onParams copies pushed parameters of the awaited step into vec.
 func (w *Worker) onParams(m *nats.Msg) {
+	received := time.Now()
 	id, ok := wire.ShardFromSubject(m.Subject)
 	if !ok || id >= len(w.got) {
 		return
@@ -348,6 +357,7 @@ func (w *Worker) onParams(m *nats.Msg) {
 	}
 	functions.CopyLE(w.vec[s.Off:s.Off+s.Len], m.Data)
 	w.got[id] = step
+	w.traceReceive(m, id, step, received)
 	if w.missing--; w.missing == 0 {
 		close(w.ready)
 	}

@@ -32,7 +32,7 @@ func runDemo(ctx context.Context, st *devstack.Stack, cfg demoConfig, out io.Wri
 		return fmt.Errorf("demo: --ranks and --every must be >= 1 and --steps >= 0")
 	}
 	prob := demo.NewProblem(demo.DefaultConfig())
-	admin := sdk.NewAdmin(st.HTTPURL)
+	admin := sdk.NewAdmin(st.HTTPURL, sdk.WithToken(st.AdminToken))
 	if err := admin.DeleteJob(ctx, demoJob); err != nil && !sdk.IsNotFound(err) {
 		return fmt.Errorf("demo: remove the previous demo job: %w", err)
 	}
@@ -47,11 +47,16 @@ func runDemo(ctx context.Context, st *devstack.Stack, cfg demoConfig, out io.Wri
 		spec.Tensors = append(spec.Tensors, job.Tensor{Name: t.Name, Shape: t.Shape})
 		shapes = append(shapes, fmt.Sprintf("%s%v", t.Name, t.Shape))
 	}
-	rec, err := admin.CreateJob(ctx, spec)
+	created, err := admin.SubmitJob(ctx, spec)
 	if err != nil {
 		return fmt.Errorf("demo: create job: %w", err)
 	}
-	c, err := sdk.Connect(ctx, st.URL)
+	rec := &created.Record
+	var creds []sdk.Option // the job's own NATS credentials, when fanin dev runs with auth
+	if created.Credentials != nil {
+		creds = append(creds, sdk.WithJobCredentials(created.Credentials))
+	}
+	c, err := sdk.Connect(ctx, st.URL, creds...)
 	if err != nil {
 		return err
 	}
@@ -78,7 +83,7 @@ func runDemo(ctx context.Context, st *devstack.Stack, cfg demoConfig, out io.Wri
 	g, gctx := errgroup.WithContext(ctx)
 	for r := range cfg.ranks {
 		g.Go(func() error {
-			wc, err := sdk.Connect(gctx, st.URL)
+			wc, err := sdk.Connect(gctx, st.URL, creds...)
 			if err != nil {
 				return err
 			}

@@ -15,7 +15,7 @@ func devCmd() *cobra.Command {
 	var dataDir, httpAddr string
 	var natsPort, runtimes, maxRuntimes int
 	var dc demoConfig
-	var withDemo, natsLogs bool
+	var withDemo, natsLogs, noAuth bool
 	cmd := &cobra.Command{
 		Use:   "dev",
 		Short: "Run all of fanin on an embedded NATS server (with --demo: train a model through it)",
@@ -32,7 +32,7 @@ func devCmd() *cobra.Command {
 			log := slog.Default()
 			st, err := devstack.Start(cmd.Context(), devstack.Config{
 				DataDir: dataDir, NATSPort: natsPort, HTTPAddr: httpAddr, Runtimes: runtimes, MaxRuntimes: maxRuntimes,
-				Logger: log, NATSLogs: natsLogs,
+				Logger: log, NATSLogs: natsLogs, Auth: !noAuth, AuthDir: devAuthDir(dataDir),
 			})
 			if err != nil {
 				return err
@@ -41,6 +41,9 @@ func devCmd() *cobra.Command {
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "fanin dev %s\n  NATS     %s\n  HTTP API %s\n  data     %s\n  runtimes %d..%d (autoscaled)\n",
 				version, st.URL, st.HTTPURL, dataDir, runtimes, max(runtimes, maxRuntimes))
+			if err := printDevAuth(out, st, dataDir); err != nil {
+				return err
+			}
 			if withDemo {
 				if err := runDemo(cmd.Context(), st, dc, out); err != nil {
 					return err
@@ -61,6 +64,7 @@ func devCmd() *cobra.Command {
 	f.IntVar(&runtimes, "runtimes", 3, "runtimes the pool starts with, and its minimum")
 	f.IntVar(&maxRuntimes, "max-runtimes", 0, "the autoscaler may grow the pool up to this many runtimes (default: --runtimes)")
 	f.BoolVar(&natsLogs, "nats-logs", false, "print the embedded NATS server's logs")
+	f.BoolVar(&noAuth, "no-auth", false, "run without authentication: open NATS and an open HTTP API")
 	f.BoolVar(&withDemo, "demo", false, "train the demo model through fanin")
 	f.IntVar(&dc.steps, "steps", 0, "with --demo: train this many steps, then exit (0: until Ctrl-C)")
 	f.IntVar(&dc.ranks, "ranks", 4, "with --demo: workers (logical ranks)")

@@ -10,8 +10,12 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
+	"go.opentelemetry.io/otel/attribute"
+
+	"github.com/fanin-ml/fanin/internal/telemetry"
 )
 
 // version is stamped at build time: -ldflags "-X main.version=v0.1.0".
@@ -37,17 +41,31 @@ func run(ctx context.Context, args []string) error {
 	}
 	var level string
 	root.PersistentFlags().StringVar(&level, "log-level", envOr("FANIN_LOG_LEVEL", "info"), "log level: debug, info, warn, error")
-	root.PersistentPreRunE = func(*cobra.Command, []string) error {
+	stopTracing := func(context.Context) error { return nil }
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
 		var l slog.Level
 		if err := l.UnmarshalText([]byte(level)); err != nil {
 			return fmt.Errorf("--log-level: %q is not debug, info, warn or error", level)
 		}
 		slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})))
+		// Tracing as the OTEL_* variables say (docs/TELEMETRY.md); off without them.
+		stop, err := telemetry.Setup(cmd.Context(), telemetry.WithService("fanin-"+cmd.Name()),
+			telemetry.WithAttributes(attribute.String("service.version", version)))
+		if err != nil {
+			return err
+		}
+		stopTracing = stop
 		return nil
 	}
-	root.AddCommand(devCmd(), runtimeCmd(), gatewayCmd(), autoscalerCmd(), jobsCmd(), simCmd(), benchCmd())
+	root.AddCommand(devCmd(), runtimeCmd(), gatewayCmd(), autoscalerCmd(), jobsCmd(), simCmd(), benchCmd(), poolCmd(), policyCmd(), topCmd(), tokensCmd(), authCmd())
 	root.SetArgs(args)
-	return root.ExecuteContext(ctx)
+	err := root.ExecuteContext(ctx)
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if serr := stopTracing(sctx); serr != nil {
+		slog.Warn("flushing traces", "err", serr)
+	}
+	return err
 }
 
 func envOr(key, def string) string {

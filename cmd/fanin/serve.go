@@ -16,7 +16,9 @@ import (
 
 	"github.com/fanin-ml/fanin/autoscaler"
 	"github.com/fanin-ml/fanin/gateway"
+	"github.com/fanin-ml/fanin/internal/metrics"
 	"github.com/fanin-ml/fanin/internal/store"
+	"github.com/fanin-ml/fanin/internal/telemetry"
 	"github.com/fanin-ml/fanin/runtime"
 )
 
@@ -51,7 +53,7 @@ func (f *natsFlags) connect(name string) (*nats.Conn, error) {
 
 func runtimeCmd() *cobra.Command {
 	var nf natsFlags
-	var id string
+	var id, metricsAddr string
 	var cores int
 	cmd := &cobra.Command{
 		Use:   "runtime",
@@ -73,10 +75,16 @@ func runtimeCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			stop, err := serveMetrics(cmd.Context(), metricsAddr)
+			if err != nil {
+				return err
+			}
+			defer stop()
 			return rt.Run(cmd.Context())
 		},
 	}
 	nf.register(cmd)
+	metricsFlag(cmd, &metricsAddr)
 	cmd.Flags().StringVar(&id, "id", envOr("FANIN_RUNTIME_ID", ""), "runtime id (default: random)")
 	cmd.Flags().IntVar(&cores, "cores", 0, "concurrent shard invocations and reported capacity (default: GOMAXPROCS)")
 	return cmd
@@ -84,31 +92,41 @@ func runtimeCmd() *cobra.Command {
 
 func gatewayCmd() *cobra.Command {
 	var nf natsFlags
+	var gf gatewayFlags // security and quotas (auth.go)
 	var addr string
 	cmd := &cobra.Command{
 		Use:   "gateway",
 		Short: "Run the HTTP API",
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			gf.defaults(&nf)
 			nc, err := nf.connect("fanin-gateway")
 			if err != nil {
 				return err
 			}
 			defer nc.Close()
-			gw, err := gateway.New(cmd.Context(), nc, gateway.WithLogger(slog.Default()))
+			defer metrics.Default().WatchConn("gateway", nc)()
+			opts, closeAuth, err := gf.options(nf.url)
 			if err != nil {
 				return err
 			}
-			return serveHTTP(cmd.Context(), addr, gw.Handler())
+			defer closeAuth()
+			gw, err := gateway.New(cmd.Context(), nc, append([]gateway.Option{gateway.WithLogger(slog.Default())}, opts...)...)
+			if err != nil {
+				return err
+			}
+			defer gw.Close()
+			return serveHTTP(cmd.Context(), addr, metrics.Default().HTTP(telemetry.HTTPHandler(gw.Handler(), telemetry.Default())))
 		},
 	}
 	nf.register(cmd)
 	cmd.Flags().StringVar(&addr, "http", envOr("FANIN_HTTP", "127.0.0.1:8080"), "listen address of the HTTP API")
+	gf.register(cmd)
 	return cmd
 }
 
 func autoscalerCmd() *cobra.Command {
 	var nf natsFlags
-	var driver, policyFile, bin string
+	var driver, policyFile, bin, metricsAddr string
 	var interval time.Duration
 	cmd := &cobra.Command{
 		Use:   "autoscaler",
@@ -162,6 +180,11 @@ stores a file there at start.`,
 			if c, err = autoscaler.NewController(nc, drv, opts...); err != nil {
 				return err
 			}
+			stop, err := serveMetrics(ctx, metricsAddr)
+			if err != nil {
+				return err
+			}
+			defer stop()
 			return c.Run(ctx)
 		},
 	}
@@ -170,6 +193,7 @@ stores a file there at start.`,
 	cmd.Flags().StringVar(&bin, "runtime-binary", "", "fanin binary the process driver starts (default: this one)")
 	cmd.Flags().StringVar(&policyFile, "policy", "", "store this policy file (YAML or JSON) in the fanin-policy bucket at start")
 	cmd.Flags().DurationVar(&interval, "interval", time.Second, "decision interval")
+	metricsFlag(cmd, &metricsAddr)
 	return cmd
 }
 
@@ -195,6 +219,44 @@ func storePolicyFile(ctx context.Context, nc *nats.Conn, path string) (autoscale
 		return pol, fmt.Errorf("store the policy: %w", err)
 	}
 	return pol, nil
+}
+
+func metricsFlag(cmd *cobra.Command, addr *string) {
+	cmd.Flags().StringVar(addr, "metrics", envOr("FANIN_METRICS", ""),
+		"listen address of a Prometheus /metrics endpoint, e.g. 127.0.0.1:9464 (env FANIN_METRICS; default: none)")
+}
+
+// serveMetrics serves the process's metrics at http://addr/metrics until ctx is done or stop is
+// called; stop returns once the server is down. An empty addr serves nothing.
+func serveMetrics(ctx context.Context, addr string) (stop func(), err error) {
+	if addr == "" {
+		return func() {}, nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", metrics.Handler())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	slog.Info("metrics listening", "url", "http://"+ln.Addr().String()+"/metrics")
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { // owned by stop
+		defer close(done)
+		errc := make(chan error, 1)
+		go func() { errc <- srv.Serve(ln) }()
+		select {
+		case err := <-errc:
+			slog.Error("metrics endpoint", "err", err)
+		case <-ctx.Done():
+			sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_ = srv.Shutdown(sctx)
+			scancel()
+			<-errc
+		}
+	}()
+	return func() { cancel(); <-done }, nil
 }
 
 func serveHTTP(ctx context.Context, addr string, h http.Handler) error {

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -18,7 +19,10 @@ import (
 
 	"github.com/fanin-ml/fanin/autoscaler"
 	"github.com/fanin-ml/fanin/gateway"
+	"github.com/fanin-ml/fanin/internal/auth"
 	"github.com/fanin-ml/fanin/internal/embed"
+	"github.com/fanin-ml/fanin/internal/metrics"
+	"github.com/fanin-ml/fanin/internal/telemetry"
 	"github.com/fanin-ml/fanin/runtime"
 )
 
@@ -38,6 +42,22 @@ type Config struct {
 	Cores        int // cores per runtime (default GOMAXPROCS)
 	Logger       *slog.Logger
 	NATSLogs     bool
+
+	// Telemetry of the runtimes and the autoscaler: Tracing defaults to telemetry.Default() (the
+	// process's, from OTEL_* variables; none in tests) and Metrics to metrics.Default(). NoTelemetry
+	// turns both off (the overhead benchmark's baseline).
+	Tracing     *telemetry.Provider
+	Metrics     *metrics.Metrics
+	NoTelemetry bool
+
+	// Auth turns security on (`fanin dev` does): the NATS server in operator mode, every component
+	// with its own credentials, per-job credentials issued at job creation, and the HTTP API behind
+	// the admin token (Stack.AdminToken). AuthDir keeps the keys and the admin token across
+	// restarts (it must, when DataDir does: JetStream stores per account); "" keeps them in memory.
+	Auth    bool
+	AuthDir string
+	// GatewayOptions are appended to the stack's own (quotas, drain timeout, ...).
+	GatewayOptions []gateway.Option
 }
 
 // Stack is a running fanin.
@@ -47,12 +67,18 @@ type Stack struct {
 	HTTPURL    string // gateway base URL, "" without HTTP
 	Gateway    *gateway.Server
 	Autoscaler *autoscaler.Controller
+	// Authority and AdminToken are set when Config.Auth is: the keys that mint credentials, and
+	// the token of the HTTP API.
+	Authority  *auth.Authority
+	AdminToken string
 
-	log    *slog.Logger
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	http   *http.Server
-	cores  int
+	log     *slog.Logger
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	http    *http.Server
+	cores   int
+	tracing *telemetry.Provider // nil: off
+	metrics *metrics.Metrics    // nil: off
 
 	mu    sync.Mutex // guards conns, pool, next
 	conns []*nats.Conn
@@ -76,12 +102,40 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	ns, err := embed.Start(embed.Config{Port: cfg.NATSPort, StoreDir: cfg.DataDir, Logs: cfg.NATSLogs})
+	var authority *auth.Authority
+	ecfg := embed.Config{Port: cfg.NATSPort, StoreDir: cfg.DataDir, Logs: cfg.NATSLogs}
+	var gw atomic.Pointer[gateway.Server] // set once the gateway is up; violations before it go unrecorded
+	if cfg.Auth {
+		if cfg.AuthDir != "" {
+			authority, err = auth.Load(cfg.AuthDir)
+		} else {
+			authority, err = auth.New()
+		}
+		if err != nil {
+			return nil, err
+		}
+		ecfg.Configure = authority.ConfigureServer
+		ecfg.OnViolation = func(v embed.Violation) {
+			if g := gw.Load(); g != nil {
+				g.RecordViolation(v)
+			}
+		}
+	}
+	ns, err := embed.Start(ecfg)
 	if err != nil {
 		return nil, err
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
-	s := &Stack{NATS: ns, URL: ns.ClientURL(), log: cfg.Logger, cancel: cancel}
+	s := &Stack{NATS: ns, URL: ns.ClientURL(), log: cfg.Logger, cancel: cancel, Authority: authority}
+	if !cfg.NoTelemetry {
+		s.tracing, s.metrics = cfg.Tracing, cfg.Metrics
+		if s.tracing == nil {
+			s.tracing = telemetry.Default()
+		}
+		if s.metrics == nil {
+			s.metrics = metrics.Default()
+		}
+	}
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -92,16 +146,32 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if s.Gateway, err = gateway.New(ctx, gwConn, gateway.WithLogger(cfg.Logger)); err != nil {
+	pol := autoscaler.DefaultPolicy()
+	if cfg.Policy != nil {
+		pol = *cfg.Policy
+	} else {
+		pol.MinRuntimes, pol.MaxRuntimes = cfg.Runtimes, max(cfg.Runtimes, cfg.MaxRuntimes)
+	}
+	gwOpts := []gateway.Option{gateway.WithLogger(cfg.Logger), gateway.WithDefaultPolicy(pol)}
+	if authority != nil {
+		sys, err := s.connectAs("fanin-gateway-system", authority.SystemCredentials)
+		if err != nil {
+			return nil, err
+		}
+		s.AdminToken = authority.AdminToken()
+		gwOpts = append(gwOpts, gateway.WithAdminToken(s.AdminToken), gateway.WithAuthority(authority, sys))
+	}
+	if s.Gateway, err = gateway.New(ctx, gwConn, append(gwOpts, cfg.GatewayOptions...)...); err != nil {
 		return nil, err
 	}
+	gw.Store(s.Gateway)
 	if cfg.HTTPAddr != "" {
 		ln, err := net.Listen("tcp", cfg.HTTPAddr)
 		if err != nil {
 			return nil, fmt.Errorf("gateway listen on %s: %w", cfg.HTTPAddr, err)
 		}
 		s.HTTPURL = "http://" + ln.Addr().String()
-		s.http = &http.Server{Handler: s.Gateway.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		s.http = &http.Server{Handler: s.metrics.HTTP(telemetry.HTTPHandler(s.Gateway.Handler(), s.tracing)), ReadHeaderTimeout: 10 * time.Second}
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
@@ -115,18 +185,12 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 	if err != nil {
 		return nil, err
 	}
-	pol := autoscaler.DefaultPolicy()
-	if cfg.Policy != nil {
-		pol = *cfg.Policy
-	} else {
-		pol.MinRuntimes, pol.MaxRuntimes = cfg.Runtimes, max(cfg.Runtimes, cfg.MaxRuntimes)
-	}
 	if cfg.Interval == 0 {
 		cfg.Interval = time.Second
 	}
 	s.cores = cfg.Cores
 	if s.Autoscaler, err = autoscaler.NewController(asConn, (*inProcessDriver)(s),
-		autoscaler.WithControllerLogger(cfg.Logger), autoscaler.WithPolicy(pol), autoscaler.WithInterval(cfg.Interval)); err != nil {
+		autoscaler.WithControllerTelemetry(s.tracing, s.metrics), autoscaler.WithControllerLogger(cfg.Logger), autoscaler.WithPolicy(pol), autoscaler.WithInterval(cfg.Interval)); err != nil {
 		return nil, err
 	}
 	if !cfg.NoAutoscaler {
@@ -157,7 +221,7 @@ func (s *Stack) AddRuntime(cores int) (*runtime.Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := []runtime.Option{runtime.WithID(id), runtime.WithLogger(s.log)}
+	opts := []runtime.Option{runtime.WithID(id), runtime.WithLogger(s.log), runtime.WithTracing(s.tracing), runtime.WithMetrics(s.metrics)}
 	if cores > 0 {
 		opts = append(opts, runtime.WithCores(cores))
 	}
@@ -259,8 +323,28 @@ func (s *Stack) poolSize() int {
 	return n
 }
 
+// connect opens a connection of a fanin component: with its own credentials when auth is on.
 func (s *Stack) connect(name string) (*nats.Conn, error) {
-	nc, err := nats.Connect(s.URL, nats.Name(name), nats.MaxReconnects(-1))
+	if s.Authority == nil {
+		return s.connectAs(name, nil)
+	}
+	return s.connectAs(name, s.Authority.ComponentCredentials)
+}
+
+// Connect opens a connection with full access to fanin's account, for tests and the demo; the
+// stack closes it. With auth off it is a plain connection.
+func (s *Stack) Connect(name string) (*nats.Conn, error) { return s.connect(name) }
+
+func (s *Stack) connectAs(name string, creds func(string) (auth.Credentials, error)) (*nats.Conn, error) {
+	opts := []nats.Option{nats.Name(name), nats.MaxReconnects(-1)}
+	if creds != nil {
+		c, err := creds(name)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, c.NATSOptions()...)
+	}
+	nc, err := nats.Connect(s.URL, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect %s: %w", name, err)
 	}
@@ -280,6 +364,9 @@ func (s *Stack) Close() {
 		cancel()
 	}
 	s.wg.Wait()
+	if s.Gateway != nil {
+		s.Gateway.Close()
+	}
 	s.mu.Lock()
 	pool := slices.Clone(s.pool)
 	s.mu.Unlock()
