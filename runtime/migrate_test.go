@@ -29,7 +29,7 @@ type placer struct {
 	kv jetstream.KeyValue
 }
 
-func (p placer) place(t *testing.T, key, runtime string) {
+func (p placer) place(t testing.TB, key, runtime string) {
 	t.Helper()
 	ctx := context.Background()
 	e, err := p.kv.Get(ctx, key)
@@ -52,6 +52,46 @@ func (p placer) place(t *testing.T, key, runtime string) {
 	}
 }
 
+// movableJob starts two runtimes without an autoscaler (the test writes the placement), creates
+// the job, and joins one worker per rank.
+func movableJob(tb testing.TB, spec job.Spec) (*devstack.Stack, placer, *job.Record, []*sdk.Worker) {
+	tb.Helper()
+	st, err := devstack.Start(context.Background(), devstack.Config{
+		DataDir: tb.TempDir(), NATSPort: -1, Runtimes: 2, NoAutoscaler: true, Logger: testutil.Logger(),
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(st.Close)
+	ctx := context.Background()
+	nc, err := nats.Connect(st.URL)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	b, err := store.OpenBuckets(ctx, js)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	rec, err := st.Gateway.CreateJob(ctx, spec)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	workers := make([]*sdk.Worker, spec.Ranks)
+	for r := range workers {
+		c, err := sdk.Connect(ctx, st.URL)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(c.Close)
+		if workers[r], err = c.Worker(ctx, rec.Spec.ID, r); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return st, placer{b.Placement}, rec, workers
+}
+
 // TestMigrationsDuringTraining moves shards between two runtimes while four workers train, at
 // random moments inside steps. Every step's parameters equal the reference byte for byte, the
 // runtimes together apply exactly steps x shards updates, and every move is a measured handover.
@@ -62,41 +102,11 @@ func TestMigrationsDuringTraining(t *testing.T) {
 }
 
 func testMigrations(t *testing.T, fn string) {
-	st, err := devstack.Start(context.Background(), devstack.Config{
-		DataDir: t.TempDir(), NATSPort: -1, Runtimes: 2, NoAutoscaler: true, Logger: testutil.Logger(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st, pl, rec, workers := movableJob(t, testSpec("mig-"+fn, fn, map[string]float64{"lr": 0.05}))
 	ctx := context.Background()
-	nc, _ := nats.Connect(st.URL)
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	b, err := store.OpenBuckets(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pl := placer{b.Placement}
-	rec, err := st.Gateway.CreateJob(ctx, testSpec("mig-"+fn, fn, map[string]float64{"lr": 0.05}))
-	if err != nil {
-		t.Fatal(err)
-	}
 	rts := []string{"rt-0", "rt-1"}
 	for _, s := range rec.Layout.Shards {
 		pl.place(t, wire.PlacementKey(rec.Spec.ID, s.ID), rts[s.ID%2])
-	}
-
-	workers := make([]*sdk.Worker, 4)
-	for r := range workers {
-		c, err := sdk.Connect(ctx, st.URL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		if workers[r], err = c.Worker(ctx, rec.Spec.ID, r); err != nil {
-			t.Fatal(err)
-		}
 	}
 	_, init, err := workers[0].Params(ctx)
 	if err != nil {
@@ -192,44 +202,14 @@ func BenchmarkMigrationPause(b *testing.B) {
 }
 
 func benchMigration(b *testing.B, fn string) {
-	st, err := devstack.Start(context.Background(), devstack.Config{
-		DataDir: b.TempDir(), NATSPort: -1, Runtimes: 2, NoAutoscaler: true, Logger: testutil.Logger(),
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer st.Close()
-	ctx := context.Background()
-	nc, _ := nats.Connect(st.URL)
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	bk, err := store.OpenBuckets(ctx, js)
-	if err != nil {
-		b.Fatal(err)
-	}
-	t := &testing.T{}
-	pl := placer{bk.Placement}
 	spec := testSpec("pause-"+fn, fn, map[string]float64{"lr": 0.01})
 	spec.Ranks = 2
 	spec.Tensors = []job.Tensor{{Name: "w", Shape: []int{1 << 18}}} // 1 MiB: one shard
 	spec.ShardSize = 1 << 20
-	rec, err := st.Gateway.CreateJob(ctx, spec)
-	if err != nil {
-		b.Fatal(err)
-	}
+	st, pl, rec, workers := movableJob(b, spec)
+	ctx := context.Background()
 	key := wire.PlacementKey(rec.Spec.ID, 0)
-	pl.place(t, key, "rt-0")
-	workers := make([]*sdk.Worker, 2)
-	for r := range workers {
-		c, err := sdk.Connect(ctx, st.URL)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer c.Close()
-		if workers[r], err = c.Worker(ctx, rec.Spec.ID, r); err != nil {
-			b.Fatal(err)
-		}
-	}
+	pl.place(b, key, "rt-0")
 	grads := make([]float32, 1<<18)
 	step := func() {
 		var wg sync.WaitGroup
@@ -248,7 +228,7 @@ func benchMigration(b *testing.B, fn string) {
 	owner := 0
 	for b.Loop() {
 		owner = 1 - owner
-		pl.place(t, key, fmt.Sprintf("rt-%d", owner))
+		pl.place(b, key, fmt.Sprintf("rt-%d", owner))
 		step() // completes only once the new owner serves
 	}
 	var pauses []time.Duration
@@ -269,42 +249,13 @@ func benchMigration(b *testing.B, fn string) {
 // an owner releases only after its predecessor did, so nobody restores a checkpoint older than the
 // newest one (which would strand it behind gradients already purged).
 func TestRapidMovesKeepTheChain(t *testing.T) {
-	st, err := devstack.Start(context.Background(), devstack.Config{
-		DataDir: t.TempDir(), NATSPort: -1, Runtimes: 2, NoAutoscaler: true, Logger: testutil.Logger(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	ctx := context.Background()
-	nc, _ := nats.Connect(st.URL)
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	bk, err := store.OpenBuckets(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pl := placer{bk.Placement}
 	spec := testSpec("chain", "adam", map[string]float64{"lr": 0.01})
 	spec.Ranks = 2
 	spec.Tensors = []job.Tensor{{Name: "w", Shape: []int{1 << 14}}}
 	spec.ShardSize = 64 << 10
-	rec, err := st.Gateway.CreateJob(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, pl, rec, workers := movableJob(t, spec)
+	ctx := context.Background()
 	key := wire.PlacementKey(rec.Spec.ID, 0)
-	workers := make([]*sdk.Worker, 2)
-	for r := range workers {
-		c, err := sdk.Connect(ctx, st.URL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		if workers[r], err = c.Worker(ctx, rec.Spec.ID, r); err != nil {
-			t.Fatal(err)
-		}
-	}
 	grads := make([]float32, 1<<14)
 	for i := range 150 {
 		pl.place(t, key, fmt.Sprintf("rt-%d", i%2))
