@@ -83,9 +83,11 @@ type shardExec struct {
 	ckptAt   atomic.Int64 // step of the newest stored checkpoint
 }
 
-// maxPullBytes bounds the gradient bytes one shard's consumer buffers, below nats.go's default
-// subscription pending limit of 64 MB.
-const maxPullBytes = 48 << 20
+// maxPullBytes bounds the gradient bytes one shard's consumer buffers. All the shards a runtime
+// serves share its NATS connection, and the server cuts a connection with more than max_pending
+// bytes in flight (a slow consumer), so the sum over a runtime's shards must stay under it: 16 MiB
+// a shard keeps 30 shards under 512 MiB (docs/PROTOCOL.md, "Server requirements").
+const maxPullBytes = 16 << 20
 
 // outBuf is a reusable outgoing message; it returns to its pool when JetStream acknowledges it.
 type outBuf struct {
@@ -182,9 +184,9 @@ func (x *shardExec) serve(ctx context.Context) error {
 	msgBytes := x.shard.Bytes() + wire.Headroom
 	failed := make(chan error, 1)
 	cc, err := cons.Consume(x.handle,
-		// Buffer up to two steps of this shard's gradients in the client, and stay under the
-		// subscription's 64 MB pending limit: flow control, never a slow-consumer drop. (Were one to
-		// happen, the ordered consumer resets from the last sequence seen: a replay, not a loss.)
+		// Buffer up to two steps of this shard's gradients in the client, within maxPullBytes (and
+		// at least two messages): flow control, never a slow-consumer drop. (Were one to happen, the
+		// ordered consumer resets from the last sequence seen: a replay, not a loss.)
 		jetstream.PullMaxBytes(max(min(2*x.ranks*msgBytes, maxPullBytes), 2*msgBytes)),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 			if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrStreamNotFound) {

@@ -54,10 +54,14 @@ func Start(cfg Config) (*server.Server, error) {
 		JetStream:  true,
 		StoreDir:   cfg.StoreDir,
 		MaxPayload: MaxPayload,
-		// A runtime may be briefly busy with a large shard; give it room before the server calls it slow.
-		MaxPending:    256 << 20,
-		WriteDeadline: 10 * time.Second,
-		NoSigs:        true,
+		// A runtime's shards pull up to 16 MiB each over one connection, and a runtime may be briefly
+		// busy with a large shard: room before the server calls it a slow consumer and cuts it.
+		MaxPending: 1 << 30,
+		// Eight ranks publishing a ResNet-50's gradients at once put ~800 MiB into one stream's
+		// ingest queue; its default of 128 MiB refuses the excess with 429s.
+		StreamMaxBufferedSize: 1 << 30,
+		WriteDeadline:         10 * time.Second,
+		NoSigs:                true,
 	}
 	if cfg.Configure != nil {
 		if err := cfg.Configure(opts); err != nil {
