@@ -99,6 +99,11 @@ type rtState struct {
 }
 
 func (r *rtState) eligible() bool { return !r.draining && !r.straggler && !r.victim }
+
+// moveCap is the load above which shards move off a runtime: midway between its share at target
+// utilization and its full capacity.
+func (r *rtState) moveCap() float64 { return (r.fitCap + r.hardCap) / 2 }
+
 func (r *rtState) ratio() float64 { return r.load.demand / max(r.fitCap, eps) }
 
 // Decide returns the pool size and placement for the observed state at time now and records what it
@@ -224,12 +229,13 @@ func (d *Decider) Decide(p Policy, obs Observations, now time.Time) Decision {
 			}
 			strag = append(strag, byRuntime[i]...)
 		case r.victim:
-		case r.load.demand > r.fitCap+eps:
-			// Over its share at target utilization: the same bound that sized the pool, so a
-			// runtime added for the load receives some of it instead of idling.
+		case r.load.demand > r.moveCap()+eps:
+			// Over the band between its share at target utilization (which sized the pool) and its
+			// full capacity: a runtime added for the load receives some of it instead of idling,
+			// and loads that only brush the target do not churn.
 			ks := overflow(m, r, byRuntime[i], shards)
 			for _, k := range ks {
-				shards[k].cause = fmt.Sprintf("demand %.2f cores > %.2f, %.0f%% of its capacity", r.load.demand, r.fitCap, 100*p.TargetUtilization)
+				shards[k].cause = fmt.Sprintf("demand %.2f cores > %.2f of its %.2f", r.load.demand, r.moveCap(), r.hardCap)
 			}
 			over = append(over, ks...)
 		}

@@ -334,7 +334,8 @@ func TestDecideKeepsShardsThatFit(t *testing.T) {
 
 func TestDecideMovesOffOverloadedRuntime(t *testing.T) {
 	p := DefaultPolicy()
-	// rt-1 holds 6 cores of steady load on 4 cores (3.2 at the target 80%); rt-2 is empty.
+	// rt-1 holds 6 cores of steady load on 4 cores (moves start above 3.6, midway from the 80%
+	// target to full); rt-2 is empty.
 	obs := Observations{Runtimes: runtimes(2), Shards: slices.Concat(steady("big", 8, 2.4, "rt-1"), steady("small", 6, 3.6, "rt-1"))}
 	got := NewDecider().Decide(p, obs, at(0))
 	checkPlacement(t, obs, got)
@@ -342,7 +343,7 @@ func TestDecideMovesOffOverloadedRuntime(t *testing.T) {
 		t.Fatalf("no moves: %v", got.Reasons)
 	}
 	for _, m := range got.Moves {
-		if m.From != "rt-1" || m.To != "rt-2" || !strings.Contains(m.Reason, "demand 6.00 cores > 3.20, 80% of its capacity") {
+		if m.From != "rt-1" || m.To != "rt-2" || !strings.Contains(m.Reason, "demand 6.00 cores > 3.60 of its 4.00") {
 			t.Errorf("move %+v", m)
 		}
 		if !strings.HasPrefix(m.Shard, "small.") {
