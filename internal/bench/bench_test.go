@@ -1,0 +1,265 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fanin-ml/fanin/internal/testutil"
+)
+
+// TestRunQuick runs the two short scenarios as `fanin bench --quick` does and checks that the
+// results are well-formed. It asserts nothing about speed: wall-clock figures are not testable.
+func TestRunQuick(t *testing.T) {
+	var progress bytes.Buffer
+	res, err := Run(context.Background(), Config{Quick: true, Only: []string{"kernel", "latency-small"}, Log: testutil.Logger()}, &progress)
+	if err != nil {
+		t.Fatalf("Run: %v\nprogress:\n%s", err, progress.String())
+	}
+	want := map[string]int{"kernel": 3, "latency-small": 4}
+	got := map[string]int{}
+	for _, r := range res {
+		got[r.Scenario]++
+		if r.Skipped != "" || r.Err != "" {
+			t.Errorf("%s: skipped %q, error %q", r, r.Skipped, r.Err)
+		}
+		if r.Case == "" || r.Metric == "" || r.Baseline == "" {
+			t.Errorf("%+v: case, metric and baseline must be set", r)
+		}
+		if !(r.Fanin > 0) || !(r.Base > 0) || !(r.Ratio > 0) {
+			t.Errorf("%s: figures must be > 0", r)
+		}
+		if d := r.Ratio - r.Fanin/r.Base; d > 1e-9 || d < -1e-9 {
+			t.Errorf("%s: ratio %v is not fanin/baseline %v", r, r.Ratio, r.Fanin/r.Base)
+		}
+		if r.Met != (r.Goal == 0 || r.Ratio >= r.Goal) {
+			t.Errorf("%s: met = %v with ratio %v and goal %v", r, r.Met, r.Ratio, r.Goal)
+		}
+	}
+	for s, n := range want {
+		if got[s] != n {
+			t.Errorf("scenario %s gave %d results, want %d", s, got[s], n)
+		}
+	}
+	if !strings.Contains(progress.String(), "== kernel") {
+		t.Errorf("progress does not announce the kernel scenario:\n%s", progress.String())
+	}
+	md := Markdown(res, "go run ./cmd/fanin bench --quick", Environment(Config{}))
+	for _, s := range []string{"# Benchmarks", "go run ./cmd/fanin bench --quick", "## Summary", "## kernel", "## latency-small", "| kernel | Func=sgd,N=8,Shard=1MiB |", "lower is better"} {
+		if !strings.Contains(md, s) {
+			t.Errorf("Markdown lacks %q:\n%s", s, md)
+		}
+	}
+}
+
+func TestRunUnknownScenario(t *testing.T) {
+	_, err := Run(context.Background(), Config{Only: []string{"kernel", "nope"}}, nil)
+	if err == nil || !strings.Contains(err.Error(), `"nope"`) || !strings.Contains(err.Error(), "e2e-resnet50") {
+		t.Fatalf("err = %v, want one naming the unknown scenario and the known ones", err)
+	}
+}
+
+func TestRedisMissingIsSkipped(t *testing.T) {
+	res, err := Run(context.Background(), Config{Quick: true, Only: []string{"e2e-redis"}, Redis: "/nonexistent/redis-server"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != 1 || res[0].Skipped == "" || !strings.Contains(res[0].Skipped, "/nonexistent/redis-server") {
+		t.Fatalf("results %+v, want one skipped e2e-redis naming the binary", res)
+	}
+	md := Markdown(res, "cmd", "env")
+	if !strings.Contains(md, "skipped") {
+		t.Errorf("Markdown does not say the scenario was skipped:\n%s", md)
+	}
+}
+
+// TestBaselinesComputeWhatFaninDoes runs a tiny workload on fanin and on each baseline: all must
+// end with the same parameters bit for bit, or the comparison would be between different work.
+func TestBaselinesComputeWhatFaninDoes(t *testing.T) {
+	rs := newRunState(Config{Quick: true, Log: testutil.Logger()}, nil)
+	w := workload{Ranks: 3, Elements: 50_000, ShardSize: 64 << 10, Runtimes: 2}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	base := map[string]starter{"bare NATS": startBareNATS}
+	if _, err := findRedis(rs.cfg); err == nil {
+		base["redis"] = startRedis
+	} else {
+		t.Logf("no Redis baseline: %v", err)
+	}
+	for name, start := range base {
+		f, b, err := rs.compare(ctx, w, start, name)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if f.sum == 0 || f.sum != b.sum {
+			t.Fatalf("%s: checksums fanin %08x baseline %08x", name, f.sum, b.sum)
+		}
+	}
+}
+
+func TestPercentile(t *testing.T) {
+	d := make([]time.Duration, 200)
+	for i := range d {
+		d[len(d)-1-i] = time.Duration(i+1) * time.Millisecond
+	}
+	if got := percentile(d, 0.5); got != 100*time.Millisecond {
+		t.Errorf("p50 = %v, want 100ms", got)
+	}
+	if got := percentile(d, 0.99); got != 198*time.Millisecond {
+		t.Errorf("p99 = %v, want 198ms", got)
+	}
+}
+
+// benchElements is the model of the end-to-end benchmarks: ResNet-50 size, a tenth with -short.
+func benchElements() int {
+	if testing.Short() {
+		return quickElements
+	}
+	return resnet50Elements
+}
+
+func BenchmarkKernel(b *testing.B) {
+	for _, c := range []struct {
+		fn        string
+		unaligned bool
+	}{{"sgd", false}, {"adam", false}, {"sgd", true}} {
+		name := "Func=" + c.fn + ",N=8,Shard=1MiB"
+		if c.unaligned {
+			name += ",Unaligned"
+		}
+		b.Run(name, func(b *testing.B) {
+			k, err := newKernelBench(c.fn, map[string]float64{"lr": 0.001}, c.unaligned)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(k.bytes())
+			b.ReportAllocs()
+			for b.Loop() {
+				k.aggregate()
+			}
+		})
+	}
+}
+
+func BenchmarkMemcpy(b *testing.B) {
+	b.Run("N=8,Shard=1MiB", func(b *testing.B) {
+		k, err := newKernelBench("sum", nil, false)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.SetBytes(k.bytes())
+		b.ReportAllocs()
+		for b.Loop() {
+			k.copyAll()
+		}
+	})
+}
+
+// benchSystem times BSP steps of a system: one iteration is one step of every rank.
+func benchSystem(b *testing.B, start starter, w workload) {
+	b.Helper()
+	rs := newRunState(Config{Log: testutil.Logger()}, nil)
+	dir := b.TempDir()
+	// go test -timeout does not cover benchmarks: a lost message must fail, not hang.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	sys, err := start(ctx, rs, w, dir)
+	if err != nil {
+		if strings.Contains(err.Error(), "redis-server is not in PATH") {
+			b.Skip(err)
+		}
+		b.Fatal(err)
+	}
+	defer sys.close()
+	c := newCluster(sys, rs.gradients(w))
+	if err := c.step(ctx); err != nil { // warm: placement, connections, buffers
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(4 * w.Ranks * w.Elements))
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := c.step(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "steps/s")
+	if _, err := c.agree(); err != nil {
+		b.Fatal(err)
+	}
+	if sys.check != nil {
+		if err := sys.check(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if sys.observe != nil {
+		if o := sys.observe(); o != "" {
+			b.Log(o)
+		}
+	}
+}
+
+func e2eWorkloads() []workload {
+	var ws []workload
+	for _, s := range e2eShardSizes {
+		ws = append(ws, workload{Ranks: 8, Elements: benchElements(), ShardSize: s, Runtimes: e2eRuntimes})
+	}
+	return ws
+}
+
+// BenchmarkE2E is fanin end to end: 8 SDK workers, BSP, sgd, JetStream memory storage.
+func BenchmarkE2E(b *testing.B) {
+	for _, w := range e2eWorkloads() {
+		b.Run(w.name(), func(b *testing.B) { benchSystem(b, startFanin, w) })
+	}
+	// The pool-size sweep of analysis.md, at e2e-redis's shard size (the scenarios use e2eRuntimes).
+	for _, r := range []int{1, 2, 5, 8} {
+		w := workload{Ranks: 8, Elements: benchElements(), ShardSize: redisShardSize, Runtimes: r}
+		b.Run(w.name(), func(b *testing.B) { benchSystem(b, startFanin, w) })
+	}
+}
+
+// BenchmarkBareNATS is the e2e-resnet50 baseline: the same steps through a bare core-NATS aggregator.
+func BenchmarkBareNATS(b *testing.B) {
+	for _, w := range e2eWorkloads() {
+		b.Run(w.name(), func(b *testing.B) { benchSystem(b, startBareNATS, w) })
+	}
+}
+
+// BenchmarkRedis is the e2e-redis baseline: the same steps through Redis keys.
+func BenchmarkRedis(b *testing.B) {
+	w := workload{Ranks: 8, Elements: benchElements(), ShardSize: redisShardSize, Runtimes: e2eRuntimes}
+	b.Run(w.name(), func(b *testing.B) { benchSystem(b, startRedis, w) })
+}
+
+// BenchmarkStepLatency is one BSP step of the latency-small job; ns/op is the mean step latency.
+func BenchmarkStepLatency(b *testing.B) {
+	b.Run(latencyWorkload.name(), func(b *testing.B) { benchSystem(b, startFanin, latencyWorkload) })
+}
+
+// BenchmarkRequestReply is the latency-small baseline: a 1 MiB request echoed over core NATS.
+func BenchmarkRequestReply(b *testing.B) {
+	b.Run("Size=1MiB", func(b *testing.B) {
+		dir, err := os.MkdirTemp("", "fanin-bench-")
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer os.RemoveAll(dir)
+		e, err := startEcho(dir)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer e.close()
+		payload := make([]byte, 1<<20)
+		ctx := context.Background()
+		b.SetBytes(2 << 20)
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := e.roundTrip(ctx, payload); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
