@@ -21,6 +21,7 @@ func (x *shardExec) awaitRelease(ctx context.Context) (time.Time, error) {
 	if p.From == "" || p.From == x.r.id {
 		return time.Time{}, nil
 	}
+	x.log.Debug("waiting for the shard's release", "from", p.From, "epoch", p.Epoch)
 	w, err := x.r.buckets.Handover.Watch(ctx, x.key)
 	if err != nil {
 		return time.Time{}, err

@@ -95,7 +95,10 @@ func WithCores(n int) Option {
 // New returns a runtime that talks to NATS over nc. Options: WithID, WithLogger, WithCores,
 // WithTracing, WithMetrics.
 func New(nc *nats.Conn, opts ...Option) (*Runtime, error) {
-	js, err := jetstream.New(nc)
+	// Without a timeout, an acknowledgement lost in a reconnect would leave its future (and the
+	// buffer it holds) waiting forever; a timeout turns it into a retry, which the message id
+	// makes safe.
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(ackTimeout))
 	if err != nil {
 		return nil, err
 	}
@@ -272,6 +275,7 @@ func (r *Runtime) release(x *shardExec, epoch uint64, moved bool) {
 	x.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	x.log.Debug("releasing the shard", "epoch", epoch, "step", h.Step, "acquired", x.acquired.Load())
 	if err := r.recordHandover(ctx, x.key, h); err != nil {
 		r.log.Warn("handover not recorded; the new owner waits for this runtime to be gone", "shard", x.key, "err", err)
 	}
@@ -441,3 +445,6 @@ func (r *Runtime) Shards() []string {
 	}
 	return keys
 }
+
+// ackTimeout bounds the wait for JetStream to acknowledge an asynchronous publish.
+const ackTimeout = 30 * time.Second

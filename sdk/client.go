@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -68,7 +69,10 @@ func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 }
 
 func (c *Client) init(nc *nats.Conn) error {
-	js, err := jetstream.New(nc)
+	// Without a timeout, an acknowledgement lost in a reconnect would leave its future (and the
+	// buffer it holds) waiting forever; a timeout turns it into a retry, which the message id
+	// makes safe.
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(ackTimeout))
 	if err != nil {
 		return err
 	}
@@ -133,3 +137,6 @@ func (c *Client) UploadParams(ctx context.Context, id string, params []float32) 
 	}
 	return nil
 }
+
+// ackTimeout bounds the wait for JetStream to acknowledge an asynchronous publish.
+const ackTimeout = 30 * time.Second
