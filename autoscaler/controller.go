@@ -171,24 +171,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer watcher.Stop()
-			for {
-				select {
-				case <-wctx.Done():
-					return
-				case e, ok := <-watcher.Updates():
-					if !ok {
-						return
-					}
-					if e != nil {
-						w.fn(e)
-					}
-				}
-			}
-		}()
+		store.Follow(wctx, watcher, &wg, w.fn)
 	}
 	if !c.loop {
 		<-ctx.Done()

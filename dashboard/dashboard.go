@@ -136,24 +136,7 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Dashboard, error)
 			err = fmt.Errorf("dashboard: watch %s: %w", w.kv.Bucket(), werr)
 			return nil, err
 		}
-		d.wg.Add(1)
-		go func() {
-			defer d.wg.Done()
-			defer watcher.Stop()
-			for {
-				select {
-				case <-wctx.Done():
-					return
-				case e, ok := <-watcher.Updates():
-					if !ok {
-						return
-					}
-					if e != nil {
-						w.fn(e)
-					}
-				}
-			}
-		}()
+		store.Follow(wctx, watcher, &d.wg, w.fn)
 	}
 	d.loadDecisions(ctx)
 	for subj, fn := range map[string]nats.MsgHandler{

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanin-ml/fanin/gateway/api"
+	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/wire"
 )
 
@@ -170,44 +171,26 @@ func newPlacementCache(ctx context.Context, kv jetstream.KeyValue, wg *sync.Wait
 	if err != nil {
 		return nil, err
 	}
-	ready := make(chan struct{})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		defer func() { _ = w.Stop() }()
-		once := sync.OnceFunc(func() { close(ready) })
-		defer once()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case e, ok := <-w.Updates():
-				if !ok {
-					return
-				}
-				if e == nil {
-					once()
-					continue
-				}
-				c.mu.Lock()
-				if e.Operation() != jetstream.KeyValuePut {
-					delete(c.entries, e.Key())
-				} else {
-					var p wire.Placement
-					if json.Unmarshal(e.Value(), &p) == nil {
-						c.entries[e.Key()] = placedEntry{Placement: p, rev: e.Revision()}
-					}
-				}
-				c.mu.Unlock()
-			}
-		}
-	}()
+	ready := store.Follow(ctx, w, wg, c.apply)
 	select {
 	case <-ready:
 	case <-time.After(10 * time.Second):
 		return nil, errors.New("watch placement: no initial values in 10s")
 	}
 	return c, nil
+}
+
+func (c *placementCache) apply(e jetstream.KeyValueEntry) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e.Operation() != jetstream.KeyValuePut {
+		delete(c.entries, e.Key())
+		return
+	}
+	var p wire.Placement
+	if json.Unmarshal(e.Value(), &p) == nil {
+		c.entries[e.Key()] = placedEntry{Placement: p, rev: e.Revision()}
+	}
 }
 
 func (c *placementCache) get(key string) (placedEntry, bool) {

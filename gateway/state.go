@@ -12,6 +12,7 @@ import (
 
 	"github.com/fanin-ml/fanin/gateway/api"
 	"github.com/fanin-ml/fanin/internal/auth"
+	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/job"
 )
 
@@ -149,29 +150,7 @@ func newTokenCache(ctx context.Context, kv jetstream.KeyValue, wg *sync.WaitGrou
 	if err != nil {
 		return nil, fmt.Errorf("watch tokens: %w", err)
 	}
-	ready := make(chan struct{})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		defer func() { _ = w.Stop() }()
-		once := sync.OnceFunc(func() { close(ready) })
-		defer once()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case e, ok := <-w.Updates():
-				if !ok {
-					return
-				}
-				if e == nil {
-					once() // the initial values are in
-					continue
-				}
-				c.apply(e)
-			}
-		}
-	}()
+	ready := store.Follow(ctx, w, wg, c.apply)
 	select {
 	case <-ready:
 	case <-time.After(10 * time.Second):
