@@ -247,6 +247,20 @@ func (r *Runtime) onPlacement(ctx context.Context, e jetstream.KeyValueEntry) {
 			defer r.wg.Done()
 			r.release(x, p.Epoch, e.Operation() == jetstream.KeyValuePut)
 		}()
+	case !mine && p.From == r.id:
+		// Moved away from here, but no executor of it runs here (see releaseUnserved). One that is
+		// still stopping releases an earlier epoch first.
+		r.mu.Lock()
+		stopping := r.releasing[key]
+		r.mu.Unlock()
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			if stopping != nil {
+				<-stopping.released
+			}
+			r.releaseUnserved(key, p)
+		}()
 	}
 }
 

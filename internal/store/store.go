@@ -29,6 +29,9 @@ type Buckets struct {
 // LeaderTTL is how long the autoscaler's leader lock lives without renewal.
 const LeaderTTL = 5 * time.Second
 
+// PlacementHistory is how many revisions of each shard's placement the placement bucket keeps.
+const PlacementHistory = 8
+
 // RuntimeTTL is how long a runtime's registration lives without a heartbeat.
 const RuntimeTTL = 10 * time.Second
 
@@ -43,7 +46,10 @@ func OpenBuckets(ctx context.Context, js jetstream.JetStream) (*Buckets, error) 
 		return nil, err
 	}
 	if b.Placement, err = ensureKV(ctx, js, jetstream.KeyValueConfig{
-		Bucket: wire.PlacementBucket, Description: "fanin shard placement", Storage: jetstream.FileStorage, History: 1,
+		// A few revisions of history: a watcher that falls behind still sees every move of a
+		// shard (with one, it would see only the newest), and a runtime can look up the entry
+		// that placed a shard on it (runtime.releaseUnserved).
+		Bucket: wire.PlacementBucket, Description: "fanin shard placement", Storage: jetstream.FileStorage, History: PlacementHistory,
 	}); err != nil {
 		return nil, err
 	}
@@ -82,6 +88,16 @@ func ensureKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValu
 	}
 	if err != nil {
 		return nil, fmt.Errorf("open bucket %s: %w", cfg.Bucket, err)
+	}
+	// A bucket created by an older version may keep less history than this one relies on.
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("open bucket %s: %w", cfg.Bucket, err)
+	}
+	if st.History() < int64(cfg.History) {
+		if kv, err = js.UpdateKeyValue(ctx, cfg); err != nil {
+			return nil, fmt.Errorf("raise the history of bucket %s to %d: %w", cfg.Bucket, cfg.History, err)
+		}
 	}
 	return kv, nil
 }
