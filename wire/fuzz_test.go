@@ -26,6 +26,7 @@ func FuzzGradMessage(f *testing.F) {
 	f.Add("999999999999999999", "2147483648", "f32", "1e309", "", true, true, true, []byte{0, 0, 192, 127}, 1)
 	f.Add("", "", "", "", "", false, false, false, []byte(nil), 4)
 	f.Add("1", "0", "f32", "0", "", true, true, false, []byte{0, 0, 128, 255}, 1)
+	f.Add("01", "00", "f32", "", "", true, true, true, []byte{0, 0, 128, 63}, 1)
 	f.Add("٣", "0x1", "F32", " 1", "", true, true, true, []byte{0, 0, 128, 127, 0}, 1)
 	f.Fuzz(func(t *testing.T, step, rank, dtype, weight, replyTo string, hasStep, hasRank, hasDtype bool, payload []byte, shardLen int) {
 		var h nats.Header
@@ -122,11 +123,12 @@ func FuzzControlStrings(f *testing.F) {
 	})
 }
 
+// digits reports whether s is a number in canonical decimal.
 func digits(s string) bool {
 	for i := 0; i < len(s); i++ {
 		if s[i] < '0' || s[i] > '9' {
 			return false
 		}
 	}
-	return s != ""
+	return s != "" && (s[0] != '0' || len(s) == 1)
 }

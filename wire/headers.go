@@ -127,9 +127,10 @@ func first(h nats.Header, key string) string {
 	return ""
 }
 
-// parseInt accepts plain decimal digits only: no sign, no spaces, at most 18 digits.
+// parseInt accepts a number in canonical decimal only: digits, no sign, no spaces, no leading
+// zero (one number, one spelling, as in message ids), at most 18 digits.
 func parseInt(s string) (int64, bool) {
-	if len(s) == 0 || len(s) > 18 {
+	if len(s) == 0 || len(s) > 18 || (s[0] == '0' && len(s) > 1) {
 		return 0, false
 	}
 	var n int64

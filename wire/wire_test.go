@@ -45,7 +45,7 @@ func TestParseGradHeaders(t *testing.T) {
 		key, val string
 		want     Reason
 	}{
-		{HdrStep, "", ReasonMissingHeader}, {HdrStep, "0", ReasonBadHeader}, {HdrStep, "+1", ReasonBadHeader},
+		{HdrStep, "", ReasonMissingHeader}, {HdrStep, "0", ReasonBadHeader}, {HdrStep, "+1", ReasonBadHeader}, {HdrStep, "01", ReasonBadHeader}, {HdrRank, "00", ReasonBadHeader},
 		{HdrRank, "-1", ReasonBadHeader}, {HdrRank, "", ReasonMissingHeader}, {HdrDtype, "bf16", ReasonBadDtype},
 		{HdrWeight, "NaN", ReasonBadHeader}, {HdrWeight, "0", ReasonBadHeader},
 	} {
