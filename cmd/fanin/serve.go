@@ -127,6 +127,7 @@ func gatewayCmd() *cobra.Command {
 func autoscalerCmd() *cobra.Command {
 	var nf natsFlags
 	var driver, policyFile, bin, metricsAddr string
+	var kubeNamespace, kubeDeployment, kubeconfig string
 	var interval time.Duration
 	cmd := &cobra.Command{
 		Use:   "autoscaler",
@@ -134,8 +135,10 @@ func autoscalerCmd() *cobra.Command {
 		Long: `The autoscaler decides, every interval, the pool size and where every shard runs, from the
 runtimes' load reports. Run several for availability: a lock in JetStream elects one leader.
 
---driver none     only places shards on the runtimes that are there (someone else starts them)
---driver process  starts and stops 'fanin runtime' processes on this machine
+--driver none        only places shards on the runtimes that are there (someone else starts them)
+--driver process     starts and stops 'fanin runtime' processes on this machine
+--driver kubernetes  scales the Deployment --deployment in --namespace through the Kubernetes API
+                     (docs/KUBERNETES.md); in-cluster credentials unless --kubeconfig or $KUBECONFIG
 
 The policy is read from the fanin-policy bucket and followed live when it changes; --policy
 stores a file there at start.`,
@@ -174,8 +177,20 @@ stores a file there at start.`,
 					OnVanished: func(id string) { c.Vanished(id) }}
 				defer pd.Close()
 				drv = pd
+			case "kubernetes":
+				cs, ns, err := autoscaler.KubernetesClient(kubeconfig)
+				if err != nil {
+					return err
+				}
+				if kubeNamespace != "" {
+					ns = kubeNamespace
+				}
+				if drv, err = autoscaler.NewKubernetesDriver(ctx, cs, ns, kubeDeployment,
+					autoscaler.WithKubernetesLogger(slog.Default())); err != nil {
+					return err
+				}
 			default:
-				return fmt.Errorf("--driver: %q is not none or process", driver)
+				return fmt.Errorf("--driver: %q is not none, process or kubernetes", driver)
 			}
 			if c, err = autoscaler.NewController(nc, drv, opts...); err != nil {
 				return err
@@ -189,7 +204,10 @@ stores a file there at start.`,
 		},
 	}
 	nf.register(cmd)
-	cmd.Flags().StringVar(&driver, "driver", "none", "pool driver: none or process")
+	cmd.Flags().StringVar(&driver, "driver", "none", "pool driver: none, process or kubernetes")
+	cmd.Flags().StringVar(&kubeNamespace, "namespace", "", "kubernetes driver: namespace of the runtime Deployment (default: the kubeconfig context's, or the pod's)")
+	cmd.Flags().StringVar(&kubeDeployment, "deployment", "fanin-runtime", "kubernetes driver: the runtime Deployment")
+	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubernetes driver: kubeconfig file (default: $KUBECONFIG, else in-cluster)")
 	cmd.Flags().StringVar(&bin, "runtime-binary", "", "fanin binary the process driver starts (default: this one)")
 	cmd.Flags().StringVar(&policyFile, "policy", "", "store this policy file (YAML or JSON) in the fanin-policy bucket at start")
 	cmd.Flags().DurationVar(&interval, "interval", time.Second, "decision interval")
