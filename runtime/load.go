@@ -36,8 +36,11 @@ func (s *shardStats) addWork(wait, work time.Duration) {
 	s.work += work
 }
 
-// stepDone folds the step that just completed into the averages.
-func (s *shardStats) stepDone(now time.Time) {
+// stepDone folds the step that just completed into the averages. It reports whether they just
+// became known: after a shard's first step (its work) and second (its period), when the
+// autoscaler should hear of them without waiting for the next periodic report.
+func (s *shardStats) stepDone(now time.Time) (news bool) {
+	news = s.avgWork == 0 || (s.avgPeriod == 0 && !s.lastDone.IsZero())
 	s.avgWork = ewma(s.avgWork, s.work.Seconds())
 	s.avgWait = ewma(s.avgWait, s.wait.Seconds())
 	if !s.stepStart.IsZero() {
@@ -50,6 +53,19 @@ func (s *shardStats) stepDone(now time.Time) {
 		}
 	}
 	s.lastDone, s.work, s.wait = now, 0, 0
+	return news
+}
+
+// reportGap is the least time between two load reports: the signals of many shards that start at
+// once go out together.
+const reportGap = 100 * time.Millisecond
+
+// reportSoon asks for a load report ahead of the periodic one. It never blocks.
+func (r *Runtime) reportSoon() {
+	select {
+	case r.hurry <- struct{}{}:
+	default:
+	}
 }
 
 func seconds(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
@@ -70,7 +86,9 @@ func (x *shardExec) loadSignals() wire.ShardLoad {
 	}
 }
 
-// report publishes the runtime's LoadReport every interval until ctx is done.
+// report publishes the runtime's LoadReport every interval, and reportGap after reportSoon asks
+// for one, until ctx is done. A burst of new jobs reaches the autoscaler in about reportGap, not
+// in up to an interval.
 func (r *Runtime) report(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -81,6 +99,13 @@ func (r *Runtime) report(ctx context.Context, interval time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-r.hurry:
+			select { // let the shards that start together finish their steps too
+			case <-ctx.Done():
+				return
+			case <-time.After(reportGap):
+			}
+			t.Reset(interval)
 		}
 		work, bytes := r.stats.workNanos.Load(), r.stats.bytesIn.Load()
 		if db := bytes - lastBytes; db > 0 {

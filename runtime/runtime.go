@@ -34,6 +34,7 @@ type Runtime struct {
 	sweep     time.Duration
 
 	cpu     chan struct{} // a token per core: bounds concurrent aggregation work
+	hurry   chan struct{} // asks for a load report now (reportSoon)
 	buckets *store.Buckets
 	acks    *acker
 	purger  *purger
@@ -124,6 +125,7 @@ func New(nc *nats.Conn, opts ...Option) (*Runtime, error) {
 	}
 	r.log = r.log.With("runtime", r.id)
 	r.cpu = make(chan struct{}, r.cores)
+	r.hurry = make(chan struct{}, 1)
 	r.rejects = newRejectLog(r.log, r.now)
 	r.met = r.metrics.Runtime(r.id)
 	return r, nil

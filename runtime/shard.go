@@ -364,9 +364,9 @@ func (x *shardExec) handleSeq(m jetstream.Msg, seq uint64) {
 	x.stats.addWork(started.Sub(queued), work)
 	x.r.stats.workNanos.Add(int64(work))
 	if complete {
-		x.stats.stepDone(time.Now())
-	}
-	if complete {
+		if x.stats.stepDone(time.Now()) {
+			x.r.reportSoon()
+		}
 		x.publishParams()
 		if len(x.state) > 0 && x.step-x.ckptAt.Load() >= x.ckptEvery {
 			x.checkpointAsync()
