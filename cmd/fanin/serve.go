@@ -40,6 +40,14 @@ func (f *natsFlags) connect(name string) (*nats.Conn, error) {
 				subj = sub.Subject
 			}
 			slog.Error("NATS async error", "subject", subj, "err", err)
+		}),
+		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
+			if !nc.IsClosed() { // not our own Close
+				slog.Warn("disconnected from NATS; reconnecting", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			slog.Info("reconnected to NATS", "url", nc.ConnectedUrlRedacted())
 		})}
 	if f.creds != "" {
 		opts = append(opts, nats.UserCredentials(f.creds))
