@@ -199,6 +199,72 @@ scrape_configs:
 	}
 }
 
+// TestRuntimeMetricsDiscovered: the runtimes that the process driver starts serve metrics on free
+// ports and register their URLs; a real Prometheus finds them through the gateway's HTTP service
+// discovery endpoint (GET /v1/metrics/targets) and scrapes them, so the pool's runtimes are
+// watched however many there are.
+func TestRuntimeMetricsDiscovered(t *testing.T) {
+	skipShort(t)
+	prom := needTool(t, "Debian package prometheus", "prometheus")
+	natsURL := startNATS(t)
+	gw := start(t, "gateway", "gateway", "--nats", natsURL, "--http", "127.0.0.1:0")
+	api := gw.waitFor(t, httpURL, 20*time.Second)
+	policy := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(policy, []byte("min_runtimes: 2\nmax_runtimes: 2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	start(t, "autoscaler", "autoscaler", "--nats", natsURL, "--driver", "process", "--policy", policy,
+		"--runtime-binary", faninBin, "--interval", "200ms") // runtimes get --metrics 127.0.0.1:0
+
+	dir := t.TempDir()
+	u, _ := url.Parse(api)
+	cfg := fmt.Sprintf(`global:
+  scrape_interval: 1s
+scrape_configs:
+  - job_name: fanin-runtimes
+    http_sd_configs: [{url: "http://%s/v1/metrics/targets", refresh_interval: 1s}]
+`, u.Host)
+	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	promPort := freePort(t)
+	startProc(t, "prometheus", nil, prom, "--config.file="+filepath.Join(dir, "prometheus.yml"),
+		"--storage.tsdb.path="+filepath.Join(dir, "data"), fmt.Sprintf("--web.listen-address=127.0.0.1:%d", promPort))
+	query := fmt.Sprintf("http://127.0.0.1:%d/api/v1/query?query=", promPort)
+
+	rec := createJob(t, natsURL, job.Spec{ID: "discovered", Ranks: 2, Tensors: []job.Tensor{{Name: "w", Shape: []int{3000}}},
+		Function: job.Function{Name: "sgd", Hyper: map[string]float64{"lr": 0.1}}, ShardSize: 4 << 10})
+	train(t, natsURL, rec, 20)
+	shards := rec.Layout.NumShards()
+
+	ctx := context.Background()
+	for _, c := range []struct {
+		query string
+		want  func(float64) bool
+		what  string
+	}{
+		{`count(up{job="fanin-runtimes"} == 1)`, eq(2), "both runtimes discovered and up"},
+		{`count(count by (fanin_runtime_id) (up{job="fanin-runtimes"}))`, eq(2), "one target per runtime id"},
+		{`sum(fanin_runtime_invocations_total{job="fanin-runtimes",fanin_job="discovered"})`, eq(float64(20 * shards)), "20 steps of every shard, over the pool"},
+	} {
+		poll(t, 30*time.Second, 250*time.Millisecond, func() error {
+			var res promResponse
+			if err := getJSON(ctx, query+url.QueryEscape(c.query), &res); err != nil {
+				return err
+			}
+			if res.Status != "success" || len(res.Data.Result) == 0 {
+				return fmt.Errorf("%s: %s, %d series (want %s)", c.query, res.Status, len(res.Data.Result), c.what)
+			}
+			v, err := strconv.ParseFloat(fmt.Sprint(res.Data.Result[0].Value[1]), 64)
+			if err != nil || !c.want(v) {
+				return fmt.Errorf("%s = %v (want %s)", c.query, res.Data.Result[0].Value[1], c.what)
+			}
+			return nil
+		})
+		t.Logf("prometheus: %s: ok", c.query)
+	}
+}
+
 func eq(want float64) func(float64) bool { return func(v float64) bool { return v == want } }
 
 type promResponse struct {

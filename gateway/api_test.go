@@ -3,7 +3,9 @@ package gateway_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -282,4 +284,41 @@ func reference(t testing.TB, rec *job.Record, steps int64) []float32 {
 		ref.Step(grads, nil)
 	}
 	return ref.Params()
+}
+
+// GET /v1/metrics/targets lists the runtimes that registered a metrics URL, in the format of
+// Prometheus's HTTP service discovery; runtimes without one are left out.
+func TestMetricsTargets(t *testing.T) {
+	st := authStack(t, 1) // rt-0 serves no metrics
+	c := client{t: t, base: st.HTTPURL, token: st.AdminToken}
+	nc, err := st.Connect("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	kv, err := js.KeyValue(ctx, wire.RuntimesBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, _ := json.Marshal(wire.RuntimeInfo{ID: "rt-m", Cores: 2, Started: time.Now().UTC(), Beat: time.Now().UTC(),
+		Metrics: "http://127.0.0.1:9464/metrics"})
+	if _, err := kv.Put(ctx, "rt-m", info); err != nil {
+		t.Fatal(err)
+	}
+	var groups []api.TargetGroup
+	testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		c.call("GET", "/v1/metrics/targets", "", "", 200, &groups)
+		if len(groups) != 1 {
+			return fmt.Errorf("targets %+v, want rt-m's only", groups)
+		}
+		return nil
+	})
+	want := api.TargetGroup{Targets: []string{"127.0.0.1:9464"},
+		Labels: map[string]string{"fanin_runtime_id": "rt-m", "__scheme__": "http", "__metrics_path__": "/metrics"}}
+	if !reflect.DeepEqual(groups[0], want) {
+		t.Fatalf("target group %+v, want %+v", groups[0], want)
+	}
+	c.with("").problem("GET", "/v1/metrics/targets", "", "", 401, string(wire.ReasonUnauthorized))
 }

@@ -286,6 +286,7 @@ func (s *Server) register() {
 		{"GET /v1/placement", Admin, s.listPlacement},
 		{"GET /v1/runtimes", Admin, s.listRuntimes},
 		{"GET /v1/runtimes/{id}", Admin, s.getRuntime},
+		{"GET /v1/metrics/targets", Admin, s.metricsTargets},
 		{"GET /v1/policy", Admin, s.getPolicy},
 		{"PUT /v1/policy", Admin, s.putPolicy},
 		{"GET /v1/policy/history", Admin, s.policyHistory},

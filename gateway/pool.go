@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/url"
 	"sort"
 	"strings"
 	"sync"
@@ -314,6 +315,28 @@ func (s *Server) listRuntimes(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, pool)
+}
+
+// metricsTargets lists the runtimes that serve metrics in the format of Prometheus's HTTP service
+// discovery (http_sd_configs), so that one scrape job follows the pool as it grows and shrinks.
+// Each target carries the runtime's id as the label fanin_runtime_id.
+func (s *Server) metricsTargets(w http.ResponseWriter, r *http.Request) {
+	pool, err := s.Pool(r.Context())
+	if err != nil {
+		s.internal(w, "list runtimes", err)
+		return
+	}
+	groups := []api.TargetGroup{}
+	for _, rt := range pool.Runtimes {
+		u, err := url.Parse(rt.Metrics)
+		if rt.Metrics == "" || err != nil || u.Host == "" {
+			continue
+		}
+		groups = append(groups, api.TargetGroup{Targets: []string{u.Host}, Labels: map[string]string{
+			"fanin_runtime_id": rt.ID, "__scheme__": u.Scheme, "__metrics_path__": u.Path,
+		}})
+	}
+	writeJSON(w, http.StatusOK, groups)
 }
 
 func (s *Server) getRuntime(w http.ResponseWriter, r *http.Request) {

@@ -30,6 +30,8 @@ type Runtime struct {
 	cores int
 	now   func() time.Time
 
+	metricsURL string // where this runtime's metrics are served; "" when nowhere
+
 	heartbeat time.Duration
 	sweep     time.Duration
 
@@ -91,6 +93,12 @@ func WithCores(n int) Option {
 		r.cores = n
 		return nil
 	}
+}
+
+// WithMetricsURL records, in the runtime's registration, the URL where its Prometheus metrics are
+// served (see `fanin runtime --metrics`), so that service discovery finds it.
+func WithMetricsURL(u string) Option {
+	return func(r *Runtime) error { r.metricsURL = u; return nil }
 }
 
 // New returns a runtime that talks to NATS over nc. Options: WithID, WithLogger, WithCores,
@@ -193,7 +201,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 }
 
 func (r *Runtime) register(ctx context.Context, started time.Time) error {
-	info, _ := json.Marshal(wire.RuntimeInfo{ID: r.id, Cores: r.cores, Started: started.UTC(), Beat: r.now().UTC()})
+	info, _ := json.Marshal(wire.RuntimeInfo{ID: r.id, Cores: r.cores, Started: started.UTC(), Beat: r.now().UTC(), Metrics: r.metricsURL})
 	if _, err := r.buckets.Runtimes.Put(ctx, r.id, info); err != nil {
 		return fmt.Errorf("register runtime %s: %w", r.id, err)
 	}

@@ -80,6 +80,9 @@ type RuntimeInfo struct {
 	Cores   int       `json:"cores"`
 	Started time.Time `json:"started"`
 	Beat    time.Time `json:"beat"`
+	// Metrics is the URL of the runtime's Prometheus endpoint, when it serves one; the gateway
+	// lists them for Prometheus's HTTP service discovery (GET /v1/metrics/targets).
+	Metrics string `json:"metrics,omitempty"`
 }
 
 // StreamSeq returns the stream sequence of a JetStream message from its ack reply subject, without

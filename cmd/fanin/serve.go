@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -72,7 +73,13 @@ func runtimeCmd() *cobra.Command {
 				return err
 			}
 			defer nc.Close()
-			opts := []runtime.Option{runtime.WithLogger(slog.Default())}
+			// Serve metrics first: the runtime registers their URL for service discovery.
+			metricsURL, stop, err := serveMetrics(cmd.Context(), metricsAddr)
+			if err != nil {
+				return err
+			}
+			defer stop()
+			opts := []runtime.Option{runtime.WithLogger(slog.Default()), runtime.WithMetricsURL(metricsURL)}
 			if id != "" {
 				opts = append(opts, runtime.WithID(id))
 			}
@@ -83,11 +90,6 @@ func runtimeCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			stop, err := serveMetrics(cmd.Context(), metricsAddr)
-			if err != nil {
-				return err
-			}
-			defer stop()
 			return rt.Run(cmd.Context())
 		},
 	}
@@ -136,6 +138,7 @@ func autoscalerCmd() *cobra.Command {
 	var nf natsFlags
 	var driver, policyFile, bin, metricsAddr string
 	var kubeNamespace, kubeDeployment, kubeconfig string
+	var runtimeMetrics string
 	var interval time.Duration
 	cmd := &cobra.Command{
 		Use:   "autoscaler",
@@ -181,6 +184,9 @@ stores a file there at start.`,
 				if nf.creds != "" {
 					args = append(args, "--creds", nf.creds)
 				}
+				if runtimeMetrics != "" {
+					args = append(args, "--metrics", runtimeMetrics)
+				}
 				pd := &autoscaler.ProcessDriver{Binary: bin, Args: args, Prefix: "rt", Log: slog.Default(),
 					OnVanished: func(id string) { c.Vanished(id) }}
 				defer pd.Close()
@@ -203,7 +209,7 @@ stores a file there at start.`,
 			if c, err = autoscaler.NewController(nc, drv, opts...); err != nil {
 				return err
 			}
-			stop, err := serveMetrics(ctx, metricsAddr)
+			_, stop, err := serveMetrics(ctx, metricsAddr)
 			if err != nil {
 				return err
 			}
@@ -217,6 +223,7 @@ stores a file there at start.`,
 	cmd.Flags().StringVar(&kubeDeployment, "deployment", "fanin-runtime", "kubernetes driver: the runtime Deployment")
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubernetes driver: kubeconfig file (default: $KUBECONFIG, else in-cluster)")
 	cmd.Flags().StringVar(&bin, "runtime-binary", "", "fanin binary the process driver starts (default: this one)")
+	cmd.Flags().StringVar(&runtimeMetrics, "runtime-metrics", "127.0.0.1:0", "process driver: the --metrics address of the runtimes it starts (port 0: any free port; Prometheus finds them through the gateway's GET /v1/metrics/targets); empty: none")
 	cmd.Flags().StringVar(&policyFile, "policy", "", "store this policy file (YAML or JSON) in the fanin-policy bucket at start")
 	cmd.Flags().DurationVar(&interval, "interval", time.Second, "decision interval")
 	metricsFlag(cmd, &metricsAddr)
@@ -254,18 +261,19 @@ func metricsFlag(cmd *cobra.Command, addr *string) {
 
 // serveMetrics serves the process's metrics at http://addr/metrics until ctx is done or stop is
 // called; stop returns once the server is down. An empty addr serves nothing.
-func serveMetrics(ctx context.Context, addr string) (stop func(), err error) {
+func serveMetrics(ctx context.Context, addr string) (url string, stop func(), err error) {
 	if addr == "" {
-		return func() {}, nil
+		return "", func() {}, nil
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("--metrics: %w", err)
+		return "", nil, fmt.Errorf("--metrics: %w", err)
 	}
+	url = "http://" + reachable(ln.Addr().(*net.TCPAddr)) + "/metrics"
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", metrics.Handler())
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	slog.Info("metrics listening", "url", "http://"+ln.Addr().String()+"/metrics")
+	slog.Info("metrics listening", "url", url)
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { // owned by stop
@@ -282,7 +290,18 @@ func serveMetrics(ctx context.Context, addr string) (stop func(), err error) {
 			<-errc
 		}
 	}()
-	return func() { cancel(); <-done }, nil
+	return url, func() { cancel(); <-done }, nil
+}
+
+// reachable names a listening address as others can dial it: a wildcard address (":9090") by this
+// host's name.
+func reachable(a *net.TCPAddr) string {
+	if a.IP.IsUnspecified() {
+		if host, err := os.Hostname(); err == nil {
+			return net.JoinHostPort(host, strconv.Itoa(a.Port))
+		}
+	}
+	return a.String()
 }
 
 func serveHTTP(ctx context.Context, addr string, h http.Handler) error {

@@ -105,6 +105,13 @@ type RuntimeStatus struct {
 	Placed       int        `json:"placed"`             // shards the placement bucket assigns to it
 }
 
+// TargetGroup is one entry of GET /v1/metrics/targets, in the format of Prometheus's HTTP service
+// discovery.
+type TargetGroup struct {
+	Targets []string          `json:"targets"`
+	Labels  map[string]string `json:"labels"`
+}
+
 // Pool answers GET /v1/runtimes.
 type Pool struct {
 	Runtimes []RuntimeStatus `json:"runtimes"`
