@@ -374,15 +374,20 @@ func (c *Controller) apply(ctx context.Context, obs Observations, d Decision) er
 		}
 		p := wire.Placement{Runtime: target, Epoch: old.Epoch + 1, From: old.Runtime}
 		val, _ := json.Marshal(p)
+		var rev uint64
 		var err error
 		if exists {
-			_, err = c.buckets.Placement.Update(ctx, key, val, old.rev)
+			rev, err = c.buckets.Placement.Update(ctx, key, val, old.rev)
 		} else {
-			_, err = c.buckets.Placement.Create(ctx, key, val)
+			rev, err = c.buckets.Placement.Create(ctx, key, val)
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("place %s on %s: %w", key, target, err))
+			continue
 		}
+		// Remember the write at once: the next decision may come before the watch delivers it,
+		// and would otherwise write the same key again from a stale revision.
+		c.remember(key, placed{Placement: p, rev: rev})
 	}
 	c.mu.Lock()
 	for _, id := range d.Drain {
@@ -516,15 +521,27 @@ func (c *Controller) onRuntime(e jetstream.KeyValueEntry) {
 }
 
 func (c *Controller) onPlacement(e jetstream.KeyValueEntry) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if e.Operation() != jetstream.KeyValuePut {
-		delete(c.placement, e.Key())
+		c.mu.Lock()
+		if cur, ok := c.placement[e.Key()]; ok && cur.rev < e.Revision() {
+			delete(c.placement, e.Key())
+		}
+		c.mu.Unlock()
 		return
 	}
 	var p wire.Placement
 	if json.Unmarshal(e.Value(), &p) == nil {
-		c.placement[e.Key()] = placed{Placement: p, rev: e.Revision()}
+		c.remember(e.Key(), placed{Placement: p, rev: e.Revision()})
+	}
+}
+
+// remember caches a placement entry unless a later revision of it is cached already: the
+// controller's own writes are cached before the watch delivers them.
+func (c *Controller) remember(key string, p placed) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cur, ok := c.placement[key]; !ok || cur.rev < p.rev {
+		c.placement[key] = p
 	}
 }
 
