@@ -16,8 +16,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/retry"
 )
@@ -171,7 +173,7 @@ func (d *KubernetesDriver) Scale(ctx context.Context, n int) error {
 // and the replicas drop by one. A pod that does not exist, is terminating already or is not one of
 // the Deployment's is left alone and nil returned, like ProcessDriver does for a process it does not
 // know. It does not wait for the pod to terminate.
-func (d *KubernetesDriver) Remove(ctx context.Context, id string) error {
+func (d *KubernetesDriver) Remove(ctx context.Context, id string) (err error) {
 	d.op.Lock()
 	defer d.op.Unlock()
 	pod, err := d.client.CoreV1().Pods(d.namespace).Get(ctx, id, metav1.GetOptions{})
@@ -208,7 +210,16 @@ func (d *KubernetesDriver) Remove(ctx context.Context, id string) error {
 		}
 		return d.apiErr(err, "patch", "pods", id)
 	}
+	// Marked before the pod goes, so WatchVanished does not report it; unmarked if it does not go.
+	d.mu.Lock()
+	d.removed[id] = d.now()
+	d.mu.Unlock()
 	deleted := false
+	defer func() {
+		if !deleted && err != nil {
+			d.forget(id)
+		}
+	}()
 	other, spare, err := d.rankedBelow(ctx, pod, sel)
 	if err != nil {
 		return err
@@ -252,9 +263,6 @@ func (d *KubernetesDriver) Remove(ctx context.Context, id string) error {
 		}
 		return err
 	}
-	d.mu.Lock()
-	d.removed[id] = d.now()
-	d.mu.Unlock()
 	d.log.Info("runtime pod removed", "pod", id, "deployment", d.namespace+"/"+d.deployment, "replicas", d.Size())
 	return nil
 }
@@ -400,4 +408,94 @@ func KubernetesClient(path string) (kubernetes.Interface, string, error) {
 		return nil, "", err
 	}
 	return cs, ns, nil
+}
+
+// PodWatch is the handle of WatchVanished.
+type PodWatch struct {
+	cancel  context.CancelFunc
+	factory informers.SharedInformerFactory
+}
+
+// Stop ends the watch and waits for its goroutines.
+func (w *PodWatch) Stop() {
+	w.cancel()
+	w.factory.Shutdown()
+}
+
+// WatchVanished calls onVanished (from the watch's goroutine) with the name of every pod of the
+// Deployment that ends without Remove having been asked for it: deleted (by then its containers
+// have exited, or it never ran) or failed (evicted, say). A pod that is only terminating is not
+// reported: it is still checkpointing. It returns once the watch has listed the pods; Stop ends it.
+// It needs list and watch on pods.
+func (d *KubernetesDriver) WatchVanished(ctx context.Context, onVanished func(id string)) (*PodWatch, error) {
+	s, err := d.getScale(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if s.Status.Selector == "" {
+		return nil, fmt.Errorf("kubernetes: deployment %s/%s has no selector in its scale status", d.namespace, d.deployment)
+	}
+	// The informer retries refusals forever, in its log: try both calls once to report them.
+	opts := metav1.ListOptions{LabelSelector: s.Status.Selector, Limit: 1}
+	if _, err := d.client.CoreV1().Pods(d.namespace).List(ctx, opts); err != nil {
+		return nil, d.apiErr(err, "list", "pods", "")
+	}
+	one := int64(1)
+	opts.Limit, opts.TimeoutSeconds = 0, &one
+	wi, err := d.client.CoreV1().Pods(d.namespace).Watch(ctx, opts)
+	if err != nil {
+		return nil, d.apiErr(err, "watch", "pods", "")
+	}
+	wi.Stop()
+	wctx, cancel := context.WithCancel(context.Background())
+	f := informers.NewSharedInformerFactoryWithOptions(d.client, 0, informers.WithNamespace(d.namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = s.Status.Selector }))
+	inf := f.Core().V1().Pods().Informer()
+	report := func(name, why string) {
+		if d.removing(name) {
+			return
+		}
+		d.log.Warn("runtime pod vanished", "pod", name, "why", why)
+		onVanished(name)
+	}
+	_, err = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(old, cur any) {
+			o, ok1 := old.(*corev1.Pod)
+			c, ok2 := cur.(*corev1.Pod)
+			if ok1 && ok2 && !ended(o) && ended(c) {
+				report(c.Name, "phase "+string(c.Status.Phase))
+			}
+		},
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			p, ok := obj.(*corev1.Pod)
+			if !ok {
+				return
+			}
+			if !ended(p) {
+				report(p.Name, "deleted")
+			}
+			d.forget(p.Name)
+		},
+	})
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	f.Start(wctx.Done())
+	w := &PodWatch{cancel: cancel, factory: f}
+	sctx, scancel := context.WithTimeout(ctx, 30*time.Second)
+	defer scancel()
+	if !cache.WaitForCacheSync(sctx.Done(), inf.HasSynced) {
+		w.Stop()
+		return nil, fmt.Errorf("kubernetes: listing the pods of %s/%s: %w", d.namespace, d.deployment, context.Cause(sctx))
+	}
+	return w, nil
+}
+
+// ended reports whether a pod's containers have all stopped for good.
+func ended(p *corev1.Pod) bool {
+	return p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded
 }

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -40,6 +41,7 @@ var driverCalls = []struct{ group, resource, verb string }{
 	{"apps", "deployments/scale", "update"},
 	{"", "pods", "get"},
 	{"", "pods", "list"},
+	{"", "pods", "watch"},
 	{"", "pods", "patch"},
 	{"", "pods", "delete"},
 }
@@ -295,6 +297,12 @@ func TestKubernetesDriver(t *testing.T) {
 
 	t.Run("ScaleAndRemoveAsServiceAccount", func(t *testing.T) {
 		d := newDriver(t, cluster.Client(t, saToken), "fanin")
+		var vanished names
+		w, err := d.WatchVanished(ctx, vanished.add)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Stop()
 		if d.Size() != 1 {
 			t.Fatalf("Size = %d, want the manifest's 1", d.Size())
 		}
@@ -326,6 +334,24 @@ func TestKubernetesDriver(t *testing.T) {
 		}
 		if left := settled(t, admin, "fanin", 2); !slices.Equal(left, without(pods, target)) {
 			t.Fatalf("a second Remove(%s) changed the pods to %v", target, left)
+		}
+		if got := vanished.list(); len(got) != 0 {
+			t.Fatalf("WatchVanished reported %v; the removed pod did not vanish unasked", got)
+		}
+
+		// A pod deleted by someone else vanished: reported, and replaced by the ReplicaSet controller.
+		gone := without(pods, target)[0]
+		if err := admin.CoreV1().Pods("fanin").Delete(ctx, gone, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		checkFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+			if got := vanished.list(); !slices.Equal(got, []string{gone}) {
+				return fmt.Errorf("vanished %v, want [%s]", got, gone)
+			}
+			return nil
+		})
+		if left := settled(t, admin, "fanin", 2); slices.Contains(left, gone) || d.Size() != 2 {
+			t.Fatalf("pods %v, Size %d after %s was deleted", left, d.Size(), gone)
 		}
 	})
 
@@ -495,6 +521,27 @@ func TestKubernetesDriver(t *testing.T) {
 		}
 		t.Logf("the error: %v", err)
 
+		// The same Role without watch on pods: WatchVanished says so.
+		for i := range role.Rules {
+			if slices.Contains(role.Rules[i].Resources, "pods") {
+				role.Rules[i].Verbs = slices.DeleteFunc(slices.Clone(role.Rules[i].Verbs), func(v string) bool { return v == "watch" })
+			}
+		}
+		if _, err := admin.RbacV1().Roles("fanin").Update(ctx, role, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		checkFor(t, 10*time.Second, 100*time.Millisecond, func() error {
+			w, err := d.WatchVanished(ctx, func(string) {})
+			if err == nil {
+				w.Stop()
+				return errors.New("WatchVanished without watch on pods succeeded")
+			}
+			if !errors.As(err, &fe) || fe.Verb != "watch" || fe.Resource != "pods" {
+				t.Fatalf("WatchVanished without watch on pods: %v, want a ForbiddenError for watch pods", err)
+			}
+			return nil
+		})
+
 		_, err = autoscaler.NewKubernetesDriver(ctx, cluster.Client(t, nobodyToken), "fanin", "fanin-runtime")
 		if !errors.As(err, &fe) || fe.Verb != "get" || fe.Resource != "deployments/scale" {
 			t.Fatalf("a user without any Role: %v, want a ForbiddenError for get deployments/scale", err)
@@ -505,6 +552,24 @@ func TestKubernetesDriver(t *testing.T) {
 			t.Fatalf("a missing Deployment: %v, want ErrDeploymentNotFound", err)
 		}
 	})
+}
+
+// names collects the ids a callback is given.
+type names struct {
+	mu  sync.Mutex // guards ids
+	ids []string
+}
+
+func (n *names) add(id string) {
+	n.mu.Lock()
+	n.ids = append(n.ids, id)
+	n.mu.Unlock()
+}
+
+func (n *names) list() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Clone(n.ids)
 }
 
 type roundTripFunc func(*http.Request) (*http.Response, error)

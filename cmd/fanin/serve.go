@@ -172,6 +172,7 @@ stores a file there at start.`,
 			}
 			var c *autoscaler.Controller
 			var drv autoscaler.PoolDriver
+			var kd *autoscaler.KubernetesDriver
 			switch driver {
 			case "none":
 			case "process":
@@ -199,15 +200,23 @@ stores a file there at start.`,
 				if kubeNamespace != "" {
 					ns = kubeNamespace
 				}
-				if drv, err = autoscaler.NewKubernetesDriver(ctx, cs, ns, kubeDeployment,
+				if kd, err = autoscaler.NewKubernetesDriver(ctx, cs, ns, kubeDeployment,
 					autoscaler.WithKubernetesLogger(slog.Default())); err != nil {
 					return err
 				}
+				drv = kd
 			default:
 				return fmt.Errorf("--driver: %q is not none, process or kubernetes", driver)
 			}
 			if c, err = autoscaler.NewController(nc, drv, opts...); err != nil {
 				return err
+			}
+			if kd != nil { // pods that die unasked are deregistered at once, as with the process driver
+				w, err := kd.WatchVanished(ctx, c.Vanished)
+				if err != nil {
+					return err
+				}
+				defer w.Stop()
 			}
 			_, stop, err := serveMetrics(ctx, metricsAddr)
 			if err != nil {
