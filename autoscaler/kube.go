@@ -210,14 +210,23 @@ func (d *KubernetesDriver) Remove(ctx context.Context, id string) (err error) {
 		}
 		return d.apiErr(err, "patch", "pods", id)
 	}
-	// Marked before the pod goes, so WatchVanished does not report it; unmarked if it does not go.
+	// Marked before the pod goes, so WatchVanished does not report it. If it does not go, it is
+	// unmarked and its deletion cost taken back (best effort), so that a later scale-down, ours or
+	// anyone's, does not take it by mistake.
 	d.mu.Lock()
 	d.removed[id] = d.now()
 	d.mu.Unlock()
 	deleted := false
 	defer func() {
-		if !deleted && err != nil {
-			d.forget(id)
+		if deleted || err == nil {
+			return
+		}
+		d.forget(id)
+		undo := fmt.Sprintf(`{"metadata":{"annotations":{%q:null}}}`, DeletionCostAnnotation)
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if _, perr := d.client.CoreV1().Pods(d.namespace).Patch(uctx, id, types.MergePatchType, []byte(undo), metav1.PatchOptions{}); perr != nil {
+			d.log.Warn("could not take back the deletion cost of a pod Remove failed for", "pod", id, "err", perr)
 		}
 	}()
 	other, spare, err := d.rankedBelow(ctx, pod, sel)

@@ -521,6 +521,23 @@ func TestKubernetesDriver(t *testing.T) {
 		}
 		t.Logf("the error: %v", err)
 
+		// Remove sets the pod's deletion cost, is refused the scale-down, and takes the cost back.
+		pods, err := activePods(ctx, admin, "fanin")
+		if err != nil || len(pods) == 0 {
+			t.Fatalf("pods %v: %v", pods, err)
+		}
+		err = d.Remove(ctx, pods[0])
+		if !errors.As(err, &fe) || fe.Verb != "update" || fe.Resource != "deployments/scale" {
+			t.Fatalf("Remove without update on deployments/scale: %v", err)
+		}
+		p, err := admin.CoreV1().Pods("fanin").Get(ctx, pods[0], metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c, ok := p.Annotations[autoscaler.DeletionCostAnnotation]; ok || p.DeletionTimestamp != nil {
+			t.Fatalf("after a failed Remove the pod has deletion cost %q (set: %v), deleting: %v", c, ok, p.DeletionTimestamp != nil)
+		}
+
 		// The same Role without watch on pods: WatchVanished says so.
 		for i := range role.Rules {
 			if slices.Contains(role.Rules[i].Resources, "pods") {
