@@ -82,8 +82,8 @@ func TestBurstGrowsAndShrinksPool(t *testing.T) {
 
 	ctx := context.Background()
 	admin := sdk.NewAdmin(api)
-	var stop atomic.Bool
 	var wg sync.WaitGroup
+	var stoppers []*stepBarrier
 	burst := time.Now()
 	var peak atomic.Int64
 	for j := range 3 {
@@ -95,6 +95,8 @@ func TestBurstGrowsAndShrinksPool(t *testing.T) {
 		if _, err := admin.CreateJob(ctx, spec); err != nil {
 			t.Fatal(err)
 		}
+		stopper := &stepBarrier{}
+		stoppers = append(stoppers, stopper)
 		for r := range 4 {
 			wg.Add(1)
 			go func() {
@@ -110,8 +112,12 @@ func TestBurstGrowsAndShrinksPool(t *testing.T) {
 					t.Error(err)
 					return
 				}
+				if _, _, err := w.Params(ctx); err != nil { // StepCount is the step to follow from here
+					t.Error(err)
+					return
+				}
 				grads := make([]float32, 1<<20)
-				for !stop.Load() {
+				for stopper.next(w.StepCount() + 1) {
 					sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 					_, err := w.Step(sctx, grads)
 					cancel()
@@ -131,16 +137,20 @@ func TestBurstGrowsAndShrinksPool(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if grown == 0 {
-		stop.Store(true)
+	stop := func() {
+		for _, b := range stoppers {
+			b.stop()
+		}
 		wg.Wait()
+	}
+	if grown == 0 {
+		stop()
 		t.Fatalf("the pool did not grow under the burst\nautoscaler:\n%s", as.output())
 	}
 	time.Sleep(3 * time.Second) // keep training while the pool serves the burst
 	during := int64(poolSize())
 	peak.Store(max(peak.Load(), during))
-	stop.Store(true)
-	wg.Wait()
+	stop()
 	for j := range 3 {
 		if err := admin.DeleteJob(ctx, fmt.Sprintf("burst-%d", j)); err != nil {
 			t.Fatal(err)
@@ -152,4 +162,30 @@ func TestBurstGrowsAndShrinksPool(t *testing.T) {
 	shrunk := waitPool(1, 60*time.Second)
 	t.Logf("pool grew %v after the burst began; %d runtimes 3 s later (peak %d); back to 1 runtime %v after the jobs ended",
 		grown.Round(time.Millisecond), during, peak.Load(), shrunk.Round(time.Millisecond))
+}
+
+// stepBarrier stops the ranks of a job at a common step. A rank that stopped on a flag as soon as
+// it saw it could quit before a step its peers had already published to, leaving them waiting for
+// its gradient until they timed out.
+type stepBarrier struct {
+	mu       sync.Mutex
+	stopping bool
+	started  int64 // the latest step any rank started
+}
+
+// next reports whether a rank may start step; once stopping, only steps some rank already started.
+func (b *stepBarrier) next(step int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.stopping && step > b.started {
+		return false
+	}
+	b.started = max(b.started, step)
+	return true
+}
+
+func (b *stepBarrier) stop() {
+	b.mu.Lock()
+	b.stopping = true
+	b.mu.Unlock()
 }

@@ -155,19 +155,13 @@ scrape_configs:
 	promPort := freePort(t)
 	startProc(t, "prometheus", nil, prom, "--config.file="+filepath.Join(dir, "prometheus.yml"),
 		"--storage.tsdb.path="+filepath.Join(dir, "data"), fmt.Sprintf("--web.listen-address=127.0.0.1:%d", promPort))
-	api := fmt.Sprintf("http://127.0.0.1:%d/api/v1/query?query=", promPort)
 
 	rec := createJob(t, natsURL, job.Spec{ID: "scraped", Ranks: 2, Tensors: []job.Tensor{{Name: "w", Shape: []int{3000}}},
 		Function: job.Function{Name: "sgd", Hyper: map[string]float64{"lr": 0.1}}, ShardSize: 4 << 10})
 	train(t, natsURL, rec, 20)
 	shards := rec.Layout.NumShards()
 
-	ctx := context.Background()
-	for _, c := range []struct {
-		query string
-		want  func(float64) bool
-		what  string
-	}{
+	expectProm(t, promPort, []promCheck{
 		{`up{job="fanin-runtime"}`, eq(1), "the runtime's target up"},
 		{`up{job="fanin-autoscaler"}`, eq(1), "the autoscaler's target up"},
 		{`sum(fanin_runtime_invocations_total{fanin_job="scraped",runtime="rt-0"})`, eq(float64(20 * shards)), "20 steps of every shard"},
@@ -180,23 +174,7 @@ scrape_configs:
 		{`min(fanin_nats_connected)`, eq(1), "connected to NATS"},
 		{`count(fanin_nats_connected)`, eq(2), "the runtime's and the autoscaler's connections"},
 		{`count(fanin_autoscaler_pool_size)`, eq(1), "the autoscaler's gauges from the autoscaler only"},
-	} {
-		poll(t, 30*time.Second, 250*time.Millisecond, func() error {
-			var res promResponse
-			if err := getJSON(ctx, api+url.QueryEscape(c.query), &res); err != nil {
-				return err
-			}
-			if res.Status != "success" || len(res.Data.Result) == 0 {
-				return fmt.Errorf("%s: %s, %d series (want %s)", c.query, res.Status, len(res.Data.Result), c.what)
-			}
-			v, err := strconv.ParseFloat(fmt.Sprint(res.Data.Result[0].Value[1]), 64)
-			if err != nil || !c.want(v) {
-				return fmt.Errorf("%s = %v (want %s)", c.query, res.Data.Result[0].Value[1], c.what)
-			}
-			return nil
-		})
-		t.Logf("prometheus: %s: ok", c.query)
-	}
+	})
 }
 
 // TestRuntimeMetricsDiscovered: the runtimes that the process driver starts serve metrics on free
@@ -230,26 +208,35 @@ scrape_configs:
 	promPort := freePort(t)
 	startProc(t, "prometheus", nil, prom, "--config.file="+filepath.Join(dir, "prometheus.yml"),
 		"--storage.tsdb.path="+filepath.Join(dir, "data"), fmt.Sprintf("--web.listen-address=127.0.0.1:%d", promPort))
-	query := fmt.Sprintf("http://127.0.0.1:%d/api/v1/query?query=", promPort)
 
 	rec := createJob(t, natsURL, job.Spec{ID: "discovered", Ranks: 2, Tensors: []job.Tensor{{Name: "w", Shape: []int{3000}}},
 		Function: job.Function{Name: "sgd", Hyper: map[string]float64{"lr": 0.1}}, ShardSize: 4 << 10})
 	train(t, natsURL, rec, 20)
 	shards := rec.Layout.NumShards()
 
-	ctx := context.Background()
-	for _, c := range []struct {
-		query string
-		want  func(float64) bool
-		what  string
-	}{
+	expectProm(t, promPort, []promCheck{
 		{`count(up{job="fanin-runtimes"} == 1)`, eq(2), "both runtimes discovered and up"},
 		{`count(count by (fanin_runtime_id) (up{job="fanin-runtimes"}))`, eq(2), "one target per runtime id"},
 		{`sum(fanin_runtime_invocations_total{job="fanin-runtimes",fanin_job="discovered"})`, eq(float64(20 * shards)), "20 steps of every shard, over the pool"},
-	} {
+	})
+}
+
+// promCheck is a PromQL query whose first result must satisfy want.
+type promCheck struct {
+	query string
+	want  func(float64) bool
+	what  string
+}
+
+// expectProm polls the Prometheus at 127.0.0.1:port until every check holds (30 s each).
+func expectProm(t *testing.T, port int, checks []promCheck) {
+	t.Helper()
+	ctx := context.Background()
+	api := fmt.Sprintf("http://127.0.0.1:%d/api/v1/query?query=", port)
+	for _, c := range checks {
 		poll(t, 30*time.Second, 250*time.Millisecond, func() error {
 			var res promResponse
-			if err := getJSON(ctx, query+url.QueryEscape(c.query), &res); err != nil {
+			if err := getJSON(ctx, api+url.QueryEscape(c.query), &res); err != nil {
 				return err
 			}
 			if res.Status != "success" || len(res.Data.Result) == 0 {

@@ -41,23 +41,24 @@ const StateBucket = "fanin-gateway"
 
 // Server is the gateway. Create it with New, serve Handler, and Close it.
 type Server struct {
-	nc       *nats.Conn
-	js       jetstream.JetStream
-	buckets  *store.Buckets
-	state    jetstream.KeyValue
-	log      *slog.Logger
-	now      func() time.Time
-	mux      *http.ServeMux
-	routes   []Route
-	admin    string          // the admin token; "" leaves the API open
-	authz    *auth.Authority // issues and revokes NATS credentials; nil: none
-	sys      *nats.Conn      // a system account connection: revocations and auth events; may be nil
-	credsTTL time.Duration
-	defQuota api.Quota
-	policy   autoscaler.Policy // what GET /v1/policy shows while none is stored
-	drain    time.Duration     // how long pause and delete wait for the runtimes to let go
-	govEvery time.Duration     // the quota governor's tick; 0 disables it
-	burst    time.Duration     // the bytes/s quota's burst: how many seconds of quota a job may use at once
+	nc          *nats.Conn
+	js          jetstream.JetStream
+	buckets     *store.Buckets
+	state       jetstream.KeyValue
+	log         *slog.Logger
+	now         func() time.Time
+	mux         *http.ServeMux
+	routes      []Route
+	admin       string          // the admin token; "" leaves the API open
+	openWarning sync.Once       // warns that the API is open, when first served
+	authz       *auth.Authority // issues and revokes NATS credentials; nil: none
+	sys         *nats.Conn      // a system account connection: revocations and auth events; may be nil
+	credsTTL    time.Duration
+	defQuota    api.Quota
+	policy      autoscaler.Policy // what GET /v1/policy shows while none is stored
+	drain       time.Duration     // how long pause and delete wait for the runtimes to let go
+	govEvery    time.Duration     // the quota governor's tick; 0 disables it
+	burst       time.Duration     // the bytes/s quota's burst: how many seconds of quota a job may use at once
 
 	tokens    *tokenCache
 	loads     *loadCache
@@ -235,9 +236,6 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (_ *Server, err err
 		s.wg.Add(1)
 		go func() { defer s.wg.Done(); s.gov.run(bg, s.govEvery) }()
 	}
-	if s.admin == "" {
-		s.log.Warn("the HTTP API runs without authentication: give it an admin token (--token, FANIN_TOKEN)")
-	}
 	if s.dash, err = dashboard.New(ctx, nc); err != nil {
 		return nil, err
 	}
@@ -259,8 +257,16 @@ func (s *Server) Close() {
 	s.wg.Wait()
 }
 
-// Handler is the gateway's HTTP handler.
-func (s *Server) Handler() http.Handler { return s.mux }
+// Handler is the gateway's HTTP handler. Without an admin token it warns, once, that the API it
+// serves is open (a gateway used as a library, without HTTP, does not).
+func (s *Server) Handler() http.Handler {
+	if s.admin == "" {
+		s.openWarning.Do(func() {
+			s.log.Warn("the HTTP API runs without authentication: give it an admin token (--token, FANIN_TOKEN)")
+		})
+	}
+	return s.mux
+}
 
 // Routes lists the registered routes (the OpenAPI document describes exactly these).
 func (s *Server) Routes() []Route { return append([]Route(nil), s.routes...) }
