@@ -79,8 +79,9 @@ type shardExec struct {
 
 	// Written by ack callbacks, which must never take mu: the handler may hold mu while it waits
 	// for a buffer that only the acker can free.
-	ckptBusy atomic.Bool  // a checkpoint is in flight and owns ckptBuf
-	ckptAt   atomic.Int64 // step of the newest stored checkpoint
+	ckptBusy atomic.Bool   // a checkpoint is in flight and owns ckptBuf
+	ckptFree chan struct{} // signalled when an asynchronous checkpoint gives ckptBuf back
+	ckptAt   atomic.Int64  // step of the newest stored checkpoint
 }
 
 // maxPullBytes bounds the gradient bytes one shard's consumer buffers. All the shards a runtime
@@ -117,6 +118,7 @@ func newShardExec(r *Runtime, ji *jobInfo, shard int, epoch uint64) (*shardExec,
 		pend:      make([][]byte, n),
 		weights:   make([]float64, n),
 		outs:      make(chan *outBuf, 2),
+		ckptFree:  make(chan struct{}, 1),
 		ckptEvery: max(1, int64((1+fn.Slots())/n)),
 		met:       r.met.Job(ji.rec.Spec.ID),
 		created:   ji.rec.Created.UnixNano(),
@@ -249,7 +251,7 @@ func (x *shardExec) restore(ctx context.Context) error {
 				return err
 			}
 			if stateful { // the first checkpoint: replay needs it once step 0 is overwritten
-				return x.checkpointSync(ctx)
+				return x.checkpointSync(ctx, false)
 			}
 			return nil
 		case pm != nil:
@@ -503,6 +505,10 @@ func (x *shardExec) checkpointAsync() {
 			storeMax(&x.ckptAt, step)
 		}
 		x.ckptBusy.Store(false)
+		select { // wake a checkpointSync waiting for the buffer
+		case x.ckptFree <- struct{}{}:
+		default:
+		}
 	})
 }
 
@@ -520,17 +526,24 @@ func (x *shardExec) fillCkpt() {
 	x.ckptBuf.msg.Data = x.ckptBuf.data
 }
 
-// checkpointSync writes a checkpoint and waits for JetStream to store it.
-func (x *shardExec) checkpointSync(ctx context.Context) error {
+// checkpointSync writes a checkpoint and waits for JetStream to store it. With onlyNewer, it
+// writes nothing when the newest stored checkpoint (an asynchronous one it may have waited for)
+// already covers the last applied step.
+func (x *shardExec) checkpointSync(ctx context.Context, onlyNewer bool) error {
 	for !x.ckptBusy.CompareAndSwap(false, true) { // an asynchronous checkpoint owns the buffer
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(5 * time.Millisecond):
+		case <-x.ckptFree:
+		case <-time.After(5 * time.Millisecond): // in case the wake-up went to an earlier waiter
 		}
 	}
 	defer x.ckptBusy.Store(false)
 	x.mu.Lock()
+	if onlyNewer && x.step <= x.ckptAt.Load() {
+		x.mu.Unlock()
+		return nil
+	}
 	x.fillCkpt()
 	step, purgeTo := x.step, x.stepSeq+1
 	x.mu.Unlock()
@@ -570,7 +583,7 @@ func (x *shardExec) finish() {
 		}
 	}
 	if dirty {
-		if err := x.checkpointSync(ctx); err != nil {
+		if err := x.checkpointSync(ctx, true); err != nil {
 			x.log.Warn("final checkpoint failed; the next owner will replay from the previous one", "err", err)
 		}
 	}
