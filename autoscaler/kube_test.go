@@ -30,6 +30,7 @@ import (
 
 	"github.com/fanin-ml/fanin/autoscaler"
 	"github.com/fanin-ml/fanin/internal/kubetest"
+	"github.com/fanin-ml/fanin/internal/testutil"
 )
 
 const manifestDir = "../deploy/kubernetes"
@@ -190,22 +191,6 @@ func apply(t *testing.T, cs kubernetes.Interface, objs []runtime.Object) {
 	}
 }
 
-// checkFor polls f until it returns nil, failing the test with f's last error after wait.
-func checkFor(t *testing.T, wait, step time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(wait)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %v", wait, err)
-		}
-		time.Sleep(step)
-	}
-}
-
 // activePods lists the runtime pods not being deleted, sorted by name.
 func activePods(ctx context.Context, cs kubernetes.Interface, ns string) ([]string, error) {
 	list, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=fanin-runtime"})
@@ -228,7 +213,7 @@ func settled(t *testing.T, cs kubernetes.Interface, ns string, replicas int) []s
 	t.Helper()
 	ctx := context.Background()
 	var pods []string
-	checkFor(t, 60*time.Second, 100*time.Millisecond, func() error {
+	testutil.CheckFor(t, 60*time.Second, 100*time.Millisecond, func() error {
 		dep, err := cs.AppsV1().Deployments(ns).Get(ctx, "fanin-runtime", metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -344,7 +329,7 @@ func TestKubernetesDriver(t *testing.T) {
 		if err := admin.CoreV1().Pods("fanin").Delete(ctx, gone, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		checkFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
 			if got := vanished.list(); !slices.Equal(got, []string{gone}) {
 				return fmt.Errorf("vanished %v, want [%s]", got, gone)
 			}
@@ -509,7 +494,7 @@ func TestKubernetesDriver(t *testing.T) {
 			t.Fatal(err)
 		}
 		var d *autoscaler.KubernetesDriver
-		checkFor(t, 10*time.Second, 100*time.Millisecond, func() error { // RBAC caches catch up
+		testutil.CheckFor(t, 10*time.Second, 100*time.Millisecond, func() error { // RBAC caches catch up
 			var err error
 			d, err = autoscaler.NewKubernetesDriver(ctx, cluster.Client(t, restrictedToken), "fanin", "fanin-runtime")
 			return err
@@ -547,7 +532,7 @@ func TestKubernetesDriver(t *testing.T) {
 		if _, err := admin.RbacV1().Roles("fanin").Update(ctx, role, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		checkFor(t, 10*time.Second, 100*time.Millisecond, func() error {
+		testutil.CheckFor(t, 10*time.Second, 100*time.Millisecond, func() error {
 			w, err := d.WatchVanished(ctx, func(string) {})
 			if err == nil {
 				w.Stop()

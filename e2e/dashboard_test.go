@@ -68,7 +68,7 @@ func TestDashboardInChromium(t *testing.T) {
 	_ = nc.Publish(wire.RejectsSubject(rej.Job), rej.Marshal())
 
 	// Let the dashboard see both jobs running and gather some history.
-	poll(t, 30*time.Second, 200*time.Millisecond, func() error {
+	testutil.CheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
 		s := d.Snapshot()
 		running := 0
 		for _, j := range s.Jobs {

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -49,18 +48,6 @@ func repoRoot(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return dir
-}
-
-// freePort returns a TCP port that was free a moment ago, for programs that cannot report the port
-// they bound (Jaeger, Prometheus).
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // extProc is a program the test started; it is killed when the test ends.
@@ -197,20 +184,4 @@ func getJSON(ctx context.Context, url string, v any) error {
 		return fmt.Errorf("GET %s: %w", url, err)
 	}
 	return nil
-}
-
-// poll calls f every step until it returns nil, failing with f's last error after wait.
-func poll(t *testing.T, wait, step time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(wait)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not met after %v: %v", wait, err)
-		}
-		time.Sleep(step)
-	}
 }

@@ -37,7 +37,7 @@ import (
 func TestTraceInJaeger(t *testing.T) {
 	skipShort(t)
 	jaeger := jaegerBinary(t)
-	grpcPort, httpPort, queryPort := freePort(t), freePort(t), freePort(t)
+	grpcPort, httpPort, queryPort := testutil.FreePort(t), testutil.FreePort(t), testutil.FreePort(t)
 	startJaeger(t, jaeger, grpcPort, httpPort, queryPort)
 	query := fmt.Sprintf("http://127.0.0.1:%d", queryPort)
 
@@ -79,7 +79,7 @@ func TestTraceInJaeger(t *testing.T) {
 	want := traceshape.Step{Job: rec.Spec.ID, Step: step, Ranks: ranks, Shards: rec.Layout.NumShards(), Function: "momentum",
 		TraceID: tid.String(), RootID: root.String()}
 	var spans []traceshape.Span
-	poll(t, 30*time.Second, 250*time.Millisecond, func() error {
+	testutil.CheckFor(t, 30*time.Second, 250*time.Millisecond, func() error {
 		// Find the step's trace the way a user would: by service, then read it whole.
 		var found jaegerResponse
 		q := url.Values{"service": {"fanin-runtime"}, "operation": {telemetry.SpanInvoke}, "limit": {"100"},
@@ -132,7 +132,7 @@ func TestMetricsInPrometheus(t *testing.T) {
 	skipShort(t)
 	prom := needTool(t, "Debian package prometheus", "prometheus")
 	natsURL := startNATS(t)
-	rtPort, asPort := freePort(t), freePort(t)
+	rtPort, asPort := testutil.FreePort(t), testutil.FreePort(t)
 	listening := regexp.MustCompile(`metrics listening" url=(http://[0-9.:]+/metrics)`)
 	startFaninProc(t, "rt-0", nil, "runtime", "--nats", natsURL, "--id", "rt-0", "--metrics", fmt.Sprintf("127.0.0.1:%d", rtPort)).
 		waitOutput(t, listening, 20*time.Second)
@@ -152,7 +152,7 @@ scrape_configs:
 	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	promPort := freePort(t)
+	promPort := testutil.FreePort(t)
 	startProc(t, "prometheus", nil, prom, "--config.file="+filepath.Join(dir, "prometheus.yml"),
 		"--storage.tsdb.path="+filepath.Join(dir, "data"), fmt.Sprintf("--web.listen-address=127.0.0.1:%d", promPort))
 
@@ -205,7 +205,7 @@ scrape_configs:
 	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	promPort := freePort(t)
+	promPort := testutil.FreePort(t)
 	startProc(t, "prometheus", nil, prom, "--config.file="+filepath.Join(dir, "prometheus.yml"),
 		"--storage.tsdb.path="+filepath.Join(dir, "data"), fmt.Sprintf("--web.listen-address=127.0.0.1:%d", promPort))
 
@@ -234,7 +234,7 @@ func expectProm(t *testing.T, port int, checks []promCheck) {
 	ctx := context.Background()
 	api := fmt.Sprintf("http://127.0.0.1:%d/api/v1/query?query=", port)
 	for _, c := range checks {
-		poll(t, 30*time.Second, 250*time.Millisecond, func() error {
+		testutil.CheckFor(t, 30*time.Second, 250*time.Millisecond, func() error {
 			var res promResponse
 			if err := getJSON(ctx, api+url.QueryEscape(c.query), &res); err != nil {
 				return err
@@ -327,13 +327,13 @@ processors:
   batch: {timeout: 100ms}
 exporters:
   jaeger_storage_exporter: {trace_storage: mem}
-`, queryPort, freePort(t), grpcPort, httpPort)
+`, queryPort, testutil.FreePort(t), grpcPort, httpPort)
 	path := filepath.Join(t.TempDir(), "jaeger.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	p := startProc(t, "jaeger", []string{"OTEL_SDK_DISABLED=true"}, bin, "--config", path)
-	poll(t, 30*time.Second, 100*time.Millisecond, func() error {
+	testutil.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
 		p.alive(t)
 		var v any
 		return getJSON(context.Background(), fmt.Sprintf("http://127.0.0.1:%d/api/services", queryPort), &v)

@@ -28,6 +28,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/fanin-ml/fanin/internal/testutil"
 )
 
 // EnvVar names the environment variable holding the binaries' directory.
@@ -91,7 +93,7 @@ func Start(t testing.TB, bins string, opts Options) *Cluster {
 	c := &Cluster{dir: dir}
 	start := time.Now()
 
-	etcdPort, peerPort, apiPort := freePort(t), freePort(t), freePort(t)
+	etcdPort, peerPort, apiPort := testutil.FreePort(t), testutil.FreePort(t), testutil.FreePort(t)
 	etcdURL := "http://127.0.0.1:" + strconv.Itoa(etcdPort)
 	peerURL := "http://127.0.0.1:" + strconv.Itoa(peerPort)
 	run(t, dir, filepath.Join(bins, "etcd"), "etcd",
@@ -135,7 +137,7 @@ func Start(t testing.TB, bins string, opts Options) *Cluster {
 		run(t, dir, filepath.Join(bins, "kube-controller-manager"), "kube-controller-manager",
 			"--kubeconfig="+kubeconfig, "--authentication-kubeconfig="+kubeconfig, "--authorization-kubeconfig="+kubeconfig,
 			"--controllers=deployment-controller,replicaset-controller",
-			"--leader-elect=false", "--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(freePort(t)),
+			"--leader-elect=false", "--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(testutil.FreePort(t)),
 			"--cert-dir="+filepath.Join(dir, "kcm-certs"))
 	}
 	t.Logf("kubetest: control plane at %s ready in %v", c.Host, time.Since(start).Round(time.Millisecond))
@@ -228,17 +230,6 @@ func tail(path string) string {
 		data = data[len(data)-4000:]
 	}
 	return string(data)
-}
-
-// freePort returns a loopback port that was free a moment ago.
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // servingCert writes a CA and an apiserver serving certificate for 127.0.0.1 and localhost signed

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net"
 	"os"
 	"testing"
 	"time"
@@ -28,6 +29,18 @@ func CheckFor(t testing.TB, wait, step time.Duration, f func() error) {
 		}
 		time.Sleep(step)
 	}
+}
+
+// FreePort returns a loopback TCP port that was free a moment ago, for programs that cannot report
+// the port they bound.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // Logger logs warnings and errors to stderr when FANIN_TEST_LOG is set, otherwise nothing.
