@@ -506,6 +506,10 @@ func (c *Controller) onJob(e jetstream.KeyValueEntry) {
 		c.log.Warn("undecodable job record", "job", e.Key(), "err", err)
 		return
 	}
+	if rec.Paused { // placed nowhere: its placement is removed, and its shards stop
+		delete(c.jobs, e.Key())
+		return
+	}
 	c.jobs[e.Key()] = rec
 }
 

@@ -227,9 +227,15 @@ func (d *Dashboard) onJob(e jetstream.KeyValueEntry) {
 		return
 	}
 	var rec job.Record
-	if err := json.Unmarshal(e.Value(), &rec); err == nil {
-		d.jobs[e.Key()] = rec
+	if err := json.Unmarshal(e.Value(), &rec); err != nil {
+		return
 	}
+	if rec.Paused {
+		delete(d.jobs, e.Key())
+		delete(d.steps, e.Key())
+		return
+	}
+	d.jobs[e.Key()] = rec
 }
 
 func (d *Dashboard) onPlacement(e jetstream.KeyValueEntry) {

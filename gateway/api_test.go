@@ -172,6 +172,19 @@ func TestAPIRoutes(t *testing.T) {
 	if len(list.Jobs) != 1 || list.Jobs[0].State != api.StatePaused {
 		t.Fatalf("list while paused: %+v", list)
 	}
+	// A worker can join a paused job (a restarted one, say, while the quota governor throttles).
+	joiner, err := sdk.Connect(context.Background(), st.URL, sdk.WithJobCredentials(created.Credentials))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer joiner.Close()
+	jw, err := joiner.Worker(context.Background(), "tiny", 0)
+	if err != nil {
+		t.Fatalf("a worker joining a paused job: %v", err)
+	}
+	if step, _, err := jw.Params(context.Background()); err != nil || step != 2 {
+		t.Fatalf("a worker joining a paused job reads step %d (%v), want 2", step, err)
+	}
 	c.call("POST", "/v1/jobs/tiny/resume", "", "", 200, &status)
 	if status.State != api.StateRunning {
 		t.Fatalf("resumed: %s", status.State)

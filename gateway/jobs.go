@@ -538,10 +538,10 @@ func (s *Server) jobCredentials(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, creds)
 }
 
-// Pause takes a job off the runtimes: its record moves from the jobs bucket into the gateway's
-// metadata, so the autoscaler removes its placement and the runtimes stop its shards after a
-// final checkpoint. Its streams stay: workers may keep publishing, and their gradients queue in
-// the stream until Resume. Pause returns when the runtimes have let go (or after the drain
+// Pause takes a job off the runtimes: its record in the jobs bucket is marked paused (and kept in
+// the gateway's metadata), so the autoscaler removes its placement and the runtimes stop its shards
+// after a final checkpoint. Its streams stay: workers may keep publishing, or join, and their
+// gradients queue in the stream until Resume. Pause returns when the runtimes have let go (or after the drain
 // timeout), with the job's handover records cleared, so that Resume starts clean.
 func (s *Server) Pause(ctx context.Context, id, state, why string) error {
 	unlock := s.lockJob(id)
@@ -565,7 +565,10 @@ func (s *Server) Pause(ctx context.Context, id, state, why string) error {
 	}); err != nil {
 		return err
 	}
-	if err := s.buckets.Jobs.Delete(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+	paused := *rec
+	paused.Paused = true
+	val, _ := json.Marshal(paused)
+	if _, err := s.buckets.Jobs.Put(ctx, id, val); err != nil {
 		return fmt.Errorf("pause job %q: %w", id, err)
 	}
 	s.awaitDrain(ctx, id)
@@ -574,7 +577,7 @@ func (s *Server) Pause(ctx context.Context, id, state, why string) error {
 	return nil
 }
 
-// Resume puts a paused job back in the jobs bucket: the autoscaler places its shards again, and
+// Resume clears a paused job's mark in the jobs bucket: the autoscaler places its shards again, and
 // their new owners restore the final checkpoints and consume the gradients queued meanwhile.
 // Only a job in one of the states from may be resumed.
 func (s *Server) Resume(ctx context.Context, id string, from ...string) error {
@@ -592,8 +595,10 @@ func (s *Server) Resume(ctx context.Context, id string, from ...string) error {
 		return fmt.Errorf("job %q is %s: %w", id, m.State, ErrBadState)
 	}
 	s.clearHandover(ctx, m.Record)
-	val, _ := json.Marshal(m.Record)
-	if _, err := s.buckets.Jobs.Create(ctx, id, val); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+	running := *m.Record
+	running.Paused = false
+	val, _ := json.Marshal(running)
+	if _, err := s.buckets.Jobs.Put(ctx, id, val); err != nil {
 		return fmt.Errorf("resume job %q: %w", id, err)
 	}
 	if _, err := s.updateMeta(ctx, id, func(m *jobMeta) error {

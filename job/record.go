@@ -8,6 +8,9 @@ type Record struct {
 	Spec    Spec      `json:"spec"`
 	Layout  Layout    `json:"layout"`
 	Created time.Time `json:"created"`
+	// Paused: the job stays known (workers may join and publish; their gradients queue in its
+	// stream) but the autoscaler places none of its shards, so no runtime serves it.
+	Paused bool `json:"paused,omitempty"`
 }
 
 // NewRecord derives the record of a validated spec.

@@ -416,6 +416,9 @@ func (r *Runtime) acquireJob(ctx context.Context, id string) (*jobInfo, error) {
 	if err := json.Unmarshal(e.Value(), &rec); err != nil {
 		return nil, fmt.Errorf("decode job %s: %w", id, err)
 	}
+	if rec.Paused {
+		return nil, fmt.Errorf("job %s is paused", id)
+	}
 	grads, err := r.js.Stream(ctx, wire.GradStream(id))
 	if err != nil {
 		return nil, fmt.Errorf("open gradient stream of job %s: %w", id, err)
