@@ -139,22 +139,12 @@ func TestMetricsInPrometheus(t *testing.T) {
 	startFaninProc(t, "autoscaler", nil, "autoscaler", "--nats", natsURL, "--interval", "200ms", "--metrics", fmt.Sprintf("127.0.0.1:%d", asPort)).
 		waitOutput(t, listening, 20*time.Second)
 
-	dir := t.TempDir()
-	cfg := fmt.Sprintf(`global:
-  scrape_interval: 1s
-  evaluation_interval: 1s
-scrape_configs:
+	promPort := startPrometheus(t, prom, fmt.Sprintf(`
   - job_name: fanin-runtime
     static_configs: [{targets: ["127.0.0.1:%d"]}]
   - job_name: fanin-autoscaler
     static_configs: [{targets: ["127.0.0.1:%d"]}]
-`, rtPort, asPort)
-	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	promPort := testutil.FreePort(t)
-	startProc(t, "prometheus", nil, prom, "--config.file="+filepath.Join(dir, "prometheus.yml"),
-		"--storage.tsdb.path="+filepath.Join(dir, "data"), fmt.Sprintf("--web.listen-address=127.0.0.1:%d", promPort))
+`, rtPort, asPort))
 
 	rec := createJob(t, natsURL, job.Spec{ID: "scraped", Ranks: 2, Tensors: []job.Tensor{{Name: "w", Shape: []int{3000}}},
 		Function: job.Function{Name: "sgd", Hyper: map[string]float64{"lr": 0.1}}, ShardSize: 4 << 10})
@@ -194,20 +184,11 @@ func TestRuntimeMetricsDiscovered(t *testing.T) {
 	start(t, "autoscaler", "autoscaler", "--nats", natsURL, "--driver", "process", "--policy", policy,
 		"--runtime-binary", faninBin, "--interval", "200ms") // runtimes get --metrics 127.0.0.1:0
 
-	dir := t.TempDir()
 	u, _ := url.Parse(api)
-	cfg := fmt.Sprintf(`global:
-  scrape_interval: 1s
-scrape_configs:
+	promPort := startPrometheus(t, prom, fmt.Sprintf(`
   - job_name: fanin-runtimes
     http_sd_configs: [{url: "http://%s/v1/metrics/targets", refresh_interval: 1s}]
-`, u.Host)
-	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	promPort := testutil.FreePort(t)
-	startProc(t, "prometheus", nil, prom, "--config.file="+filepath.Join(dir, "prometheus.yml"),
-		"--storage.tsdb.path="+filepath.Join(dir, "data"), fmt.Sprintf("--web.listen-address=127.0.0.1:%d", promPort))
+`, u.Host))
 
 	rec := createJob(t, natsURL, job.Spec{ID: "discovered", Ranks: 2, Tensors: []job.Tensor{{Name: "w", Shape: []int{3000}}},
 		Function: job.Function{Name: "sgd", Hyper: map[string]float64{"lr": 0.1}}, ShardSize: 4 << 10})
@@ -219,6 +200,21 @@ scrape_configs:
 		{`count(count by (fanin_runtime_id) (up{job="fanin-runtimes"}))`, eq(2), "one target per runtime id"},
 		{`sum(fanin_runtime_invocations_total{job="fanin-runtimes",fanin_job="discovered"})`, eq(float64(20 * shards)), "20 steps of every shard, over the pool"},
 	})
+}
+
+// startPrometheus runs Prometheus with a 1 s scrape interval and the given scrape_configs entries
+// (YAML, indented two spaces), and returns its HTTP port.
+func startPrometheus(t *testing.T, bin, scrapeConfigs string) int {
+	t.Helper()
+	dir := t.TempDir()
+	cfg := "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:" + scrapeConfigs
+	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	port := testutil.FreePort(t)
+	startProc(t, "prometheus", nil, bin, "--config.file="+filepath.Join(dir, "prometheus.yml"),
+		"--storage.tsdb.path="+filepath.Join(dir, "data"), fmt.Sprintf("--web.listen-address=127.0.0.1:%d", port))
+	return port
 }
 
 // promCheck is a PromQL query whose first result must satisfy want.
