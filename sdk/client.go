@@ -27,6 +27,7 @@ type Client struct {
 	ownConn bool
 	natsOpt []nats.Option
 	tracing *telemetry.Provider // nil: tracing off
+	met     *workerMetrics      // nil: metrics off (WithMetrics)
 }
 
 // Option configures a Client.
@@ -37,7 +38,8 @@ func WithNATSOptions(opts ...nats.Option) Option {
 	return func(c *Client) error { c.natsOpt = append(c.natsOpt, opts...); return nil }
 }
 
-// Connect dials the NATS server at url. Options: WithNATSOptions, WithTracerProvider, WithTracing.
+// Connect dials the NATS server at url. Options: WithNATSOptions, WithJobCredentials,
+// WithCredentialsFile, WithTracerProvider, WithTracing, WithMetrics.
 func Connect(ctx context.Context, url string, opts ...Option) (*Client, error) {
 	c := &Client{ownConn: true, tracing: telemetry.Default()}
 	for _, o := range opts {

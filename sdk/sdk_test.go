@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/fanin-ml/fanin/functions"
 	"github.com/fanin-ml/fanin/internal/testutil"
 	"github.com/fanin-ml/fanin/job"
@@ -32,7 +34,7 @@ func bits(v []float32) []byte {
 }
 
 // A rank's non-finite gradient fails its Step with the runtime's reason; a corrected retry of the
-// same step then succeeds and the result is the reference's.
+// same step then succeeds and the result is the reference's. The worker metrics count it all.
 func TestStepReportsRejectionThenRetrySucceeds(t *testing.T) {
 	st := testutil.Stack(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -43,7 +45,8 @@ func TestStepReportsRejectionThenRetrySucceeds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := sdk.Connect(ctx, st.URL)
+	reg := prometheus.NewRegistry()
+	c, err := sdk.Connect(ctx, st.URL, sdk.WithMetrics(reg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,6 +87,55 @@ func TestStepReportsRejectionThenRetrySucceeds(t *testing.T) {
 	if !bytes.Equal(bits(p0), bits(ref.Params())) || !bytes.Equal(bits(p1), bits(ref.Params())) {
 		t.Fatal("parameters after the retried step differ from the reference")
 	}
+
+	grad := float64(4 * len(init))
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{sdk.WorkerSteps, map[string]string{"fanin_job": "nan", "rank": "0"}, 1},
+		{sdk.WorkerSteps, map[string]string{"fanin_job": "nan", "rank": "1"}, 1},
+		{sdk.WorkerStepErrors, map[string]string{"fanin_job": "nan", "rank": "1", "reason": "non_finite"}, 1},
+		{sdk.WorkerGradientBytes, map[string]string{"fanin_job": "nan", "rank": "1"}, 2 * grad}, // the bad one and its retry
+		{sdk.WorkerGradientBytes, map[string]string{"fanin_job": "nan", "rank": "0"}, grad},
+		{sdk.WorkerStepSeconds, map[string]string{"fanin_job": "nan", "rank": "1"}, 1}, // observations
+		{sdk.WorkerPublishSeconds, map[string]string{"fanin_job": "nan", "rank": "1"}, 2},
+	} {
+		if got := gathered(t, reg, c.name, c.labels); got != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
+	}
+}
+
+// gathered is the value of the series name{labels} in reg: a counter's value, a histogram's count.
+func gathered(t *testing.T, reg prometheus.Gatherer, name string, labels map[string]string) float64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range f.GetMetric() {
+			if len(m.GetLabel()) != len(labels) {
+				continue
+			}
+			for _, l := range m.GetLabel() {
+				if labels[l.GetName()] != l.GetValue() {
+					continue series
+				}
+			}
+			if h := m.GetHistogram(); h != nil {
+				return float64(h.GetSampleCount())
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return -1
 }
 
 // FedAvg weights each rank by its WithWeight; the result equals the weighted reference.

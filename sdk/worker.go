@@ -37,6 +37,7 @@ type Worker struct {
 	rsub    *nats.Subscription
 	rejects chan *wire.Reject // written by the reject subscription, read by Step
 	trace   *stepTrace        // the open Step's tracing; nil when not traced
+	met     workerMeters      // this worker's metrics; no-ops when off
 
 	mu      sync.Mutex // guards the fields below, written by the parameter subscription
 	want    int64      // the step Step waits for; 0 when not waiting
@@ -85,6 +86,7 @@ func (c *Client) Worker(ctx context.Context, id string, rank int, opts ...Worker
 		msgs:    make([]*nats.Msg, rec.Layout.NumShards()),
 		inbox:   c.nc.NewInbox(),
 		rejects: make(chan *wire.Reject, 64),
+		met:     c.met.worker(id, rank),
 	}
 	for _, o := range opts {
 		if err := o(w); err != nil {
@@ -189,17 +191,21 @@ func (w *Worker) Step(ctx context.Context, grads []float32) ([]float32, error) {
 	w.expect(t)
 	defer w.expect(0)
 	w.trace = w.traceStep(ctx, t)
+	start := time.Now()
 	err := w.publish(ctx, t, grads)
 	w.trace.published(err)
 	if err == nil {
+		w.met.published(start, 4*len(grads))
 		err = w.await(ctx, t)
 	}
 	w.trace.done(err)
 	w.trace = nil
 	if err != nil {
+		w.met.failed(err)
 		w.attempt++
 		return nil, err
 	}
+	w.met.stepped(start)
 	w.step, w.attempt = t, 0
 	return w.vec, nil
 }
@@ -305,6 +311,7 @@ func (w *Worker) await(ctx context.Context, t int64) error {
 				w.mu.Unlock()
 				if !have {
 					span := w.trace.fetch(s.ID)
+					w.met.fetched()
 					_, err := w.fetchShard(ctx, s, t)
 					endSpan(span, err)
 					if err != nil {

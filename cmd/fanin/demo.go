@@ -12,6 +12,7 @@ import (
 
 	"github.com/fanin-ml/fanin/internal/demo"
 	"github.com/fanin-ml/fanin/internal/devstack"
+	"github.com/fanin-ml/fanin/internal/metrics"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/sdk"
 )
@@ -83,7 +84,8 @@ func runDemo(ctx context.Context, st *devstack.Stack, cfg demoConfig, out io.Wri
 	g, gctx := errgroup.WithContext(ctx)
 	for r := range cfg.ranks {
 		g.Go(func() error {
-			wc, err := sdk.Connect(gctx, st.URL, creds...)
+			// The workers' metrics join fanin's at the dev stack's /metrics (fanin_worker_*).
+			wc, err := sdk.Connect(gctx, st.URL, append(creds[:len(creds):len(creds)], sdk.WithMetrics(metrics.Default().Registry()))...)
 			if err != nil {
 				return err
 			}
