@@ -23,6 +23,14 @@ const (
 	workerMetricsJobLabel = metrics.JobLabel
 )
 
+// MetricNames lists the worker metrics and their types, as metrics.Names does fanin's own.
+func MetricNames() map[string]string {
+	return map[string]string{
+		WorkerSteps: "counter", WorkerStepErrors: "counter", WorkerGradientBytes: "counter", WorkerParamsFetched: "counter",
+		WorkerStepSeconds: "histogram", WorkerPublishSeconds: "histogram",
+	}
+}
+
 // workerMetrics are the collectors a Client's workers update; nil when metrics are off.
 type workerMetrics struct {
 	steps, errors, bytes, fetched *prometheus.CounterVec

@@ -4,6 +4,7 @@ package grafana
 
 import (
 	"encoding/json"
+	"maps"
 	"os"
 	"regexp"
 	"sort"
@@ -11,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/fanin-ml/fanin/internal/metrics"
+	"github.com/fanin-ml/fanin/sdk"
 )
 
 type panel struct {
@@ -71,10 +73,13 @@ func metricNames(expr string) []string {
 	return names
 }
 
-// The series names fanin exports: its metrics, with a histogram's _bucket, _sum and _count.
+// The series names fanin exports: its metrics and the SDK's workers', with a histogram's _bucket,
+// _sum and _count.
 func exported() map[string]bool {
 	out := map[string]bool{"up": true}
-	for name, typ := range metrics.Names() {
+	all := metrics.Names()
+	maps.Copy(all, sdk.MetricNames())
+	for name, typ := range all {
 		out[name] = true
 		if typ == "histogram" {
 			for _, suffix := range []string{"_bucket", "_sum", "_count"} {
