@@ -351,9 +351,11 @@ func (c *Controller) apply(ctx context.Context, obs Observations, d Decision) er
 	for _, s := range obs.Shards {
 		owner[s.Key] = s.Runtime
 	}
-	for key, p := range current { // placement of deleted jobs: release the shards
+	for key, p := range current { // placement of deleted or paused jobs: release the shards
 		if _, ok := owner[key]; !ok {
-			if err := c.buckets.Placement.Delete(ctx, key, jetstream.LastRevision(p.rev)); err != nil {
+			// Purge, not Delete: the bucket keeps a few revisions per key, which a deleted job
+			// would otherwise leave behind for good.
+			if err := c.buckets.Placement.Purge(ctx, key, jetstream.LastRevision(p.rev)); err != nil {
 				c.log.Debug("delete placement", "key", key, "err", err)
 			}
 		}

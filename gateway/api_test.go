@@ -252,6 +252,17 @@ func TestAPIRoutes(t *testing.T) {
 			}
 		}
 	}
+	// The placement's revisions go with the job (purged), not only its current value.
+	pkv, _ := js.KeyValue(context.Background(), wire.PlacementBucket)
+	testutil.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		for sh := range 3 {
+			hist, err := pkv.History(context.Background(), wire.PlacementKey("tiny", sh))
+			if err == nil && (len(hist) != 1 || hist[0].Operation() != jetstream.KeyValuePurge) {
+				return fmt.Errorf("placement of shard %d keeps %d revisions after the job", sh, len(hist))
+			}
+		}
+		return nil
+	})
 	testutil.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
 		if ncJob.IsConnected() {
 			return fmt.Errorf("the deleted job's credentials are still connected")

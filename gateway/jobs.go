@@ -631,7 +631,7 @@ func (s *Server) DeleteJob(ctx context.Context, id string) error {
 		return err
 	}
 	for key, p := range s.placement.job(id) { // left by an autoscaler that is not running
-		_ = s.buckets.Placement.Delete(ctx, key, jetstream.LastRevision(p.rev))
+		_ = s.buckets.Placement.Purge(ctx, key, jetstream.LastRevision(p.rev))
 	}
 	s.clearHandover(ctx, rec)
 	s.revoke(ctx, m.Users)
