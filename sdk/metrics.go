@@ -3,6 +3,7 @@ package sdk
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -14,13 +15,12 @@ import (
 
 // Worker metrics, in the registry given to WithMetrics.
 const (
-	WorkerSteps           = "fanin_worker_steps_total"
-	WorkerStepErrors      = "fanin_worker_step_errors_total"
-	WorkerStepSeconds     = "fanin_worker_step_duration_seconds"
-	WorkerPublishSeconds  = "fanin_worker_publish_duration_seconds"
-	WorkerGradientBytes   = "fanin_worker_gradient_bytes_total"
-	WorkerParamsFetched   = "fanin_worker_params_fetched_total"
-	workerMetricsJobLabel = metrics.JobLabel
+	WorkerSteps          = "fanin_worker_steps_total"
+	WorkerStepErrors     = "fanin_worker_step_errors_total"
+	WorkerStepSeconds    = "fanin_worker_step_duration_seconds"
+	WorkerPublishSeconds = "fanin_worker_publish_duration_seconds"
+	WorkerGradientBytes  = "fanin_worker_gradient_bytes_total"
+	WorkerParamsFetched  = "fanin_worker_params_fetched_total"
 )
 
 // MetricNames lists the worker metrics and their types, as metrics.Names does fanin's own.
@@ -53,7 +53,7 @@ type workerMetrics struct {
 // Several clients may register in the same registry: they share the collectors.
 func WithMetrics(reg prometheus.Registerer) Option {
 	return func(c *Client) error {
-		l := []string{workerMetricsJobLabel, "rank"}
+		l := []string{metrics.JobLabel, "rank"}
 		buckets := prometheus.ExponentialBuckets(0.00025, 2, 18) // 0.25 ms to about 33 s
 		m := &workerMetrics{
 			steps: prometheus.NewCounterVec(prometheus.CounterOpts{Name: WorkerSteps,
@@ -69,32 +69,35 @@ func WithMetrics(reg prometheus.Registerer) Option {
 			publishDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: WorkerPublishSeconds,
 				Help: "Publishing a step's gradient until JetStream stored every shard of it.", Buckets: buckets}, l),
 		}
-		var err error
-		register := func(col *prometheus.Collector) {
-			if err != nil {
-				return
-			}
-			if e := reg.Register(*col); e != nil {
-				var are prometheus.AlreadyRegisteredError
-				if !errors.As(e, &are) {
-					err = e
-					return
-				}
-				*col = are.ExistingCollector // another client registered them first
+		for _, cv := range []**prometheus.CounterVec{&m.steps, &m.errors, &m.bytes, &m.fetched} {
+			if err := register(reg, cv); err != nil {
+				return err
 			}
 		}
-		cols := []prometheus.Collector{m.steps, m.errors, m.bytes, m.fetched, m.stepDur, m.publishDur}
-		for i := range cols {
-			register(&cols[i])
+		for _, hv := range []**prometheus.HistogramVec{&m.stepDur, &m.publishDur} {
+			if err := register(reg, hv); err != nil {
+				return err
+			}
 		}
-		if err != nil {
-			return err
-		}
-		m.steps, m.errors, m.bytes, m.fetched = cols[0].(*prometheus.CounterVec), cols[1].(*prometheus.CounterVec), cols[2].(*prometheus.CounterVec), cols[3].(*prometheus.CounterVec)
-		m.stepDur, m.publishDur = cols[4].(*prometheus.HistogramVec), cols[5].(*prometheus.HistogramVec)
 		c.met = m
 		return nil
 	}
+}
+
+// register registers *col in reg or, when another client registered the same metric first,
+// points *col at that one.
+func register[C prometheus.Collector](reg prometheus.Registerer, col *C) error {
+	err := reg.Register(*col)
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		existing, ok := are.ExistingCollector.(C)
+		if !ok {
+			return fmt.Errorf("register worker metrics: %w", err)
+		}
+		*col = existing
+		return nil
+	}
+	return err
 }
 
 // workerMeters are one worker's handles, resolved once; the zero value does nothing.

@@ -1,0 +1,37 @@
+package sdk_test
+
+import (
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fanin-ml/fanin/internal/embed"
+	"github.com/fanin-ml/fanin/sdk"
+)
+
+// Clients may share a registry: the second finds the first's collectors. A name another kind of
+// metric already holds is an error.
+func TestWithMetricsSharedRegistry(t *testing.T) {
+	ns, err := embed.Start(embed.Config{Port: -1, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	reg := prometheus.NewRegistry()
+	for i := range 2 {
+		if _, err := sdk.New(nc, sdk.WithMetrics(reg)); err != nil {
+			t.Fatalf("client %d with a shared registry: %v", i, err)
+		}
+	}
+	clash := prometheus.NewRegistry()
+	clash.MustRegister(prometheus.NewGauge(prometheus.GaugeOpts{Name: sdk.WorkerSteps, Help: "not the SDK's"}))
+	if _, err := sdk.New(nc, sdk.WithMetrics(clash)); err == nil {
+		t.Fatal("WithMetrics over a clashing metric succeeded, want an error")
+	}
+}
