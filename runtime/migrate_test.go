@@ -346,3 +346,52 @@ func TestUnservedPlacementIsReleased(t *testing.T) {
 		t.Fatalf("rt-1 serves %v, want %s", got, key)
 	}
 }
+
+// TestFailedStartIsRetried: a shard placed on a runtime that cannot start it yet (here its job's
+// streams do not exist for a moment) is started once it can, without another placement change.
+func TestFailedStartIsRetried(t *testing.T) {
+	st, err := devstack.Start(context.Background(), devstack.Config{
+		DataDir: t.TempDir(), NATSPort: -1, Runtimes: 1, NoAutoscaler: true, Logger: testutil.Logger(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	nc, err := st.Connect("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	b, err := store.OpenBuckets(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := testSpec("late-streams", "sgd", map[string]float64{"lr": 0.1})
+	spec.Normalize()
+	if err := spec.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	rec := job.NewRecord(spec, time.Now())
+	val, _ := json.Marshal(rec)
+	if _, err := b.Jobs.Put(ctx, spec.ID, val); err != nil {
+		t.Fatal(err)
+	}
+	key := wire.PlacementKey(spec.ID, 0)
+	placer{b.Placement}.place(t, key, "rt-0")
+	time.Sleep(300 * time.Millisecond) // the first start fails: no streams yet
+	if err := store.CreateJobStreams(ctx, js, &rec, nc.MaxPayload()); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.PublishInitial(ctx, js, &rec); err != nil {
+		t.Fatal(err)
+	}
+	rt := st.Runtimes()[0]
+	testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if got := rt.Shards(); len(got) != 1 || got[0] != key {
+			return fmt.Errorf("rt-0 serves %v, want %s", got, key)
+		}
+		return nil
+	})
+}

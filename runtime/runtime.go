@@ -53,7 +53,11 @@ type Runtime struct {
 	// releasing holds, per shard key, the newest executor started here; one that is stopping is
 	// waited for by the next executor of the same shard on this runtime.
 	releasing map[string]*shardExec
-	wg        sync.WaitGroup // the shard executors' goroutines
+	// retries counts, per shard key, the failed starts of a shard placed here; retryC takes the keys
+	// whose placement the watch loop should look at again.
+	retries map[string]int
+	retryC  chan string
+	wg      sync.WaitGroup // the shard executors' goroutines
 }
 
 // jobInfo is what the shards of one job share on this runtime.
@@ -122,6 +126,8 @@ func New(nc *nats.Conn, opts ...Option) (*Runtime, error) {
 		sweep:     2 * time.Second,
 		shards:    make(map[string]*shardExec),
 		releasing: make(map[string]*shardExec),
+		retries:   make(map[string]int),
+		retryC:    make(chan string),
 		jobs:      make(map[string]*jobInfo),
 		tracing:   telemetry.Default(),
 		metrics:   metrics.Default(),
@@ -196,6 +202,10 @@ func (r *Runtime) Run(ctx context.Context) error {
 			if e != nil {
 				r.onPlacement(ctx, e)
 			}
+		case key := <-r.retryC: // a shard that could not start: its placement, as it is now
+			if e, err := b.Placement.Get(ctx, key); err == nil {
+				r.onPlacement(ctx, e)
+			}
 		}
 	}
 }
@@ -237,6 +247,9 @@ func (r *Runtime) onPlacement(ctx context.Context, e jetstream.KeyValueEntry) {
 	}
 	r.mu.Lock()
 	x, running := r.shards[key]
+	if !mine {
+		delete(r.retries, key) // placed elsewhere now: no more retries of an earlier failed start
+	}
 	r.mu.Unlock()
 	switch {
 	case mine && !running:
@@ -245,7 +258,12 @@ func (r *Runtime) onPlacement(ctx context.Context, e jetstream.KeyValueEntry) {
 			r.log.Warn("bad placement key", "key", key, "err", err)
 			return
 		}
-		r.startShard(ctx, key, jobID, shard, p)
+		if err := r.startShard(ctx, key, jobID, shard, p); err != nil {
+			r.log.Warn("cannot serve shard", "job", jobID, "shard", shard, "err", err)
+			if !errors.Is(err, errPermanent) {
+				r.retryLater(ctx, key)
+			}
+		}
 	case !mine && running:
 		// Moved away (or the job is gone): stop at a step boundary and release the shard to its new
 		// owner, without holding up the other placement changes.
@@ -343,22 +361,24 @@ func (r *Runtime) doneReleasing(x *shardExec) {
 	x.releaseOnce.Do(func() { close(x.released) })
 }
 
-func (r *Runtime) startShard(ctx context.Context, key, jobID string, shard int, p wire.Placement) {
+// errPermanent marks a shard that cannot start however often it is tried: its job is gone or
+// paused, or has no such shard.
+var errPermanent = errors.New("not retried")
+
+// startShard starts an executor for the shard placed here by p.
+func (r *Runtime) startShard(ctx context.Context, key, jobID string, shard int, p wire.Placement) error {
 	ji, err := r.acquireJob(ctx, jobID)
 	if err != nil {
-		r.log.Warn("cannot serve shard", "job", jobID, "shard", shard, "err", err)
-		return
+		return err
 	}
 	if shard >= ji.rec.Layout.NumShards() {
 		r.releaseJob(jobID)
-		r.log.Warn("placement names a shard the job does not have", "job", jobID, "shard", shard)
-		return
+		return fmt.Errorf("%w: job %s has no shard %d", errPermanent, jobID, shard)
 	}
 	x, err := newShardExec(r, ji, shard, p.Epoch)
 	if err != nil {
 		r.releaseJob(jobID)
-		r.log.Warn("cannot serve shard", "job", jobID, "shard", shard, "err", err)
-		return
+		return fmt.Errorf("%w: %w", errPermanent, err)
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	x.cancel = cancel
@@ -380,6 +400,31 @@ func (r *Runtime) startShard(ctx context.Context, key, jobID string, shard int, 
 		}
 		r.mu.Unlock()
 		r.releaseJob(jobID)
+	}()
+	r.mu.Lock()
+	delete(r.retries, key)
+	r.mu.Unlock()
+	return nil
+}
+
+// retryLater has the watch loop look at key's placement again after a backoff (250 ms, doubling
+// to 5 s): a shard whose executor could not start (say, a JetStream request timed out) would
+// otherwise stay unserved until the autoscaler moved it.
+func (r *Runtime) retryLater(ctx context.Context, key string) {
+	r.mu.Lock()
+	n := r.retries[key]
+	r.retries[key] = n + 1
+	r.mu.Unlock()
+	wait := min(250*time.Millisecond<<min(n, 5), 5*time.Second)
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+			select {
+			case r.retryC <- key:
+			case <-ctx.Done():
+			}
+		}
 	}()
 }
 
@@ -409,6 +454,9 @@ func (r *Runtime) acquireJob(ctx context.Context, id string) (*jobInfo, error) {
 	r.mu.Unlock()
 
 	e, err := r.buckets.Jobs.Get(ctx, id)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, fmt.Errorf("%w: job %s does not exist", errPermanent, id)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("read job %s: %w", id, err)
 	}
@@ -417,7 +465,7 @@ func (r *Runtime) acquireJob(ctx context.Context, id string) (*jobInfo, error) {
 		return nil, fmt.Errorf("decode job %s: %w", id, err)
 	}
 	if rec.Paused {
-		return nil, fmt.Errorf("job %s is paused", id)
+		return nil, fmt.Errorf("%w: job %s is paused", errPermanent, id)
 	}
 	grads, err := r.js.Stream(ctx, wire.GradStream(id))
 	if err != nil {
