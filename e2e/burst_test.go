@@ -13,8 +13,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/fanin-ml/fanin/internal/embed"
 	"github.com/fanin-ml/fanin/internal/store"
+	"github.com/fanin-ml/fanin/internal/testutil"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/sdk"
 )
@@ -35,12 +35,7 @@ startup_grace: 1s
 // minimum; when the jobs end, the pool drains back to one runtime.
 func TestBurstGrowsAndShrinksPool(t *testing.T) {
 	skipShort(t)
-	ns, err := embed.Start(embed.Config{Port: -1, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Shutdown()
-	url := ns.ClientURL()
+	url := testutil.NATS(t)
 	policy := filepath.Join(t.TempDir(), "policy.yaml")
 	if err := os.WriteFile(policy, []byte(burstPolicy), 0o644); err != nil {
 		t.Fatal(err)

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/fanin-ml/fanin/functions"
-	"github.com/fanin-ml/fanin/internal/embed"
 	"github.com/fanin-ml/fanin/internal/testutil"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/sdk"
@@ -25,12 +24,7 @@ import (
 // the replayed stream by the survivors). Every step's parameters equal the reference byte for byte.
 func TestProcessPoolSurvivesStopAndKill(t *testing.T) {
 	skipShort(t)
-	ns, err := embed.Start(embed.Config{Port: -1, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Shutdown()
-	url := ns.ClientURL()
+	url := testutil.NATS(t)
 
 	gw := start(t, "gateway", "gateway", "--nats", url, "--http", "127.0.0.1:0")
 	api := gw.waitFor(t, httpURL, 20*time.Second)

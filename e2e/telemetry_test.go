@@ -20,7 +20,6 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/fanin-ml/fanin/gateway"
-	"github.com/fanin-ml/fanin/internal/embed"
 	"github.com/fanin-ml/fanin/internal/telemetry"
 	"github.com/fanin-ml/fanin/internal/telemetry/traceshape"
 	"github.com/fanin-ml/fanin/internal/testutil"
@@ -41,7 +40,7 @@ func TestTraceInJaeger(t *testing.T) {
 	startJaeger(t, jaeger, grpcPort, httpPort, queryPort)
 	query := fmt.Sprintf("http://127.0.0.1:%d", queryPort)
 
-	natsURL := startNATS(t)
+	natsURL := testutil.NATS(t)
 	otel := []string{
 		"OTEL_EXPORTER_OTLP_PROTOCOL=grpc",
 		fmt.Sprintf("OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:%d", grpcPort),
@@ -131,7 +130,7 @@ func checkServices(spans []traceshape.Span) error {
 func TestMetricsInPrometheus(t *testing.T) {
 	skipShort(t)
 	prom := needTool(t, "Debian package prometheus", "prometheus")
-	natsURL := startNATS(t)
+	natsURL := testutil.NATS(t)
 	rtPort, asPort := testutil.FreePort(t), testutil.FreePort(t)
 	listening := regexp.MustCompile(`metrics listening" url=(http://[0-9.:]+/metrics)`)
 	startFaninProc(t, "rt-0", nil, "runtime", "--nats", natsURL, "--id", "rt-0", "--metrics", fmt.Sprintf("127.0.0.1:%d", rtPort)).
@@ -174,7 +173,7 @@ func TestMetricsInPrometheus(t *testing.T) {
 func TestRuntimeMetricsDiscovered(t *testing.T) {
 	skipShort(t)
 	prom := needTool(t, "Debian package prometheus", "prometheus")
-	natsURL := startNATS(t)
+	natsURL := testutil.NATS(t)
 	gw := start(t, "gateway", "gateway", "--nats", natsURL, "--http", "127.0.0.1:0")
 	api := gw.waitFor(t, httpURL, 20*time.Second)
 	policy := filepath.Join(t.TempDir(), "policy.yaml")
@@ -398,17 +397,6 @@ func padHex(s string, n int) string {
 }
 
 func trimHex(s string) string { return strings.TrimLeft(s, "0") }
-
-// startNATS runs a JetStream server in this process, as the other e2e tests do.
-func startNATS(t *testing.T) string {
-	t.Helper()
-	ns, err := embed.Start(embed.Config{Port: -1, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ns.Shutdown)
-	return ns.ClientURL()
-}
 
 // createJob creates a job with the gateway's library (no HTTP: the test is about the data plane).
 func createJob(t *testing.T, natsURL string, spec job.Spec) *job.Record {

@@ -10,19 +10,13 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/fanin-ml/fanin/gateway"
-	"github.com/fanin-ml/fanin/internal/embed"
 	"github.com/fanin-ml/fanin/internal/testutil"
 )
 
 // The OpenAPI document describes exactly the registered routes, both ways, every reference in it
 // resolves, and public routes are exactly those the document exempts from security.
 func TestOpenAPIMatchesRoutes(t *testing.T) {
-	ns, err := embed.Start(embed.Config{Port: -1, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Shutdown()
-	nc, err := nats.Connect(ns.ClientURL())
+	nc, err := nats.Connect(testutil.NATS(t))
 	if err != nil {
 		t.Fatal(err)
 	}

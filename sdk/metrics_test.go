@@ -6,19 +6,14 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/fanin-ml/fanin/internal/embed"
+	"github.com/fanin-ml/fanin/internal/testutil"
 	"github.com/fanin-ml/fanin/sdk"
 )
 
 // Clients may share a registry: the second finds the first's collectors. A name another kind of
 // metric already holds is an error.
 func TestWithMetricsSharedRegistry(t *testing.T) {
-	ns, err := embed.Start(embed.Config{Port: -1, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Shutdown()
-	nc, err := nats.Connect(ns.ClientURL())
+	nc, err := nats.Connect(testutil.NATS(t))
 	if err != nil {
 		t.Fatal(err)
 	}

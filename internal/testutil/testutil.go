@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fanin-ml/fanin/internal/devstack"
+	"github.com/fanin-ml/fanin/internal/embed"
 )
 
 // CheckFor polls f every step until it returns nil, failing the test with f's last error after wait.
@@ -41,6 +42,18 @@ func FreePort(t testing.TB) int {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// NATS starts an embedded NATS server with JetStream, its store in a temporary directory, shut down
+// when the test ends, and returns its URL.
+func NATS(t testing.TB) string {
+	t.Helper()
+	ns, err := embed.Start(embed.Config{Port: -1, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ns.Shutdown)
+	return ns.ClientURL()
 }
 
 // Logger logs warnings and errors to stderr when FANIN_TEST_LOG is set, otherwise nothing.
