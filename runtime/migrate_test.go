@@ -380,14 +380,19 @@ func TestFailedStartIsRetried(t *testing.T) {
 	}
 	key := wire.PlacementKey(spec.ID, 0)
 	placer{b.Placement}.place(t, key, "rt-0")
-	time.Sleep(300 * time.Millisecond) // the first start fails: no streams yet
+	rt := st.Runtimes()[0]
+	testutil.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error { // no streams yet
+		if n := rt.Stats().StartRetries; n == 0 {
+			return errors.New("the shard's start has not failed yet")
+		}
+		return nil
+	})
 	if err := store.CreateJobStreams(ctx, js, &rec, nc.MaxPayload()); err != nil {
 		t.Fatal(err)
 	}
 	if err := store.PublishInitial(ctx, js, &rec); err != nil {
 		t.Fatal(err)
 	}
-	rt := st.Runtimes()[0]
 	testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		if got := rt.Shards(); len(got) != 1 || got[0] != key {
 			return fmt.Errorf("rt-0 serves %v, want %s", got, key)

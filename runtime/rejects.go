@@ -18,6 +18,7 @@ type Stats struct {
 	fnNanos     atomic.Int64
 	workNanos   atomic.Int64 // fold and function
 	migrations  atomic.Int64 // shards received from another runtime
+	failedStart atomic.Int64 // shard starts that failed and are retried
 
 	mu     sync.Mutex      // guards pauses
 	pauses []time.Duration // the latest migration pauses, at most maxPauses
@@ -38,12 +39,13 @@ func (s *Stats) addPause(d time.Duration) {
 
 // StatsSnapshot is a copy of the counters.
 type StatsSnapshot struct {
-	Invocations int64                 // shard updates applied
-	BytesIn     int64                 // gradient bytes accepted
-	FuncTime    time.Duration         // time spent in the function
-	Rejects     map[wire.Reason]int64 // rejected inputs by reason
-	Migrations  int64                 // shards taken over from another runtime after its release
-	Pauses      []time.Duration       // their pauses: previous owner stopped to this one serving
+	Invocations  int64                 // shard updates applied
+	BytesIn      int64                 // gradient bytes accepted
+	FuncTime     time.Duration         // time spent in the function
+	Rejects      map[wire.Reason]int64 // rejected inputs by reason
+	Migrations   int64                 // shards taken over from another runtime after its release
+	Pauses       []time.Duration       // their pauses: previous owner stopped to this one serving
+	StartRetries int64                 // shard starts that failed and were retried
 }
 
 // Stats returns the runtime's counters.
@@ -52,12 +54,13 @@ func (r *Runtime) Stats() StatsSnapshot {
 	pauses := append([]time.Duration(nil), r.stats.pauses...)
 	r.stats.mu.Unlock()
 	return StatsSnapshot{
-		Migrations:  r.stats.migrations.Load(),
-		Pauses:      pauses,
-		Invocations: r.stats.invocations.Load(),
-		BytesIn:     r.stats.bytesIn.Load(),
-		FuncTime:    time.Duration(r.stats.fnNanos.Load()),
-		Rejects:     r.rejects.counts(),
+		Migrations:   r.stats.migrations.Load(),
+		StartRetries: r.stats.failedStart.Load(),
+		Pauses:       pauses,
+		Invocations:  r.stats.invocations.Load(),
+		BytesIn:      r.stats.bytesIn.Load(),
+		FuncTime:     time.Duration(r.stats.fnNanos.Load()),
+		Rejects:      r.rejects.counts(),
 	}
 }
 

@@ -261,6 +261,7 @@ func (r *Runtime) onPlacement(ctx context.Context, e jetstream.KeyValueEntry) {
 		if err := r.startShard(ctx, key, jobID, shard, p); err != nil {
 			r.log.Warn("cannot serve shard", "job", jobID, "shard", shard, "err", err)
 			if !errors.Is(err, errPermanent) {
+				r.stats.failedStart.Add(1)
 				r.retryLater(ctx, key)
 			}
 		}
