@@ -57,7 +57,8 @@ type Runtime struct {
 	// whose placement the watch loop should look at again.
 	retries map[string]int
 	retryC  chan string
-	wg      sync.WaitGroup // the shard executors' goroutines
+	seen    map[string]uint64 // per shard key, the revision of the placement entry last acted on
+	wg      sync.WaitGroup    // the shard executors' goroutines
 }
 
 // jobInfo is what the shards of one job share on this runtime.
@@ -127,6 +128,7 @@ func New(nc *nats.Conn, opts ...Option) (*Runtime, error) {
 		shards:    make(map[string]*shardExec),
 		releasing: make(map[string]*shardExec),
 		retries:   make(map[string]int),
+		seen:      make(map[string]uint64),
 		retryC:    make(chan string),
 		jobs:      make(map[string]*jobInfo),
 		tracing:   telemetry.Default(),
@@ -200,11 +202,11 @@ func (r *Runtime) Run(ctx context.Context) error {
 				return errors.New("placement watch closed")
 			}
 			if e != nil {
-				r.onPlacement(ctx, e)
+				r.onPlacement(ctx, e, false)
 			}
 		case key := <-r.retryC: // a shard that could not start: its placement, as it is now
 			if e, err := b.Placement.Get(ctx, key); err == nil {
-				r.onPlacement(ctx, e)
+				r.onPlacement(ctx, e, true)
 			}
 		}
 	}
@@ -233,9 +235,22 @@ func (r *Runtime) beat(ctx context.Context, started time.Time) {
 	}
 }
 
-// onPlacement starts or stops the executor of the shard an entry names.
-func (r *Runtime) onPlacement(ctx context.Context, e jetstream.KeyValueEntry) {
+// onPlacement starts or stops the executor of the shard an entry names. Entries are acted on in
+// revision order: a retry reads the newest entry, which the watch may deliver again, or after
+// older ones, later. A retry acts on the revision it read again even when it was seen.
+func (r *Runtime) onPlacement(ctx context.Context, e jetstream.KeyValueEntry, retry bool) {
 	key := e.Key()
+	r.mu.Lock()
+	if seen := r.seen[key]; e.Revision() < seen || (e.Revision() == seen && !retry) {
+		r.mu.Unlock()
+		return
+	}
+	if e.Operation() == jetstream.KeyValuePut {
+		r.seen[key] = e.Revision()
+	} else {
+		delete(r.seen, key)
+	}
+	r.mu.Unlock()
 	var p wire.Placement
 	mine := false
 	if e.Operation() == jetstream.KeyValuePut {
