@@ -16,7 +16,6 @@ import (
 	"github.com/fanin-ml/fanin/dashboard"
 	"github.com/fanin-ml/fanin/internal/testutil"
 	"github.com/fanin-ml/fanin/job"
-	"github.com/fanin-ml/fanin/sdk"
 	"github.com/fanin-ml/fanin/wire"
 )
 
@@ -55,7 +54,7 @@ func TestDashboardShowsARunningJob(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := trainInBackground(t, st.URL, rec)
+	stop := testutil.TrainUntilStopped(t, st.URL, rec, 20*time.Millisecond)
 	defer stop()
 	rej := wire.Rejectf(wire.ReasonBadLength, "payload is 3 bytes, shard 0 holds 4096 bytes")
 	rej.Job, rej.Shard, rej.Step, rej.Rank = "dash", 0, 1, 1
@@ -108,50 +107,4 @@ func get(t *testing.T, url string) (body, contentType string) {
 		t.Fatalf("GET %s: %s: %s", url, res.Status, b)
 	}
 	return string(b), res.Header.Get("Content-Type")
-}
-
-// trainInBackground steps rec's ranks until stop is called.
-func trainInBackground(t *testing.T, url string, rec *job.Record) (stop func()) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	var workers []*sdk.Worker
-	for r := range rec.Spec.Ranks {
-		c, err := sdk.Connect(ctx, url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(c.Close)
-		w, err := c.Worker(ctx, rec.Spec.ID, r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		workers = append(workers, w)
-	}
-	for r, w := range workers {
-		go func() {
-			defer func() { done <- struct{}{} }()
-			_, params, err := w.Params(ctx)
-			if err != nil {
-				return
-			}
-			g := make([]float32, len(params))
-			for step := int64(1); ctx.Err() == nil; step++ {
-				testutil.Gradient(g, params, step, r)
-				if params, err = w.Step(ctx, g); err != nil {
-					return
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
-		}()
-	}
-	return func() {
-		cancel()
-		for range workers {
-			<-done
-		}
-		for _, w := range workers {
-			_ = w.Close()
-		}
-	}
 }

@@ -20,7 +20,6 @@ import (
 	"github.com/fanin-ml/fanin/dashboard"
 	"github.com/fanin-ml/fanin/internal/testutil"
 	"github.com/fanin-ml/fanin/job"
-	"github.com/fanin-ml/fanin/sdk"
 	"github.com/fanin-ml/fanin/wire"
 )
 
@@ -60,7 +59,7 @@ func TestDashboardInChromium(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		stop := trainUntilStopped(t, st.URL, rec, 30*time.Millisecond)
+		stop := testutil.TrainUntilStopped(t, st.URL, rec, 30*time.Millisecond)
 		defer stop()
 	}
 	rej := wire.Rejectf(wire.ReasonNonFinite, "element 17 of shard 2 is NaN or Inf and the job does not allow them")
@@ -139,50 +138,4 @@ func chrome(t *testing.T, bin string, args ...string) string {
 		t.Fatalf("%s %s: %v\n%s", bin, strings.Join(args, " "), err, tail(stderr.String(), 30))
 	}
 	return stdout.String()
-}
-
-// trainUntilStopped steps every rank of rec, pausing between steps, until stop is called.
-func trainUntilStopped(t *testing.T, url string, rec *job.Record, pause time.Duration) (stop func()) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{}, rec.Spec.Ranks)
-	var workers []*sdk.Worker
-	for r := range rec.Spec.Ranks {
-		c, err := sdk.Connect(ctx, url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(c.Close)
-		w, err := c.Worker(ctx, rec.Spec.ID, r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		workers = append(workers, w)
-	}
-	for r, w := range workers {
-		go func() {
-			defer func() { done <- struct{}{} }()
-			_, params, err := w.Params(ctx)
-			if err != nil {
-				return
-			}
-			g := make([]float32, len(params))
-			for step := int64(1); ctx.Err() == nil; step++ {
-				testutil.Gradient(g, params, step, r)
-				if params, err = w.Step(ctx, g); err != nil {
-					return
-				}
-				time.Sleep(pause)
-			}
-		}()
-	}
-	return func() {
-		cancel()
-		for range workers {
-			<-done
-		}
-		for _, w := range workers {
-			_ = w.Close()
-		}
-	}
 }

@@ -14,6 +14,8 @@ import (
 
 	"github.com/fanin-ml/fanin/internal/devstack"
 	"github.com/fanin-ml/fanin/internal/embed"
+	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/sdk"
 )
 
 // CheckFor polls f every step until it returns nil, failing the test with f's last error after wait.
@@ -88,5 +90,52 @@ func Gradient(g, params []float32, step int64, rank int) {
 		z ^= z >> 32
 		noise := float32(int32(uint32(z))) / float32(math.MaxInt32)
 		g[i] = float32(0.5*params[i]) + float32(0.01*noise)
+	}
+}
+
+// TrainUntilStopped steps every rank of rec (deterministic gradients, pause between steps), each
+// on its own connection to url, until stop is called; stop returns once they have all stopped.
+func TrainUntilStopped(t testing.TB, url string, rec *job.Record, pause time.Duration) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{}, rec.Spec.Ranks)
+	var workers []*sdk.Worker
+	for r := range rec.Spec.Ranks {
+		c, err := sdk.Connect(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Close)
+		w, err := c.Worker(ctx, rec.Spec.ID, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		workers = append(workers, w)
+	}
+	for r, w := range workers {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			_, params, err := w.Params(ctx)
+			if err != nil {
+				return
+			}
+			g := make([]float32, len(params))
+			for step := int64(1); ctx.Err() == nil; step++ {
+				Gradient(g, params, step, r)
+				if params, err = w.Step(ctx, g); err != nil {
+					return
+				}
+				time.Sleep(pause)
+			}
+		}()
+	}
+	return func() {
+		cancel()
+		for range workers {
+			<-done
+		}
+		for _, w := range workers {
+			_ = w.Close()
+		}
 	}
 }
