@@ -12,7 +12,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -418,46 +417,8 @@ func createJob(t *testing.T, natsURL string, spec job.Spec) *job.Record {
 	return rec
 }
 
-// train runs steps BSP steps of rec with one SDK worker per rank, in this process, each on its own
-// connection, and waits for them.
+// train runs steps BSP steps of rec with one untraced SDK worker per rank, in this process.
 func train(t *testing.T, natsURL string, rec *job.Record, steps int, opts ...sdk.Option) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	var wg sync.WaitGroup
-	errs := make(chan error, rec.Spec.Ranks)
-	for r := range rec.Spec.Ranks {
-		c, err := sdk.Connect(ctx, natsURL, append([]sdk.Option{sdk.WithTracing(nil)}, opts...)...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		w, err := c.Worker(ctx, rec.Spec.ID, r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer w.Close()
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_, params, err := w.Params(ctx)
-			if err != nil {
-				errs <- err
-				return
-			}
-			g := make([]float32, len(params))
-			for step := int64(1); step <= int64(steps); step++ {
-				testutil.Gradient(g, params, step, r)
-				if params, err = w.Step(ctx, g); err != nil {
-					errs <- fmt.Errorf("rank %d, step %d: %w", r, step, err)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+	testutil.Train(t, natsURL, rec, steps, append([]sdk.Option{sdk.WithTracing(nil)}, opts...)...)
 }

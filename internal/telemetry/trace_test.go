@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -48,7 +47,7 @@ func TestOneTracePerStep(t *testing.T) {
 	if n := rec.Layout.NumShards(); n != 2 {
 		t.Fatalf("layout has %d shards, want 2", n)
 	}
-	runSteps(t, st.URL, rec, ranks, steps, sdk.WithTracing(p))
+	testutil.Train(t, st.URL, rec, steps, sdk.WithTracing(p))
 
 	created := rec.Created.UnixNano()
 	sampled := 0
@@ -78,49 +77,6 @@ func TestOneTracePerStep(t *testing.T) {
 		t.Fatalf("%d of %d steps sampled at ratio 0.5", sampled, steps)
 	}
 	t.Logf("%d of %d steps traced, each one whole trace", sampled, steps)
-}
-
-// runSteps trains rec for steps steps with one SDK worker per rank, each on its own connection.
-func runSteps(t *testing.T, url string, rec *job.Record, ranks, steps int, opts ...sdk.Option) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	var wg sync.WaitGroup
-	errs := make(chan error, ranks)
-	for r := range ranks {
-		c, err := sdk.Connect(ctx, url, opts...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		w, err := c.Worker(ctx, rec.Spec.ID, r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer w.Close()
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_, params, err := w.Params(ctx)
-			if err != nil {
-				errs <- err
-				return
-			}
-			g := make([]float32, len(params))
-			for step := int64(1); step <= int64(steps); step++ {
-				testutil.Gradient(g, params, step, r)
-				if params, err = w.Step(ctx, g); err != nil {
-					errs <- fmt.Errorf("rank %d step %d: %w", r, step, err)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
 }
 
 // FromStub converts an exported span.
@@ -163,7 +119,7 @@ func TestForeignTracerProvider(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runSteps(t, st.URL, rec, 2, 3, sdk.WithTracerProvider(tp))
+	testutil.Train(t, st.URL, rec, 3, sdk.WithTracerProvider(tp))
 	for step := int64(1); step <= 3; step++ {
 		tid, root := telemetry.StepIDs(rec.Spec.ID, rec.Created.UnixNano(), step)
 		steps := 0

@@ -4,11 +4,13 @@ package testutil
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"math"
 	"net"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -137,5 +139,49 @@ func TrainUntilStopped(t testing.TB, url string, rec *job.Record, pause time.Dur
 		for _, w := range workers {
 			_ = w.Close()
 		}
+	}
+}
+
+// Train runs steps BSP steps of rec with one SDK worker per rank (deterministic gradients), each on
+// its own connection to url made with opts, and fails the test on any worker's error.
+func Train(t testing.TB, url string, rec *job.Record, steps int, opts ...sdk.Option) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, rec.Spec.Ranks)
+	for r := range rec.Spec.Ranks {
+		c, err := sdk.Connect(ctx, url, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		w, err := c.Worker(ctx, rec.Spec.ID, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Close()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, params, err := w.Params(ctx)
+			if err != nil {
+				errs <- err
+				return
+			}
+			g := make([]float32, len(params))
+			for step := int64(1); step <= int64(steps); step++ {
+				Gradient(g, params, step, r)
+				if params, err = w.Step(ctx, g); err != nil {
+					errs <- fmt.Errorf("rank %d, step %d: %w", r, step, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
 	}
 }
