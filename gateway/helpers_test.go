@@ -143,25 +143,7 @@ func paramsAt(t testing.TB, js jetstream.JetStream, rec *job.Record, step int64)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := make([]float32, rec.Layout.Elements)
-	for _, s := range rec.Layout.Shards {
-		testutil.CheckFor(t, 20*time.Second, 5*time.Millisecond, func() error {
-			m, err := ps.GetLastMsgForSubject(context.Background(), wire.ParamsSubject(rec.Spec.ID, s.ID))
-			if err != nil {
-				return err
-			}
-			got, err := wire.ParseStep(m.Header)
-			if err != nil {
-				return err
-			}
-			if got != step {
-				return fmt.Errorf("shard %d at step %d, want %d", s.ID, got, step)
-			}
-			functions.CopyLE(out[s.Off:s.Off+s.Len], m.Data)
-			return nil
-		})
-	}
-	return out
+	return testutil.ParamsAt(t, ps, rec, step)
 }
 
 // publishStep publishes every rank's gradient of one step (testutil.Gradient of params).

@@ -58,7 +58,7 @@ func TestBadInputRejected(t *testing.T) {
 	binary.LittleEndian.PutUint32(withNaN[40:], math.Float32bits(float32(math.NaN())))
 
 	// Train two good steps so that "stale" has something to be stale against.
-	params := fetchStep(t, ps, rec, 0)
+	params := testutil.ParamsAt(t, ps, rec, 0)
 	fn, _ := rec.Spec.NewFunc()
 	ref := functions.NewReference(fn, 4, rec.Layout.Ranges(), params)
 	grads := make([][]float32, 4)
@@ -86,7 +86,7 @@ func TestBadInputRejected(t *testing.T) {
 	for step := int64(1); step <= 2; step++ {
 		goodStep(step, false)
 		ref.Step(grads, nil)
-		params = fetchStep(t, ps, rec, step)
+		params = testutil.ParamsAt(t, ps, rec, step)
 	}
 	// Step 3 is open on shard 1: every rank but rank 0 has sent it.
 	goodStep(3, true)
@@ -176,7 +176,7 @@ func TestBadInputRejected(t *testing.T) {
 		t.Fatal(err)
 	}
 	ref.Step(grads, nil)
-	params = fetchStep(t, ps, rec, 3)
+	params = testutil.ParamsAt(t, ps, rec, 3)
 	if !bytes.Equal(f32bytes(params), f32bytes(ref.Params())) {
 		t.Fatal("after the bad inputs, parameters differ from the reference")
 	}

@@ -40,30 +40,6 @@ func f32bytes(v []float32) []byte {
 	return b
 }
 
-// fetchStep waits until every shard's published parameters are at step and returns them.
-func fetchStep(t *testing.T, ps jetstream.Stream, rec *job.Record, step int64) []float32 {
-	t.Helper()
-	out := make([]float32, rec.Layout.Elements)
-	for _, s := range rec.Layout.Shards {
-		testutil.CheckFor(t, 20*time.Second, 2*time.Millisecond, func() error {
-			m, err := ps.GetLastMsgForSubject(context.Background(), wire.ParamsSubject(rec.Spec.ID, s.ID))
-			if err != nil {
-				return err
-			}
-			got, err := wire.ParseStep(m.Header)
-			if err != nil {
-				return err
-			}
-			if got != step {
-				return fmt.Errorf("shard %d at step %d, want %d", s.ID, got, step)
-			}
-			functions.CopyLE(out[s.Off:s.Off+s.Len], m.Data)
-			return nil
-		})
-	}
-	return out
-}
-
 func invocations(st *devstack.Stack) int64 {
 	var n int64
 	for _, rt := range st.AllRuntimes() {
@@ -109,7 +85,7 @@ func TestShuffledResentBitExact(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			params := fetchStep(t, ps, rec, 0)
+			params := testutil.ParamsAt(t, ps, rec, 0)
 			init := make([]float32, rec.Layout.Elements)
 			rec.Spec.InitShard(0, init)
 			if !bytes.Equal(f32bytes(params), f32bytes(init)) {
@@ -159,7 +135,7 @@ func TestShuffledResentBitExact(t *testing.T) {
 					}
 				}
 				ref.Step(grads, nil)
-				params = fetchStep(t, ps, rec, step)
+				params = testutil.ParamsAt(t, ps, rec, step)
 				if !bytes.Equal(f32bytes(params), f32bytes(ref.Params())) {
 					t.Fatalf("step %d: parameters differ from the reference", step)
 				}

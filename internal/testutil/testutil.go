@@ -14,10 +14,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fanin-ml/fanin/functions"
 	"github.com/fanin-ml/fanin/internal/devstack"
 	"github.com/fanin-ml/fanin/internal/embed"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/sdk"
+	"github.com/fanin-ml/fanin/wire"
 )
 
 // CheckFor polls f every step until it returns nil, failing the test with f's last error after wait.
@@ -184,4 +188,29 @@ func Train(t testing.TB, url string, rec *job.Record, steps int, opts ...sdk.Opt
 	for err := range errs {
 		t.Fatal(err)
 	}
+}
+
+// ParamsAt waits until every shard's newest parameters in the job's parameter stream ps are those
+// of step, and returns them as one vector.
+func ParamsAt(t testing.TB, ps jetstream.Stream, rec *job.Record, step int64) []float32 {
+	t.Helper()
+	out := make([]float32, rec.Layout.Elements)
+	for _, s := range rec.Layout.Shards {
+		CheckFor(t, 20*time.Second, 2*time.Millisecond, func() error {
+			m, err := ps.GetLastMsgForSubject(context.Background(), wire.ParamsSubject(rec.Spec.ID, s.ID))
+			if err != nil {
+				return err
+			}
+			got, err := wire.ParseStep(m.Header)
+			if err != nil {
+				return err
+			}
+			if got != step {
+				return fmt.Errorf("shard %d at step %d, want %d", s.ID, got, step)
+			}
+			functions.CopyLE(out[s.Off:s.Off+s.Len], m.Data)
+			return nil
+		})
+	}
+	return out
 }
