@@ -47,7 +47,7 @@ func TestAPIRoutes(t *testing.T) {
 	var created api.JobCreated
 	c.call("POST", "/v1/jobs", "application/json", specJSON(smallSpec("tiny")), 201, &created)
 	if created.Token == "" || created.Credentials == nil || !strings.Contains(created.Credentials.Creds, "NATS USER JWT") ||
-		created.Credentials.InboxPrefix != "_INBOX_tiny" || created.Layout.NumShards() != 3 || created.State != api.StateRunning {
+		created.Credentials.InboxPrefix != "fanin.v1.tiny.inbox" || created.Layout.NumShards() != 3 || created.State != api.StateRunning {
 		t.Fatalf("create: %+v", created)
 	}
 	c.problem("POST", "/v1/jobs", "application/json", specJSON(smallSpec("tiny")), 409, "job_exists")

@@ -191,7 +191,7 @@ func TestBadInputEverywhere(t *testing.T) {
 	kp, _ := nkeys.CreateUser()
 	wrongSeed, _ := kp.Seed()
 	foreign, _ := auth.New()
-	foreignCreds, _ := foreign.JobCredentials("victim", false, 0)
+	foreignCreds, _ := foreign.JobCredentials(auth.JobAccount{Job: "victim", Created: time.Now()}, 0)
 
 	cases := []struct {
 		name string

@@ -229,7 +229,7 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (_ *Server, err err
 		if err := s.watchAuthErrors(); err != nil {
 			return nil, err
 		}
-		s.pushRevocations(ctx)
+		s.pushJobAccounts(ctx)
 	}
 	s.gov = newGovernor(s)
 	if s.govEvery > 0 {

@@ -139,11 +139,7 @@ func f32bytes(v []float32) []byte {
 // paramsAt waits until every shard's parameters are at step and returns them.
 func paramsAt(t testing.TB, js jetstream.JetStream, rec *job.Record, step int64) []float32 {
 	t.Helper()
-	ps, err := js.Stream(context.Background(), wire.ParamsStream(rec.Spec.ID))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return testutil.ParamsAt(t, ps, rec, step)
+	return testutil.ParamsAt(t, testutil.DirectGetter(js.Conn(), wire.ParamsStream(rec.Spec.ID)), rec, step)
 }
 
 // publishStep publishes every rank's gradient of one step (testutil.Gradient of params).

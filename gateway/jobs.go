@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -135,6 +134,9 @@ func (s *Server) setup(ctx context.Context, rec *job.Record, c *api.JobCreated) 
 	}
 	var creds *api.Credentials
 	if s.authz != nil {
+		if err := s.pushJobAccount(ctx, rec, false); err != nil {
+			return err
+		}
 		var err error
 		if creds, err = s.mintCredentials(rec); err != nil {
 			return err
@@ -158,8 +160,35 @@ func (s *Server) setup(ctx context.Context, rec *job.Record, c *api.JobCreated) 
 	return err
 }
 
+// jobAccount is the NATS account of a job's workers (auth.JobAccount).
+func jobAccount(rec *job.Record) auth.JobAccount {
+	return auth.JobAccount{Job: rec.Spec.ID, Created: rec.Created, Upload: rec.Spec.Init.Kind == "upload", Ranks: rec.Spec.Ranks}
+}
+
+// pushJobAccount sends the job's account to the NATS servers, open or (closed) with every user
+// revoked and nothing imported.
+func (s *Server) pushJobAccount(ctx context.Context, rec *job.Record, closed bool) error {
+	if s.sys == nil {
+		return errors.New("the gateway has no system account connection: it cannot create or close the NATS accounts of jobs")
+	}
+	var accJWT string
+	var err error
+	if closed {
+		accJWT, err = s.authz.ClosedJobAccountJWT(jobAccount(rec), s.now())
+	} else {
+		accJWT, err = s.authz.JobAccountJWT(jobAccount(rec))
+	}
+	if err != nil {
+		return fmt.Errorf("account of job %q: %w", rec.Spec.ID, err)
+	}
+	if err := auth.PushAccountJWT(ctx, s.sys, accJWT); err != nil {
+		return fmt.Errorf("account of job %q: %w", rec.Spec.ID, err)
+	}
+	return nil
+}
+
 func (s *Server) mintCredentials(rec *job.Record) (*api.Credentials, error) {
-	c, err := s.authz.JobCredentials(rec.Spec.ID, rec.Spec.Init.Kind == "upload", s.credsTTL)
+	c, err := s.authz.JobCredentials(jobAccount(rec), s.credsTTL)
 	if err != nil {
 		return nil, err
 	}
@@ -634,7 +663,11 @@ func (s *Server) DeleteJob(ctx context.Context, id string) error {
 		_ = s.buckets.Placement.Purge(ctx, key, jetstream.LastRevision(p.rev))
 	}
 	s.clearHandover(ctx, rec)
-	s.revoke(ctx, m.Users)
+	if s.authz != nil {
+		if err := s.pushJobAccount(ctx, rec, true); err != nil {
+			s.log.Error("close the job's NATS account: its credentials still connect", "job", id, "err", err)
+		}
+	}
 	s.dropTokens(ctx, m.Tokens...)
 	s.rejects.forget(ctx, id)
 	if err := s.state.Delete(ctx, metaKey(id)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -685,59 +718,22 @@ func (s *Server) clearHandover(ctx context.Context, rec *job.Record) {
 	}
 }
 
-// revoke revokes NATS users: recorded in the state bucket (pushed again at every start) and
-// pushed to the servers now.
-func (s *Server) revoke(ctx context.Context, users []string) {
-	if s.authz == nil || len(users) == 0 {
-		return
-	}
-	now := s.now()
-	for _, u := range users {
-		_, _ = s.state.Put(ctx, revokedKey(u), []byte(fmt.Sprint(now.Unix())))
-	}
-	accJWT, err := s.authz.Revoke(now, users...)
+// pushJobAccounts pushes the account of every job (open, or closed while it is being deleted): a
+// NATS server whose account resolver lost them (a new cluster node, a wiped directory) learns them
+// again, and a gateway of an older version that kept job users in the fanin account hands over.
+func (s *Server) pushJobAccounts(ctx context.Context) {
+	ms, err := s.metas(ctx)
 	if err != nil {
-		s.log.Error("revoke job credentials", "err", err)
+		s.log.Warn("push job accounts", "err", err)
 		return
 	}
-	if s.sys == nil {
-		s.log.Warn("job credentials revoked but not pushed: the gateway has no system account connection", "users", len(users))
-		return
-	}
-	if err := s.authz.PushAccount(ctx, s.sys, accJWT); err != nil {
-		s.log.Error("push revocations", "err", err)
-	}
-}
-
-// pushRevocations pushes the revocations recorded so far: a server with a memory resolver forgets
-// them when it restarts.
-func (s *Server) pushRevocations(ctx context.Context) {
-	lister, err := s.state.ListKeysFiltered(ctx, "revoked.*")
-	if err != nil {
-		return
-	}
-	var users []string
-	var at time.Time
-	for k := range lister.Keys() {
-		e, err := s.state.Get(ctx, k)
+	for _, m := range ms {
+		rec, _, err := s.record(ctx, m.ID)
 		if err != nil {
 			continue
 		}
-		var sec int64
-		_, _ = fmt.Sscan(string(bytes.TrimSpace(e.Value())), &sec)
-		if t := time.Unix(sec, 0); t.After(at) {
-			at = t
+		if err := s.pushJobAccount(ctx, rec, false); err != nil {
+			s.log.Warn("push job account", "job", m.ID, "err", err)
 		}
-		users = append(users, k[len("revoked."):])
-	}
-	if len(users) == 0 {
-		return
-	}
-	accJWT, err := s.authz.Revoke(at, users...)
-	if err == nil {
-		err = s.authz.PushAccount(ctx, s.sys, accJWT)
-	}
-	if err != nil {
-		s.log.Warn("push recorded revocations", "users", len(users), "err", err)
 	}
 }

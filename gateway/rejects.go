@@ -305,6 +305,23 @@ func (s *Server) RecordViolation(v embed.Violation) {
 	s.rejects.record(rej, sourceNATS)
 }
 
+// jobOfJWT attributes a user JWT presented to NATS to the job whose account signed it, or to
+// NATSJob when it is not one of this authority's job users (a foreign or made-up JWT).
+func (s *Server) jobOfJWT(userJWT string) string {
+	id, issuer := s.authz.JobOf(userJWT)
+	if !validJobID(id) {
+		return NATSJob
+	}
+	rec, _, err := s.record(context.Background(), id)
+	if err != nil {
+		return NATSJob
+	}
+	if key, err := s.authz.JobAccountKey(jobAccount(rec)); err != nil || key != issuer {
+		return NATSJob
+	}
+	return id
+}
+
 // watchAuthErrors records the connections the NATS servers refused (bad, expired or revoked
 // credentials), attributed to the job the presented credentials were issued for.
 func (s *Server) watchAuthErrors() error {
@@ -321,10 +338,7 @@ func (s *Server) watchAuthErrors() error {
 		if json.Unmarshal(m.Data, &ev) != nil {
 			return
 		}
-		jobID := s.authz.JobOf(ev.Client.JWT)
-		if !validJobID(jobID) {
-			jobID = NATSJob
-		}
+		jobID := s.jobOfJWT(ev.Client.JWT)
 		rej := wire.Rejectf(wire.ReasonUnauthorized, "NATS refused a connection from %s (client %q): %s", ev.Client.Host, ev.Client.Name, ev.Reason)
 		rej.Job = jobID
 		s.rejects.record(rej, sourceNATS)

@@ -37,7 +37,7 @@ func TestBadInputRejected(t *testing.T) {
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
 	ps, _ := js.Stream(ctx, wire.ParamsStream(rec.Spec.ID))
-	inbox := nc.NewInbox()
+	inbox := wire.InboxPrefix(rec.Spec.ID) + ".reports" // rejections are sent only inside the job's reply namespace
 	reports, err := nc.SubscribeSync(inbox)
 	if err != nil {
 		t.Fatal(err)

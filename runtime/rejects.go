@@ -19,6 +19,7 @@ type Stats struct {
 	workNanos   atomic.Int64 // fold and function
 	migrations  atomic.Int64 // shards received from another runtime
 	failedStart atomic.Int64 // shard starts that failed and are retried
+	replyDrops  atomic.Int64 // rejection reports not sent: Fanin-Reply-To outside the job
 
 	mu     sync.Mutex      // guards pauses
 	pauses []time.Duration // the latest migration pauses, at most maxPauses
@@ -46,6 +47,7 @@ type StatsSnapshot struct {
 	Migrations   int64                 // shards taken over from another runtime after its release
 	Pauses       []time.Duration       // their pauses: previous owner stopped to this one serving
 	StartRetries int64                 // shard starts that failed and were retried
+	ReplyDrops   int64                 // rejection reports not sent: Fanin-Reply-To outside the job
 }
 
 // Stats returns the runtime's counters.
@@ -56,6 +58,7 @@ func (r *Runtime) Stats() StatsSnapshot {
 	return StatsSnapshot{
 		Migrations:   r.stats.migrations.Load(),
 		StartRetries: r.stats.failedStart.Load(),
+		ReplyDrops:   r.stats.replyDrops.Load(),
 		Pauses:       pauses,
 		Invocations:  r.stats.invocations.Load(),
 		BytesIn:      r.stats.bytesIn.Load(),
@@ -113,12 +116,19 @@ func (l *rejectLog) counts() map[wire.Reason]int64 {
 	return m
 }
 
-// reject counts and logs a rejection, tells the sender if it gave a Fanin-Reply-To, and publishes it
-// on the job's rejects subject for observers.
+// reject counts and logs a rejection, tells the sender if it gave a Fanin-Reply-To inside its job's
+// reply namespace (wire.ValidReplyTo; any other is dropped and counted), and publishes it on the
+// job's rejects subject for observers.
 func (r *Runtime) reject(rej *wire.Reject, replyTo string) {
 	r.rejects.add(rej)
 	r.met.Reject(rej.Job, string(rej.Reason))
 	body := rej.Marshal()
+	if replyTo != "" && !wire.ValidReplyTo(rej.Job, replyTo) {
+		// fanin publishes to a subject a client chose only inside that job's reply namespace.
+		r.met.ReplyDropped(rej.Job)
+		r.stats.replyDrops.Add(1)
+		replyTo = ""
+	}
 	if replyTo != "" {
 		m := nats.NewMsg(replyTo)
 		m.Header.Set(wire.HdrReject, string(rej.Reason))

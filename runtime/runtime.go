@@ -66,6 +66,7 @@ type jobInfo struct {
 	rec    *job.Record
 	grads  jetstream.Stream
 	params jetstream.Stream
+	init   jetstream.Stream // init "upload" jobs: the uploaded initial parameters; nil otherwise
 	refs   int
 }
 
@@ -491,13 +492,19 @@ func (r *Runtime) acquireJob(ctx context.Context, id string) (*jobInfo, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open parameter stream of job %s: %w", id, err)
 	}
+	var init jetstream.Stream
+	if rec.Spec.Init.Kind == "upload" {
+		if init, err = r.js.Stream(ctx, wire.InitStream(id)); err != nil {
+			return nil, fmt.Errorf("open upload stream of job %s: %w", id, err)
+		}
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if ji := r.jobs[id]; ji != nil { // another shard of the job got here first
 		ji.refs++
 		return ji, nil
 	}
-	ji := &jobInfo{rec: &rec, grads: grads, params: params, refs: 1}
+	ji := &jobInfo{rec: &rec, grads: grads, params: params, init: init, refs: 1}
 	r.jobs[id] = ji
 	return ji, nil
 }

@@ -183,7 +183,9 @@ func (x *shardExec) serve(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("create consumer: %w", err)
 	}
-	msgBytes := x.shard.Bytes() + wire.Headroom
+	// Pull room for at least two of the largest messages the job's stream accepts: a message the
+	// consumer could not pull would stall the shard for good.
+	msgBytes := max(x.shard.Bytes()+wire.Headroom, int(store.GradMaxMsgSize(x.ji.rec)))
 	failed := make(chan error, 1)
 	cc, err := cons.Consume(x.handle,
 		// Buffer up to two steps of this shard's gradients in the client, within maxPullBytes (and
@@ -257,12 +259,63 @@ func (x *shardExec) restore(ctx context.Context) error {
 		case pm != nil:
 			return fmt.Errorf("shard has parameters at step %d but no checkpoint of its optimizer state", snapStep(pm))
 		}
-		select { // init "upload": wait for the client's step-0 parameters
+		if x.ji.init != nil { // init "upload": the step 0 a worker uploaded, once checked
+			if done, err := x.adoptUpload(ctx); err != nil || done {
+				return err
+			}
+		}
+		select { // wait for the upload
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// adoptUpload makes the shard's uploaded initial parameters its step-0 parameters: parameters are
+// written only by runtimes, so a worker's upload goes to the job's init stream, and the runtime
+// that serves the shard checks it (length, dtype, finite values where the job forbids others) and
+// publishes it as step 0. An upload it refuses is reported like a bad gradient and deleted, so
+// that the worker can upload again; an accepted one stays, written once (the stream refuses a
+// second message on the subject). It reports whether step 0 is published.
+func (x *shardExec) adoptUpload(ctx context.Context) (bool, error) {
+	id := x.ji.rec.Spec.ID
+	m, err := x.ji.init.GetLastMsgForSubject(ctx, wire.InitSubject(id, x.shard.ID))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read the uploaded parameters: %w", err)
+	}
+	var rej *wire.Reject
+	switch step, perr := wire.ParseStep(m.Header); {
+	case perr != nil:
+		rej = wire.Rejectf(wire.ReasonBadHeader, "upload of shard %d: %v", x.shard.ID, perr)
+	case step != 0:
+		rej = wire.Rejectf(wire.ReasonBadHeader, "upload of shard %d: %s must be 0, got %d", x.shard.ID, wire.HdrStep, step)
+	case m.Header.Get(wire.HdrDtype) != "" && m.Header.Get(wire.HdrDtype) != wire.DtypeF32:
+		rej = wire.Rejectf(wire.ReasonBadDtype, "upload of shard %d: dtype %q, want %s", x.shard.ID, m.Header.Get(wire.HdrDtype), wire.DtypeF32)
+	case len(m.Data) != x.shard.Bytes():
+		rej = wire.Rejectf(wire.ReasonBadLength, "upload of shard %d: %d bytes, the shard has %d", x.shard.ID, len(m.Data), x.shard.Bytes())
+	case x.finite && functions.NonFinite(m.Data) >= 0:
+		rej = wire.Rejectf(wire.ReasonNonFinite, "upload of shard %d holds NaN or Inf", x.shard.ID)
+	}
+	if rej != nil {
+		rej.Job, rej.Shard, rej.MsgID = id, x.shard.ID, m.Header.Get(wire.HdrMsgID)
+		x.r.reject(rej, m.Header.Get(wire.HdrReplyTo))
+		if err := x.ji.init.DeleteMsg(ctx, m.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			return false, fmt.Errorf("delete the refused upload: %w", err)
+		}
+		return false, nil
+	}
+	if err := store.PublishParams(ctx, x.r.js, id, x.shard.ID, 0, 0, m.Data); err != nil {
+		return false, err
+	}
+	pm, err := x.ji.params.GetLastMsgForSubject(ctx, wire.ParamsSubject(id, x.shard.ID))
+	if err != nil {
+		return false, fmt.Errorf("read the step-0 parameters: %w", err)
+	}
+	return true, x.load(pm, false)
 }
 
 func snapStep(m *jetstream.RawStreamMsg) int64 {

@@ -9,6 +9,10 @@ import (
 	"github.com/fanin-ml/fanin/wire"
 )
 
+// maxSweptSubjects is how many unknown shard subjects one sweep reads: one consumer filters them
+// all, so a flood of made-up shard ids costs one consumer at a time, never one per subject.
+const maxSweptSubjects = 256
+
 // sweepUnknownShards rejects and removes gradients published to shard subjects the job's layout
 // does not have: no executor consumes them, so without this they would sit in the stream unanswered.
 func (x *shardExec) sweepUnknownShards(ctx context.Context) {
@@ -17,31 +21,50 @@ func (x *shardExec) sweepUnknownShards(ctx context.Context) {
 		return
 	}
 	n := x.ji.rec.Layout.NumShards()
+	var unknown []string
 	for subject := range info.State.Subjects {
 		if id, ok := wire.ShardFromSubject(subject); ok && id < n {
 			continue
 		}
-		x.rejectSubject(ctx, subject, n)
+		if unknown = append(unknown, subject); len(unknown) == maxSweptSubjects {
+			break
+		}
+	}
+	if len(unknown) > 0 {
+		x.rejectSubjects(ctx, unknown, n)
 	}
 }
 
-func (x *shardExec) rejectSubject(ctx context.Context, subject string, shards int) {
-	cons, err := x.ji.grads.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
+// rejectSubjects rejects every message on subjects through one short-lived consumer, then purges
+// what it read and deletes the consumer.
+func (x *shardExec) rejectSubjects(ctx context.Context, subjects []string, shards int) {
+	cons, err := x.ji.grads.CreateConsumer(ctx, jetstream.ConsumerConfig{
+		FilterSubjects:    subjects,
+		AckPolicy:         jetstream.AckNonePolicy,
+		InactiveThreshold: 30 * time.Second, // removed by the server should the delete below fail
+		MemoryStorage:     true,
+	})
 	if err != nil {
 		return
 	}
-	var last uint64
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = x.ji.grads.DeleteConsumer(dctx, cons.CachedInfo().Name)
+	}()
+	last := map[string]uint64{}
 	for {
 		batch, err := cons.FetchNoWait(64)
 		if err != nil {
-			return
+			break
 		}
 		got := 0
 		for m := range batch.Messages() {
 			got++
+			subject := m.Subject()
 			meta, _ := wire.ParseGradHeaders(m.Headers())
 			rej := wire.Rejectf(wire.ReasonUnknownShard, "subject %s names no shard of job %s (shards 0..%d)", subject, x.ji.rec.Spec.ID, shards-1)
-			rej.Job, rej.Step = x.ji.rec.Spec.ID, meta.Step
+			rej.Job, rej.Step, rej.MsgID = x.ji.rec.Spec.ID, meta.Step, m.Headers().Get(wire.HdrMsgID)
 			if id, ok := wire.ShardFromSubject(subject); ok {
 				rej.Shard = id
 			}
@@ -50,16 +73,16 @@ func (x *shardExec) rejectSubject(ctx context.Context, subject string, shards in
 			}
 			x.r.reject(rej, meta.ReplyTo)
 			if seq, ok := wire.StreamSeq(m.Reply()); ok {
-				last = seq
+				last[subject] = seq
 			}
 		}
 		if got == 0 || batch.Error() != nil {
 			break
 		}
 	}
-	if last > 0 {
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		_ = x.ji.grads.Purge(pctx, jetstream.WithPurgeSubject(subject), jetstream.WithPurgeSequence(last+1))
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	for subject, seq := range last {
+		_ = x.ji.grads.Purge(pctx, jetstream.WithPurgeSubject(subject), jetstream.WithPurgeSequence(seq+1))
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -92,48 +93,92 @@ func (c *Client) Close() {
 	}
 }
 
-// Job reads a job's record (spec and shard layout) from the jobs bucket.
+// Job reads a job's record (spec and shard layout) from the jobs bucket, by a direct get: the
+// only request a job's credentials may make of the bucket.
 func (c *Client) Job(ctx context.Context, id string) (*job.Record, error) {
-	kv, err := c.js.KeyValue(ctx, wire.JobsBucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
+	if !validJobID(id) {
 		return nil, fmt.Errorf("job %q: %w", id, ErrUnknownJob)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("open jobs bucket: %w", err)
-	}
-	e, err := kv.Get(ctx, id)
-	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrInvalidKey) {
+	m, err := c.directGet(ctx, wire.JobRecordGet(id), nil)
+	if errors.Is(err, errNoMessage) || errors.Is(err, nats.ErrNoResponders) {
 		return nil, fmt.Errorf("job %q: %w", id, ErrUnknownJob)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read job %q: %w", id, err)
 	}
+	if op := m.Header.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
+		return nil, fmt.Errorf("job %q: %w", id, ErrUnknownJob)
+	}
 	var rec job.Record
-	if err := json.Unmarshal(e.Value(), &rec); err != nil {
+	if err := json.Unmarshal(m.Data, &rec); err != nil {
 		return nil, fmt.Errorf("decode job %q: %w", id, err)
 	}
 	return &rec, nil
 }
 
-// UploadParams publishes a job's initial (step 0) parameters; for jobs created with init "upload".
-// Re-uploading the same step is de-duplicated.
+// validJobID reports whether id can name a job (job.Spec's id rule): anything else would not even
+// make a valid subject.
+func validJobID(id string) bool {
+	if id == "" || len(id) > 63 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' && i > 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// errNoMessage is a direct get's answer when the subject holds no message.
+var errNoMessage = errors.New("no message")
+
+// directGet asks JetStream for a stored message with a direct get (subject: wire.DirectGetLast or
+// wire.DirectGet with a JSON body). A job's account may make no other JetStream request.
+func (c *Client) directGet(ctx context.Context, subject string, body []byte) (*nats.Msg, error) {
+	m, err := c.nc.RequestWithContext(ctx, subject, body)
+	if err != nil {
+		return nil, err
+	}
+	switch status := m.Header.Get("Status"); status {
+	case "":
+		return m, nil
+	case "404":
+		return nil, errNoMessage
+	default:
+		return nil, fmt.Errorf("direct get %s: status %s %s", subject, status, m.Header.Get("Description"))
+	}
+}
+
+// UploadParams uploads a job's initial (step 0) parameters, for jobs created with init "upload".
+// Each shard's upload is stored once: the runtime that serves the shard checks it and publishes it
+// as the step-0 parameters (Worker.Params waits for them); a refused upload (say, NaN in a job
+// that forbids it) is reported on the job's rejects subject and may be sent again. Uploading the
+// same parameters again within the de-duplication window (2 minutes) is a no-op; once a shard's
+// upload is stored, another is refused.
 func (c *Client) UploadParams(ctx context.Context, id string, params []float32) error {
 	rec, err := c.Job(ctx, id)
 	if err != nil {
 		return err
 	}
+	if rec.Spec.Init.Kind != "upload" {
+		return fmt.Errorf("upload to job %q: its init is %q, not upload", id, rec.Spec.Init.Kind)
+	}
 	if len(params) != rec.Layout.Elements {
 		return fmt.Errorf("upload to job %q: %d parameters, the job has %d", id, len(params), rec.Layout.Elements)
 	}
 	for _, s := range rec.Layout.Shards {
-		m := nats.NewMsg(wire.ParamsSubject(id, s.ID))
+		m := nats.NewMsg(wire.InitSubject(id, s.ID))
 		m.Header.Set(wire.HdrStep, "0")
-		m.Header.Set(wire.HdrSeq, "0")
 		m.Header.Set(wire.HdrDtype, wire.DtypeF32)
-		m.Header.Set(wire.HdrMsgID, wire.ParamsMsgID(id, s.ID, 0))
+		m.Header.Set(wire.HdrMsgID, wire.InitMsgID(id, s.ID))
 		m.Data = make([]byte, s.Bytes())
 		functions.EncodeLE(m.Data, params[s.Off:s.Off+s.Len])
 		if _, err := c.js.PublishMsg(ctx, m); err != nil {
+			if strings.Contains(err.Error(), "maximum messages per subject exceeded") {
+				return fmt.Errorf("upload shard %d of job %q: the job's initial parameters are uploaded already (they are written once)", s.ID, id)
+			}
 			return fmt.Errorf("upload shard %d of job %q: %w", s.ID, id, err)
 		}
 	}

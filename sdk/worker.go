@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 
 	"github.com/fanin-ml/fanin/functions"
 	"github.com/fanin-ml/fanin/job"
@@ -22,7 +23,6 @@ import (
 type Worker struct {
 	c      *Client
 	rec    *job.Record
-	params jetstream.Stream
 	rank   int
 	weight string // HdrWeight value, or "" for unweighted
 	fetch  time.Duration
@@ -75,16 +75,12 @@ func (c *Client) Worker(ctx context.Context, id string, rank int, opts ...Worker
 	if rank < 0 || rank >= rec.Spec.Ranks {
 		return nil, fmt.Errorf("job %q: %w", id, wire.Rejectf(wire.ReasonRankRange, "rank %d is not in 0..%d", rank, rec.Spec.Ranks-1))
 	}
-	ps, err := c.js.Stream(ctx, wire.ParamsStream(id))
-	if err != nil {
-		return nil, fmt.Errorf("job %q: open parameter stream: %w", id, err)
-	}
 	w := &Worker{
-		c: c, rec: rec, params: ps, rank: rank, fetch: time.Second, step: -1,
+		c: c, rec: rec, rank: rank, fetch: time.Second, step: -1,
 		vec:     make([]float32, rec.Layout.Elements),
 		got:     make([]int64, rec.Layout.NumShards()),
 		msgs:    make([]*nats.Msg, rec.Layout.NumShards()),
-		inbox:   c.nc.NewInbox(),
+		inbox:   wire.InboxPrefix(id) + "." + nuid.Next(), // rejections are sent only inside the job's reply namespace
 		rejects: make(chan *wire.Reject, 64),
 		met:     c.met.worker(id, rank),
 	}
@@ -132,10 +128,21 @@ func (w *Worker) Close() error {
 // Params fetches the latest parameters of every shard from the stream: how a worker that joins late
 // or restarts catches up. It returns the step they follow and the flattened vector, which the worker
 // owns and overwrites on the next call to Params or Step.
+//
+// Until the job has its initial parameters (init "upload": until they are uploaded and checked),
+// Params waits for them, until ctx ends.
 func (w *Worker) Params(ctx context.Context) (int64, []float32, error) {
 	step := int64(-1)
 	for _, s := range w.rec.Layout.Shards {
 		got, err := w.fetchShard(ctx, s, -1)
+		for wait := 10 * time.Millisecond; errors.Is(err, errNoMessage); wait = min(2*wait, 500*time.Millisecond) {
+			select {
+			case <-ctx.Done():
+				return 0, nil, fmt.Errorf("job %q has no parameters for shard %d yet: %w", w.rec.Spec.ID, s.ID, ctx.Err())
+			case <-time.After(wait):
+			}
+			got, err = w.fetchShard(ctx, s, -1)
+		}
 		if err != nil {
 			return 0, nil, err
 		}
@@ -150,7 +157,8 @@ func (w *Worker) Params(ctx context.Context) (int64, []float32, error) {
 // fetchShard copies the shard's latest parameters into vec if they are for step want (any step if
 // want < 0) and returns their step.
 func (w *Worker) fetchShard(ctx context.Context, s job.Shard, want int64) (int64, error) {
-	m, err := w.params.GetLastMsgForSubject(ctx, wire.ParamsSubject(w.rec.Spec.ID, s.ID))
+	id := w.rec.Spec.ID
+	m, err := w.c.directGet(ctx, wire.DirectGetLast(wire.ParamsStream(id), wire.ParamsSubject(id, s.ID)), nil)
 	if err != nil {
 		return 0, fmt.Errorf("fetch parameters of shard %d: %w", s.ID, err)
 	}

@@ -37,6 +37,9 @@ func ParamsMsgID(job string, shard int, step int64) string {
 	return job + ".p." + strconv.Itoa(shard) + "." + strconv.FormatInt(step, 10)
 }
 
+// InitMsgID is the de-duplication id of one shard's uploaded initial parameters.
+func InitMsgID(job string, shard int) string { return job + ".i." + strconv.Itoa(shard) }
+
 // GradAttempt is the retry number in a gradient message id made by GradMsgID with an attempt
 // suffix ".a<k>"; ids without one are attempt 0.
 func GradAttempt(msgID string) int {

@@ -10,7 +10,9 @@ import (
 //	fanin.v1.<job>.grad.<shard>    gradients, workers -> runtime (stream GRAD_<job>)
 //	fanin.v1.<job>.params.<shard>  parameters after each step, runtime -> workers (stream PARAMS_<job>)
 //	fanin.v1.<job>.ckpt.<shard>    shard checkpoints, runtime -> runtime (stream PARAMS_<job>)
+//	fanin.v1.<job>.init.<shard>    initial parameters of an init "upload" job, worker -> runtime (stream INIT_<job>), once
 //	fanin.v1.<job>.rejects         rejected inputs, runtime -> observers (core NATS, not stored)
+//	fanin.v1.<job>.inbox.>         the job's reply namespace: its workers' inboxes (InboxPrefix)
 const Prefix = "fanin.v1."
 
 // GradSubject is where rank gradients for one shard are published.
@@ -21,6 +23,47 @@ func ParamsSubject(job string, shard int) string { return shardSubject(job, ".pa
 
 // CkptSubject holds the latest checkpoint of one shard (parameters and optimizer state).
 func CkptSubject(job string, shard int) string { return shardSubject(job, ".ckpt.", shard) }
+
+// InitSubject is where a worker of an init "upload" job publishes one shard's initial parameters,
+// once: the runtime that serves the shard checks them and publishes them as the step-0 parameters.
+func InitSubject(job string, shard int) string { return shardSubject(job, ".init.", shard) }
+
+// InitWildcard matches the initial parameters of every shard of a job.
+func InitWildcard(job string) string { return Prefix + job + ".init.*" }
+
+// InitStream is the JetStream stream that keeps the uploaded initial parameters of an init "upload"
+// job: one message per shard, written once.
+func InitStream(job string) string { return "FANIN_INIT_" + job }
+
+// InboxPrefix is the inbox prefix of a job's worker connections (nats.CustomInboxPrefix, `nats
+// --inbox-prefix`), and the job's reply namespace: fanin publishes to a subject a client chose
+// (Fanin-Reply-To) only below it (ValidReplyTo).
+func InboxPrefix(job string) string { return Prefix + job + ".inbox" }
+
+// InboxWildcard matches every subject of a job's reply namespace.
+func InboxWildcard(job string) string { return InboxPrefix(job) + ".>" }
+
+// ValidReplyTo reports whether subject is one fanin may publish a reply to for job: a literal
+// subject (no wildcards, no empty tokens, no white space) of at most 256 bytes inside the job's
+// reply namespace.
+func ValidReplyTo(job, subject string) bool {
+	prefix := InboxPrefix(job) + "."
+	if len(subject) <= len(prefix) || len(subject) > 256 || subject[:len(prefix)] != prefix {
+		return false
+	}
+	prev := byte('.')
+	for i := len(prefix); i < len(subject); i++ {
+		c := subject[i]
+		switch {
+		case c == '*' || c == '>' || c <= ' ' || c == 0x7f:
+			return false
+		case c == '.' && prev == '.':
+			return false
+		}
+		prev = c
+	}
+	return prev != '.'
+}
 
 // RejectsSubject carries every rejection of the job's inputs, for observers.
 func RejectsSubject(job string) string { return Prefix + job + ".rejects" }
@@ -140,4 +183,20 @@ func AckInfo(reply string) (seq, pending uint64, ok bool) {
 		}
 	}
 	return 0, 0, false
+}
+
+// DirectGetLast is the JetStream direct-get subject that answers with the newest message of subject
+// in stream (the subject form: no request body). A job's workers reach only their own job's.
+func DirectGetLast(stream, subject string) string {
+	return "$JS.API.DIRECT.GET." + stream + "." + subject
+}
+
+// DirectGet is the JetStream direct-get subject of stream for requests with a JSON body (by
+// sequence, last for a subject up to a sequence, ...).
+func DirectGet(stream string) string { return "$JS.API.DIRECT.GET." + stream }
+
+// JobRecordGet is the direct-get subject that answers with a job's record, the newest value of key
+// <job> in JobsBucket.
+func JobRecordGet(job string) string {
+	return DirectGetLast("KV_"+JobsBucket, "$KV."+JobsBucket+"."+job)
 }

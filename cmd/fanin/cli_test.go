@@ -58,7 +58,7 @@ func TestCLI(t *testing.T) {
 	}
 
 	out := mustCLI(t, st, jobsCmd, "create", "-f", spec, "--creds-dir", filepath.Join(dir, "creds"))
-	if !strings.Contains(out, "tiny") || !strings.Contains(out, "--inbox-prefix _INBOX_tiny") || strings.Contains(out, "SEED") {
+	if !strings.Contains(out, "tiny") || !strings.Contains(out, "--inbox-prefix fanin.v1.tiny.inbox") || strings.Contains(out, "SEED") {
 		t.Fatalf("jobs create:\n%s", out)
 	}
 	creds, err := os.ReadFile(filepath.Join(dir, "creds", "tiny.creds"))
@@ -105,7 +105,7 @@ func TestCLI(t *testing.T) {
 		t.Fatalf("jobs resume:\n%s", out)
 	}
 	out = mustCLI(t, st, jobsCmd, "creds", "tiny", "--out", filepath.Join(dir, "more.creds"))
-	if !strings.Contains(out, "inbox prefix _INBOX_tiny") {
+	if !strings.Contains(out, "inbox prefix fanin.v1.tiny.inbox") {
 		t.Fatalf("jobs creds:\n%s", out)
 	}
 
@@ -200,15 +200,21 @@ func TestAuthInit(t *testing.T) {
 	if err := cmd.Execute(); err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{"nats-server.conf", "gateway.creds", "runtime.creds", "autoscaler.creds", "operator.creds", "admin.token", "signer.nk"} {
+	for _, f := range []string{"nats-server.conf", "nats-auth.conf", "gateway.creds", "runtime.creds", "autoscaler.creds", "operator.creds", "admin.token", "signer.nk"} {
 		fi, err := os.Stat(filepath.Join(dir, f))
 		if err != nil || fi.Mode().Perm() != 0o600 {
 			t.Fatalf("%s: %v %v", f, err, fi)
 		}
 	}
-	conf, _ := os.ReadFile(filepath.Join(dir, "nats-server.conf"))
-	if !strings.Contains(string(conf), "resolver: MEMORY") || !strings.Contains(string(conf), "system_account:") {
-		t.Fatalf("server configuration:\n%s", conf)
+	conf, _ := os.ReadFile(filepath.Join(dir, "nats-auth.conf"))
+	if !strings.Contains(string(conf), "type: full") || !strings.Contains(string(conf), "system_account:") {
+		t.Fatalf("server security configuration:\n%s", conf)
+	}
+	// nats-server refuses an absolute include: the whole configuration includes the fragment by a
+	// path relative to itself. (e2e TestSecuredCluster runs a real nats-server with it.)
+	server, _ := os.ReadFile(filepath.Join(dir, "nats-server.conf"))
+	if !strings.Contains(string(server), `include "nats-auth.conf"`) {
+		t.Fatalf("server configuration:\n%s", server)
 	}
 	tok, _ := os.ReadFile(filepath.Join(dir, "admin.token"))
 	if strings.Contains(out.String(), strings.TrimSpace(string(tok))) {

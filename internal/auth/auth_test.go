@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -61,46 +62,66 @@ func connect(t *testing.T, url string, c auth.Credentials, rec *errRecorder) *na
 	return nc
 }
 
-// A job's credentials reach its own gradient subjects and parameters and nothing else: the server
-// denies publishing to another job's gradients and reading its parameters, by subscription or by
-// direct get. A user not signed by the authority cannot connect at all.
-func TestJobCredentialsIsolation(t *testing.T) {
+// jobStreams makes, as fanin's gateway would, the streams and record of job j, and pushes its
+// account; it returns the account's identity.
+func jobStreams(t *testing.T, a *auth.Authority, js jetstream.JetStream, kv jetstream.KeyValue, sys *nats.Conn, j string) auth.JobAccount {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: wire.GradStream(j), Subjects: []string{wire.GradWildcard(j)}, Storage: jetstream.MemoryStorage}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: wire.ParamsStream(j), Subjects: []string{wire.ParamsWildcard(j), wire.CkptWildcard(j)},
+		Storage: jetstream.MemoryStorage, AllowDirect: true, MaxMsgsPerSubject: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, wire.ParamsSubject(j, 0), []byte("params of "+j)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, j, []byte(`{"job":"`+j+`"}`)); err != nil {
+		t.Fatal(err)
+	}
+	acc := auth.JobAccount{Job: j, Created: time.Now(), Ranks: 2}
+	accJWT, err := a.JobAccountJWT(acc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := auth.PushAccountJWT(ctx, sys, accJWT); err != nil {
+		t.Fatal(err)
+	}
+	return acc
+}
+
+// A job's credentials reach, through its own account's imports, its own gradient subjects,
+// parameters and record, and nothing else: not another job's, not the JetStream API, not fanin's
+// state, whatever reply subject a request names. A user not signed by the authority cannot connect.
+func TestJobAccountIsolation(t *testing.T) {
 	a, err := auth.New()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	var violations []embed.Violation
-	ns := startServer(t, a, func(v embed.Violation) { mu.Lock(); violations = append(violations, v); mu.Unlock() })
+	ns := startServer(t, a, nil)
 	ctx := context.Background()
 
-	// fanin's side: a component user creates both jobs' streams and parameters.
 	comp, err := a.ComponentCredentials("test-admin")
 	if err != nil {
 		t.Fatal(err)
 	}
 	admin := connect(t, ns.ClientURL(), comp, &errRecorder{})
 	js, _ := jetstream.New(admin)
-	for _, j := range []string{"a", "b"} {
-		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: wire.GradStream(j), Subjects: []string{wire.GradWildcard(j)}, Storage: jetstream.MemoryStorage}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: wire.ParamsStream(j), Subjects: []string{wire.ParamsWildcard(j), wire.CkptWildcard(j)},
-			Storage: jetstream.MemoryStorage, AllowDirect: true, MaxMsgsPerSubject: 1}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := js.Publish(ctx, wire.ParamsSubject(j, 0), []byte("params of "+j)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	sysCreds, _ := a.SystemCredentials("test-sys")
+	sys := connect(t, ns.ClientURL(), sysCreds, &errRecorder{})
 	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: wire.JobsBucket, Storage: jetstream.MemoryStorage})
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, _ = kv.Put(ctx, "a", []byte(`{"job":"a"}`))
-	_, _ = kv.Put(ctx, "b", []byte(`{"job":"b"}`))
+	accA := jobStreams(t, a, js, kv, sys, "a")
+	jobStreams(t, a, js, kv, sys, "b")
+	secrets, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "fanin-gateway", Storage: jetstream.MemoryStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
 
-	credsA, err := a.JobCredentials("a", false, 0)
+	credsA, err := a.JobCredentials(accA, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,41 +132,40 @@ func TestJobCredentialsIsolation(t *testing.T) {
 	ncA := connect(t, ns.ClientURL(), credsA, &errsA)
 	jsA, _ := jetstream.New(ncA)
 
-	// Allowed: publish its own gradients (acknowledged), read its own record and parameters.
-	if _, err := jsA.Publish(ctx, wire.GradSubject("a", 0), []byte{0, 0, 0, 0}); err != nil {
-		t.Fatalf("job a publishing its own gradient: %v", err)
+	// Allowed: publish its own gradients (acknowledged by JetStream across the boundary), read its
+	// own parameters (both forms of direct get) and record, receive its pushed parameters.
+	ack, err := jsA.Publish(ctx, wire.GradSubject("a", 0), []byte{0, 0, 0, 0})
+	if err != nil || ack.Stream != wire.GradStream("a") {
+		t.Fatalf("job a publishing its own gradient: %v %+v", err, ack)
 	}
-	psA, err := jsA.Stream(ctx, wire.ParamsStream("a"))
-	if err != nil {
-		t.Fatalf("job a opening its parameter stream: %v", err)
-	}
-	if m, err := psA.GetLastMsgForSubject(ctx, wire.ParamsSubject("a", 0)); err != nil || string(m.Data) != "params of a" {
+	m, err := ncA.Request(wire.DirectGetLast(wire.ParamsStream("a"), wire.ParamsSubject("a", 0)), nil, time.Second)
+	if err != nil || string(m.Data) != "params of a" {
 		t.Fatalf("job a reading its parameters: %v", err)
 	}
-	kvA, err := jsA.KeyValue(ctx, wire.JobsBucket)
-	if err != nil {
-		t.Fatalf("job a opening the jobs bucket: %v", err)
+	m, err = ncA.Request(wire.DirectGet(wire.ParamsStream("a")), []byte(`{"last_by_subj":"`+wire.ParamsSubject("a", 0)+`"}`), time.Second)
+	if err != nil || string(m.Data) != "params of a" {
+		t.Fatalf("job a reading its parameters with a request body: %v", err)
 	}
-	if _, err := kvA.Get(ctx, "a"); err != nil {
+	if m, err = ncA.Request(wire.JobRecordGet("a"), nil, time.Second); err != nil || string(m.Data) != `{"job":"a"}` {
 		t.Fatalf("job a reading its record: %v", err)
 	}
 	subA, err := ncA.SubscribeSync(wire.ParamsWildcard("a"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = subA
+	_ = ncA.Flush()
+	if _, err := js.Publish(ctx, wire.ParamsSubject("a", 0), []byte("params of a, step 1")); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := subA.NextMsg(2 * time.Second); err != nil || string(m.Data) != "params of a, step 1" {
+		t.Fatalf("job a did not receive its pushed parameters: %v", err)
+	}
 
-	// Denied: another job's gradients, parameters (push, direct get, stream info), record.
+	// Denied: another job's gradients, parameters (push, direct get) and record; the JetStream API.
 	short, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	if _, err := jsA.Publish(short, wire.GradSubject("b", 0), []byte{0, 0, 0, 0}); err == nil {
 		t.Fatal("job a published to job b's gradients")
-	}
-	if _, err := js.Stream(ctx, wire.GradStream("b")); err != nil {
-		t.Fatal(err)
-	}
-	if info, _ := js.Stream(ctx, wire.GradStream("b")); info.CachedInfo().State.Msgs != 0 {
-		t.Fatal("job b's gradient stream holds a message from job a")
 	}
 	subB, _ := ncA.SubscribeSync(wire.ParamsWildcard("b"))
 	_ = ncA.Flush()
@@ -153,58 +173,163 @@ func TestJobCredentialsIsolation(t *testing.T) {
 	if m, err := subB.NextMsg(300 * time.Millisecond); err == nil {
 		t.Fatalf("job a received job b's parameters: %q", m.Data)
 	}
-	if _, err := ncA.Request("$JS.API.DIRECT.GET."+wire.ParamsStream("b")+"."+wire.ParamsSubject("b", 0), nil, 300*time.Millisecond); err == nil {
-		t.Fatal("job a read job b's parameters by direct get")
+	for _, subj := range []string{
+		wire.DirectGetLast(wire.ParamsStream("b"), wire.ParamsSubject("b", 0)),
+		wire.JobRecordGet("b"),
+		"$JS.API.INFO",
+		"$JS.API.STREAM.INFO." + wire.GradStream("a"),
+		"$JS.API.STREAM.DELETE." + wire.GradStream("b"),
+		"$JS.API.STREAM.PURGE." + wire.GradStream("a"),
+		"$JS.API.CONSUMER.CREATE." + wire.ParamsStream("a"),
+		"$JS.API.DIRECT.GET.KV_fanin-gateway",
+	} {
+		if m, err := ncA.Request(subj, []byte(`{}`), 300*time.Millisecond); err == nil && !strings.Contains(string(m.Data), `"error"`) {
+			t.Fatalf("job a: %s answered %q", subj, m.Data)
+		}
 	}
-	if _, err := kvA.Get(short, "b"); err == nil {
-		t.Fatal("job a read job b's record")
-	}
-	// Another job's inboxes are out of reach too.
-	if _, err := ncA.SubscribeSync(auth.InboxPrefix("b") + ".>"); err != nil {
+
+	// Reply subjects cannot cross the boundary: JetStream's answers to job a's requests land in job
+	// a's account, whatever reply subject they name. Aimed at fanin's buckets, another job's
+	// parameters and record, and the JetStream API, none of them changes anything.
+	spy, err := admin.SubscribeSync(">")
+	if err != nil {
 		t.Fatal(err)
 	}
+	_ = admin.Flush()
+	targets := []string{
+		"$KV.fanin-gateway.token.deadbeef",
+		"$KV." + wire.JobsBucket + ".b",
+		wire.ParamsSubject("b", 0),
+		"$JS.API.STREAM.DELETE." + wire.GradStream("b"),
+		"$JS.API.STREAM.PURGE." + wire.ParamsStream("b"),
+	}
+	for _, target := range targets {
+		if err := ncA.PublishRequest(wire.GradSubject("a", 0), target, []byte{0, 0, 0, 0}); err != nil {
+			t.Fatal(err)
+		}
+		if err := ncA.PublishRequest(wire.DirectGetLast(wire.ParamsStream("a"), wire.ParamsSubject("a", 0)), target, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
 	_ = ncA.Flush()
-	testCheck(t, func() error {
-		for _, want := range []string{
-			`Publish to "fanin.v1.b.grad.0"`, `Subscription to "fanin.v1.b.params.*"`,
-			`Publish to "$JS.API.DIRECT.GET.FANIN_PARAMS_b`, `Subscription to "_INBOX_b.>"`,
-		} {
-			if !errsA.has(want) {
-				return errors.New("no permissions violation " + want)
+	deadline := time.Now().Add(500 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		m, err := spy.NextMsg(100 * time.Millisecond)
+		if err != nil {
+			continue
+		}
+		for _, target := range targets {
+			if m.Subject == target {
+				t.Fatalf("a reply crossed into the fanin account on %s: %q", target, m.Data)
 			}
 		}
-		return nil
-	})
-	testCheck(t, func() error {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, v := range violations {
-			if v.User == credsA.User && v.Kind == "Publish" && v.Subject == wire.GradSubject("b", 0) {
-				return nil
+	}
+	for _, j := range []string{"a", "b"} {
+		for _, name := range []string{wire.GradStream(j), wire.ParamsStream(j)} {
+			if _, err := js.Stream(ctx, name); err != nil {
+				t.Fatalf("stream %s: %v", name, err)
 			}
 		}
-		return errors.New("the server's violation of job a publishing to b was not reported")
-	})
+	}
+	if e, err := kv.Get(ctx, "b"); err != nil || string(e.Value()) != `{"job":"b"}` {
+		t.Fatalf("job b's record changed: %v", err)
+	}
+	psB, _ := js.Stream(ctx, wire.ParamsStream("b"))
+	if m, err := psB.GetLastMsgForSubject(ctx, wire.ParamsSubject("b", 0)); err != nil || string(m.Data) != "params of b, again" {
+		t.Fatalf("job b's parameters changed: %v", err)
+	}
+	if _, err := secrets.Get(ctx, "token.deadbeef"); err == nil {
+		t.Fatal("a token was written into the gateway's bucket")
+	}
 
-	// Credentials of another authority do not connect.
+	// Credentials of another authority do not connect, nor does anyone without credentials.
 	other, _ := auth.New()
-	foreign, _ := other.JobCredentials("a", false, 0)
+	foreign, _ := other.JobCredentials(accA, 0)
 	if nc, err := nats.Connect(ns.ClientURL(), foreign.NATSOptions()...); err == nil {
 		nc.Close()
 		t.Fatal("credentials of a foreign authority connected")
 	}
-	// Nor does anyone without credentials.
 	if nc, err := nats.Connect(ns.ClientURL()); err == nil {
 		nc.Close()
 		t.Fatal("connected without credentials")
 	}
 }
 
-// Revoking a job's user, pushed over the system account, disconnects it and keeps it out.
+// A job account with an activation token for another job's subjects is refused: the activation
+// names both the account and the subject, and only the authority signs it.
+func TestActivationIsPerJob(t *testing.T) {
+	a, _ := auth.New()
+	accA := auth.JobAccount{Job: "a", Created: time.Now()}
+	accB := auth.JobAccount{Job: "b", Created: time.Now()}
+	ka, _ := a.JobAccountKey(accA)
+	kb, _ := a.JobAccountKey(accB)
+	if ka == kb {
+		t.Fatal("two jobs share an account key")
+	}
+	again := accA
+	again.Created = accA.Created.Add(time.Nanosecond)
+	if k, _ := a.JobAccountKey(again); k == ka {
+		t.Fatal("a re-created job has its old account key")
+	}
+	j, err := a.JobAccountJWT(accA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ac, err := jwt.DecodeAccountClaims(j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ac.Limits.IsJSEnabled() {
+		t.Fatal("a job account has JetStream of its own")
+	}
+	for _, im := range ac.Imports {
+		if !strings.Contains(string(im.Subject), "fanin.v1.a.") && !strings.Contains(string(im.Subject), "FANIN_PARAMS_a") && !strings.HasSuffix(string(im.Subject), ".a") {
+			t.Fatalf("job a imports %s", im.Subject)
+		}
+		act, err := jwt.DecodeActivationClaims(im.Token)
+		if err != nil || act.Subject != ka || act.ImportSubject != im.Subject {
+			t.Fatalf("activation of %s: %v %+v", im.Subject, err, act)
+		}
+	}
+}
+
+// Deleting a job closes its account: its workers are disconnected and cannot connect again.
+func TestClosedJobAccount(t *testing.T) {
+	a, _ := auth.New()
+	ns := startServer(t, a, nil)
+	sysCreds, _ := a.SystemCredentials("test-sys")
+	sys := connect(t, ns.ClientURL(), sysCreds, &errRecorder{})
+	acc := auth.JobAccount{Job: "a", Created: time.Now(), Ranks: 1}
+	j, _ := a.JobAccountJWT(acc)
+	if err := auth.PushAccountJWT(context.Background(), sys, j); err != nil {
+		t.Fatal(err)
+	}
+	creds, _ := a.JobCredentials(acc, 0)
+	nc := connect(t, ns.ClientURL(), creds, &errRecorder{})
+	closed, err := a.ClosedJobAccountJWT(acc, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := auth.PushAccountJWT(context.Background(), sys, closed); err != nil {
+		t.Fatal(err)
+	}
+	testCheck(t, func() error {
+		if nc.IsConnected() {
+			return errors.New("a deleted job's worker is still connected")
+		}
+		return nil
+	})
+	if c, err := nats.Connect(ns.ClientURL(), creds.NATSOptions()...); err == nil {
+		c.Close()
+		t.Fatal("a deleted job's credentials connected again")
+	}
+}
+
+// Revoking a component user of the fanin account, pushed over the system account, disconnects it.
 func TestRevoke(t *testing.T) {
 	a, _ := auth.New()
 	ns := startServer(t, a, nil)
-	creds, _ := a.JobCredentials("a", false, 0)
+	creds, _ := a.ComponentCredentials("a-component")
 	nc := connect(t, ns.ClientURL(), creds, &errRecorder{})
 	sysCreds, err := a.SystemCredentials("test-sys")
 	if err != nil {

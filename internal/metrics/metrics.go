@@ -21,6 +21,7 @@ const (
 	RuntimeQueueWaitSeconds  = "fanin_runtime_queue_wait_seconds"
 	RuntimeGradientBytes     = "fanin_runtime_gradient_bytes_total"
 	RuntimeRejects           = "fanin_runtime_rejects_total"
+	RuntimeRepliesDropped    = "fanin_runtime_replies_dropped_total"
 	RuntimeMigrations        = "fanin_runtime_migrations_total"
 	RuntimeMigrationPause    = "fanin_runtime_migration_pause_seconds"
 	RuntimeShards            = "fanin_runtime_shards"
@@ -54,7 +55,7 @@ const JobLabel = "fanin_job"
 func Names() map[string]string {
 	return map[string]string{
 		RuntimeInvocations: "counter", RuntimeInvocationSeconds: "histogram", RuntimeFunctionSeconds: "histogram",
-		RuntimeQueueWaitSeconds: "histogram", RuntimeGradientBytes: "counter", RuntimeRejects: "counter",
+		RuntimeQueueWaitSeconds: "histogram", RuntimeGradientBytes: "counter", RuntimeRejects: "counter", RuntimeRepliesDropped: "counter",
 		RuntimeMigrations: "counter", RuntimeMigrationPause: "histogram", RuntimeShards: "gauge",
 		RuntimePending: "gauge", RuntimeStep: "gauge", RuntimeCores: "gauge",
 		AutoscalerPoolSize: "gauge", AutoscalerPoolCores: "gauge", AutoscalerDesiredSize: "gauge",
@@ -80,6 +81,7 @@ type Metrics struct {
 	queueWait     *prometheus.HistogramVec // runtime, fanin_job
 	gradBytes     *prometheus.CounterVec   // runtime, fanin_job
 	rejects       *prometheus.CounterVec   // runtime, fanin_job, reason
+	repliesDrop   *prometheus.CounterVec   // runtime, fanin_job
 	migrations    *prometheus.CounterVec   // runtime
 	pauses        *prometheus.HistogramVec // runtime
 	shards        *shardCollector
@@ -111,6 +113,8 @@ func New() *Metrics {
 		Help: "Gradient bytes aggregated (accepted and folded)."}, rl)
 	m.rejects = prometheus.NewCounterVec(prometheus.CounterOpts{Name: RuntimeRejects,
 		Help: "Gradient messages rejected, by reason (docs/PROTOCOL.md section 5)."}, []string{"runtime", JobLabel, "reason"})
+	m.repliesDrop = prometheus.NewCounterVec(prometheus.CounterOpts{Name: RuntimeRepliesDropped,
+		Help: "Rejection reports not sent because the message's Fanin-Reply-To was outside its job's reply namespace."}, rl)
 	m.migrations = prometheus.NewCounterVec(prometheus.CounterOpts{Name: RuntimeMigrations,
 		Help: "Shards taken over from another runtime after it released them."}, []string{"runtime"})
 	m.pauses = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: RuntimeMigrationPause,
@@ -149,7 +153,7 @@ func New() *Metrics {
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.invocations, m.invocationDur, m.functionDur, m.queueWait, m.gradBytes, m.rejects, m.migrations, m.pauses, m.shards,
+		m.invocations, m.invocationDur, m.functionDur, m.queueWait, m.gradBytes, m.rejects, m.repliesDrop, m.migrations, m.pauses, m.shards,
 		m.conns,
 	)
 	return m
@@ -231,6 +235,7 @@ func (r *RuntimeMetrics) ForgetJob(job string) {
 		v.DeleteLabelValues(r.id, job)
 	}
 	m.rejects.DeletePartialMatch(prometheus.Labels{"runtime": r.id, JobLabel: job})
+	m.repliesDrop.DeletePartialMatch(prometheus.Labels{"runtime": r.id, JobLabel: job})
 }
 
 // Gradient counts the bytes of one gradient folded into a shard's sum.
@@ -255,6 +260,13 @@ func (j *JobMetrics) Invocation(total, function, queueWait time.Duration) {
 func (r *RuntimeMetrics) Reject(job, reason string) {
 	if r != nil {
 		r.m.rejects.WithLabelValues(r.id, job, reason).Inc()
+	}
+}
+
+// ReplyDropped counts a rejection report not sent: its reply subject was outside the job's.
+func (r *RuntimeMetrics) ReplyDropped(job string) {
+	if r != nil {
+		r.m.repliesDrop.WithLabelValues(r.id, job).Inc()
 	}
 }
 

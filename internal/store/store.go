@@ -129,13 +129,19 @@ func CheckFits(rec *job.Record, maxPayload int64) error {
 	return nil
 }
 
-// CreateJobStreams creates the gradient and parameter streams of a job.
+// CreateJobStreams creates the streams of a job: its gradients, its parameters and checkpoints,
+// and for init "upload" its initial parameters. Every stream a job's workers write to is bounded
+// from the spec: the largest message (a shard plus headers), the bytes and messages it may hold
+// (JobStorageBound), and what happens beyond them: refusal at publish time (DiscardNew), never the
+// eviction of an accepted gradient.
 func CreateJobStreams(ctx context.Context, js jetstream.JetStream, rec *job.Record, maxPayload int64) error {
 	id := rec.Spec.ID
 	storage := jetstream.MemoryStorage
 	if rec.Spec.Storage == "file" {
 		storage = jetstream.FileStorage
 	}
+	gradBytes, _ := JobStorageBound(rec)
+	shards := int64(rec.Layout.NumShards())
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
 		Name:        wire.GradStream(id),
 		Description: "fanin gradients of job " + id,
@@ -143,7 +149,10 @@ func CreateJobStreams(ctx context.Context, js jetstream.JetStream, rec *job.Reco
 		Storage:     storage,
 		Replicas:    rec.Spec.Replicas,
 		Retention:   jetstream.LimitsPolicy,
-		MaxMsgSize:  int32(min(maxPayload, 1<<31-1)),
+		Discard:     jetstream.DiscardNew,
+		MaxMsgSize:  min(GradMaxMsgSize(rec), int32(min(maxPayload, 1<<31-1))),
+		MaxBytes:    gradBytes,
+		MaxMsgs:     int64(rec.Spec.Ranks) * shards * StorageWindow,
 		Duplicates:  2 * time.Minute,
 	}); err != nil {
 		return fmt.Errorf("create gradient stream of job %s: %w", id, err)
@@ -154,11 +163,36 @@ func CreateJobStreams(ctx context.Context, js jetstream.JetStream, rec *job.Reco
 		Subjects:          []string{wire.ParamsWildcard(id), wire.CkptWildcard(id)},
 		Storage:           storage,
 		Replicas:          rec.Spec.Replicas,
-		MaxMsgsPerSubject: 1,
+		MaxMsgsPerSubject: ParamsHistory,
 		AllowDirect:       true,
 		Duplicates:        2 * time.Minute,
 	}); err != nil {
 		return fmt.Errorf("create parameter stream of job %s: %w", id, err)
+	}
+	if rec.Spec.Init.Kind == "upload" {
+		// One message per shard, written once: a second upload of a shard is refused by JetStream
+		// (DiscardNewPerSubject), so the initial parameters cannot change once stored.
+		model := int64(0)
+		for _, s := range rec.Layout.Shards {
+			model += int64(s.Bytes()) + MaxGradHeaders
+		}
+		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
+			Name:                 wire.InitStream(id),
+			Description:          "fanin initial parameters uploaded for job " + id,
+			Subjects:             []string{wire.InitWildcard(id)},
+			Storage:              storage,
+			Replicas:             rec.Spec.Replicas,
+			Discard:              jetstream.DiscardNew,
+			DiscardNewPerSubject: true,
+			MaxMsgsPerSubject:    1,
+			MaxMsgs:              shards,
+			MaxBytes:             model,
+			MaxMsgSize:           min(GradMaxMsgSize(rec), int32(min(maxPayload, 1<<31-1))),
+			AllowDirect:          true,
+			Duplicates:           2 * time.Minute,
+		}); err != nil {
+			return fmt.Errorf("create upload stream of job %s: %w", id, err)
+		}
 	}
 	return nil
 }
@@ -166,7 +200,7 @@ func CreateJobStreams(ctx context.Context, js jetstream.JetStream, rec *job.Reco
 // DeleteJobStreams removes a job's streams; missing streams are not an error.
 func DeleteJobStreams(ctx context.Context, js jetstream.JetStream, id string) error {
 	var errs []error
-	for _, name := range []string{wire.GradStream(id), wire.ParamsStream(id)} {
+	for _, name := range []string{wire.GradStream(id), wire.ParamsStream(id), wire.InitStream(id)} {
 		if err := js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 			errs = append(errs, fmt.Errorf("delete stream %s: %w", name, err))
 		}

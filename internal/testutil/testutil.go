@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanin-ml/fanin/functions"
@@ -192,7 +193,7 @@ func Train(t testing.TB, url string, rec *job.Record, steps int, opts ...sdk.Opt
 
 // ParamsAt waits until every shard's newest parameters in the job's parameter stream ps are those
 // of step, and returns them as one vector.
-func ParamsAt(t testing.TB, ps jetstream.Stream, rec *job.Record, step int64) []float32 {
+func ParamsAt(t testing.TB, ps LastMsgGetter, rec *job.Record, step int64) []float32 {
 	t.Helper()
 	out := make([]float32, rec.Layout.Elements)
 	for _, s := range rec.Layout.Shards {
@@ -213,4 +214,29 @@ func ParamsAt(t testing.TB, ps jetstream.Stream, rec *job.Record, step int64) []
 		})
 	}
 	return out
+}
+
+// LastMsgGetter reads the newest message of a subject: a jetstream.Stream, or DirectGetter for a
+// job's credentials, which may make no other JetStream request.
+type LastMsgGetter interface {
+	GetLastMsgForSubject(ctx context.Context, subject string) (*jetstream.RawStreamMsg, error)
+}
+
+// DirectGetter reads the newest message of a subject of stream by a direct get over nc.
+func DirectGetter(nc *nats.Conn, stream string) LastMsgGetter { return directGetter{nc, stream} }
+
+type directGetter struct {
+	nc     *nats.Conn
+	stream string
+}
+
+func (d directGetter) GetLastMsgForSubject(ctx context.Context, subject string) (*jetstream.RawStreamMsg, error) {
+	m, err := d.nc.RequestWithContext(ctx, wire.DirectGetLast(d.stream, subject), nil)
+	if err != nil {
+		return nil, err
+	}
+	if st := m.Header.Get("Status"); st != "" {
+		return nil, fmt.Errorf("direct get %s: status %s %s", subject, st, m.Header.Get("Description"))
+	}
+	return &jetstream.RawStreamMsg{Subject: subject, Header: m.Header, Data: m.Data}, nil
 }

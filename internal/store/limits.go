@@ -1,0 +1,48 @@
+package store
+
+import (
+	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// StorageWindow is how many steps of a job's gradients its stream may hold at once: the step being
+// gathered, steps not yet purged behind the last snapshot (a checkpoint every few steps, purged
+// asynchronously), and gradients published early. Beyond it, JetStream refuses new gradients
+// (DiscardNew) until the runtimes purge: a publish error, never an eviction.
+const StorageWindow = 8
+
+// MaxGradHeaders bounds the headers of one gradient message (step, rank, dtype, weight, message id,
+// reply subject, trace context): the stream refuses a message larger than its shard plus this.
+const MaxGradHeaders = 4 << 10
+
+// GradMaxMsgSize is the largest gradient message a job's stream accepts: its largest shard plus
+// headers. A runtime's consumer must be able to pull one (runtime.shardExec.serve).
+func GradMaxMsgSize(rec *job.Record) int32 {
+	largest := 0
+	for _, s := range rec.Layout.Shards {
+		largest = max(largest, s.Bytes())
+	}
+	return int32(largest + MaxGradHeaders)
+}
+
+// JobStorageBound is what a job's streams may store: grad, its gradients (ranks x the model's bytes
+// x StorageWindow, plus headers); params, its parameter stream (ParamsHistory versions of every
+// shard's parameters and checkpoints with their optimizer state, plus headers).
+func JobStorageBound(rec *job.Record) (grad, params int64) {
+	slots := 0
+	if fn, err := rec.Spec.NewFunc(); err == nil {
+		slots = fn.Slots()
+	}
+	for _, s := range rec.Layout.Shards {
+		b := int64(s.Bytes())
+		grad += int64(rec.Spec.Ranks) * (b + MaxGradHeaders)
+		paramsMsg := b + wire.Headroom
+		ckptMsg := int64(1+slots)*b + wire.Headroom
+		params += int64(ParamsHistory) * (paramsMsg + ckptMsg)
+	}
+	return grad * StorageWindow, params
+}
+
+// ParamsHistory is how many versions of each shard's parameters (and checkpoints) the parameter
+// stream keeps.
+const ParamsHistory = 1
