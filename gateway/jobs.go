@@ -26,13 +26,19 @@ type QuotaError struct{ Msg string }
 func (e *QuotaError) Error() string { return e.Msg }
 func (e *QuotaError) Unwrap() error { return ErrQuota }
 
-// CreateJob creates a job as the admin: see Create.
+// CreateJob creates a job as the admin and returns its record (SubmitJob returns its credentials too).
 func (s *Server) CreateJob(ctx context.Context, spec job.Spec) (*job.Record, error) {
-	c, err := s.create(ctx, spec, grant{Kind: auth.KindAdmin})
+	c, err := s.SubmitJob(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
 	return &c.Record, nil
+}
+
+// SubmitJob creates a job as the admin, as POST /v1/jobs does: the result carries its token and
+// its workers' NATS credentials (when the gateway has an authority).
+func (s *Server) SubmitJob(ctx context.Context, spec job.Spec) (*api.JobCreated, error) {
+	return s.create(ctx, spec, grant{Kind: auth.KindAdmin})
 }
 
 // create validates a spec against the spec rules and the owner's quotas, records the job's

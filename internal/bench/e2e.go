@@ -54,12 +54,17 @@ func (rs *runState) e2eElements() (int, string) {
 // fanin is measured again for every baseline, never reused: alternating is what makes the two
 // figures comparable on a machine whose load changes.
 func (rs *runState) compare(ctx context.Context, w workload, base starter, baseName string) (fanin, baseline e2eFigure, err error) {
+	return rs.compareStarters(ctx, w, startFanin, base, baseName)
+}
+
+// compareStarters is compare with fanin started by start.
+func (rs *runState) compareStarters(ctx context.Context, w workload, start, base starter, baseName string) (fanin, baseline e2eFigure, err error) {
 	p := rs.e2ePlan()
 	var fRuns, bRuns []float64
 	var fEvents, bEvents []string
 	for i := range p.reps {
 		rs.printf("   %s fanin run %d/%d ...", w.name(), i+1, p.reps)
-		f, err := measureFresh(ctx, rs, startFanin, w, p.warmup, p.steps)
+		f, err := measureFresh(ctx, rs, start, w, p.warmup, p.steps)
 		if err != nil {
 			return fanin, baseline, fmt.Errorf("fanin %s: %w", w.name(), err)
 		}
@@ -125,6 +130,24 @@ func runE2E(ctx context.Context, rs *runState) ([]Result, error) {
 		out = append(out, e2eResult("e2e-resnet50", bareBaseline, w, model, rs.e2ePlan(), 0.8, f, b))
 	}
 	return out, nil
+}
+
+// openBaseline is the baseline of the e2e-secured scenario.
+const openBaseline = "the same fanin without security (no NATS accounts, no credentials)"
+
+// securedShardSize is the e2e-secured scenario's shard size: the e2e scenario's best.
+const securedShardSize = 4 << 20
+
+// runSecured measures what tenant isolation costs: every gradient crosses from the job's account
+// into fanin's through a service import, and every parameter push back through a stream import.
+func runSecured(ctx context.Context, rs *runState) ([]Result, error) {
+	n, model := rs.e2eElements()
+	w := workload{Ranks: 8, Elements: n, ShardSize: securedShardSize, Runtimes: e2eRuntimes}
+	f, b, err := rs.compareStarters(ctx, w, startFaninSecured, startFanin, openBaseline)
+	if err != nil {
+		return nil, err
+	}
+	return []Result{e2eResult("e2e-secured", openBaseline, w, model, rs.e2ePlan(), 0.97, f, b)}, nil
 }
 
 func runRedis(ctx context.Context, rs *runState) ([]Result, error) {

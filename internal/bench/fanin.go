@@ -15,8 +15,18 @@ import (
 // startFanin brings up fanin in this process (embedded NATS with JetStream, gateway, placer,
 // w.Runtimes runtimes), creates the workload's job and connects w.Ranks SDK workers, each over
 // its own NATS connection.
-func startFanin(ctx context.Context, rs *runState, w workload, dir string) (_ *system, err error) {
-	st, err := devstack.Start(ctx, devstack.Config{DataDir: dir, NATSPort: -1, Runtimes: w.Runtimes, Logger: rs.stackLog})
+func startFanin(ctx context.Context, rs *runState, w workload, dir string) (*system, error) {
+	return startFaninAs(ctx, rs, w, dir, false)
+}
+
+// startFaninSecured is startFanin with security on, as `fanin dev` runs: the NATS server in
+// operator mode, the job's workers users of the job's own account (its credentials).
+func startFaninSecured(ctx context.Context, rs *runState, w workload, dir string) (*system, error) {
+	return startFaninAs(ctx, rs, w, dir, true)
+}
+
+func startFaninAs(ctx context.Context, rs *runState, w workload, dir string, secured bool) (_ *system, err error) {
+	st, err := devstack.Start(ctx, devstack.Config{DataDir: dir, NATSPort: -1, Runtimes: w.Runtimes, Logger: rs.stackLog, Auth: secured})
 	if err != nil {
 		return nil, fmt.Errorf("start fanin: %w", err)
 	}
@@ -36,14 +46,19 @@ func startFanin(ctx context.Context, rs *runState, w workload, dir string) (_ *s
 			closeAll()
 		}
 	}()
-	rec, err := st.Gateway.CreateJob(ctx, w.spec("bench"))
+	created, err := st.Gateway.SubmitJob(ctx, w.spec("bench"))
 	if err != nil {
 		return nil, fmt.Errorf("create job: %w", err)
+	}
+	rec := &created.Record
+	var creds []sdk.Option
+	if created.Credentials != nil {
+		creds = append(creds, sdk.WithJobCredentials(created.Credentials))
 	}
 	sys := &system{close: closeAll}
 	var retries atomic.Int64
 	for r := range w.Ranks {
-		c, err := sdk.Connect(ctx, st.URL)
+		c, err := sdk.Connect(ctx, st.URL, creds...)
 		if err != nil {
 			return nil, err
 		}
