@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/fanin-ml/fanin/internal/auth"
-	"github.com/fanin-ml/fanin/internal/embed"
+	"github.com/fanin-ml/fanin/internal/testutil"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/sdk"
 	"github.com/fanin-ml/fanin/wire"
@@ -35,12 +38,12 @@ func TestSecuredCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ns, err := embed.Start(embed.Config{Port: -1, StoreDir: t.TempDir(), Configure: a.ConfigureServer})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Shutdown()
-	url := ns.ClientURL()
+	// A real nats-server with the configuration auth init wrote, as printed: `nats-server -c
+	// DIR/nats-server.conf` (the port moved off 4222 for the test).
+	port := testutil.FreePort(t)
+	natsProc := startProc(t, "nats-server", nil, natsServerBin, "-c", filepath.Join(dir, "nats-server.conf"), "-p", strconv.Itoa(port))
+	natsProc.waitOutput(t, regexp.MustCompile(`Server is ready`), 30*time.Second)
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	if nc, err := nats.Connect(url); err == nil {
 		nc.Close()
 		t.Fatal("connected to the secured server without credentials")
@@ -136,7 +139,7 @@ func TestSecuredCluster(t *testing.T) {
 	if err := bad.wait(t, 30*time.Second); err == nil || !strings.Contains(bad.output(), "unauthorized") {
 		t.Fatalf("fanin jobs ls with a wrong token: %v\n%s", err, bad.output())
 	}
-	if conf, _ := os.ReadFile(filepath.Join(dir, "nats-server.conf")); !bytes.Contains(conf, []byte("resolver_preload")) {
+	if conf, _ := os.ReadFile(filepath.Join(dir, "nats-auth.conf")); !bytes.Contains(conf, []byte("resolver_preload")) {
 		t.Fatal("no server configuration")
 	}
 	if strings.Contains(gw.output(), a.AdminToken()) || strings.Contains(gw.output(), created.Credentials.Seed) {

@@ -17,8 +17,9 @@ import (
 	"time"
 )
 
-// faninBin is the fanin binary built once for all tests.
-var faninBin string
+// faninBin is the fanin binary built once for all tests; natsServerBin the nats-server binary of
+// the version fanin embeds (go.mod), for tests that run NATS as a process of its own.
+var faninBin, natsServerBin string
 
 func TestMain(m *testing.M) {
 	flag.Parse()
@@ -31,11 +32,14 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	faninBin = filepath.Join(dir, "fanin")
-	build := exec.Command("go", "build", "-o", faninBin, "github.com/fanin-ml/fanin/cmd/fanin")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build fanin:", err)
-		os.Exit(1)
+	natsServerBin = filepath.Join(dir, "nats-server")
+	for bin, pkg := range map[string]string{faninBin: "github.com/fanin-ml/fanin/cmd/fanin", natsServerBin: "github.com/nats-io/nats-server/v2"} {
+		build := exec.Command("go", "build", "-o", bin, pkg)
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "build", pkg+":", err)
+			os.Exit(1)
+		}
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
