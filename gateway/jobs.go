@@ -140,7 +140,7 @@ func (s *Server) setup(ctx context.Context, rec *job.Record, c *api.JobCreated) 
 	}
 	var creds *api.Credentials
 	if s.authz != nil {
-		if err := s.pushJobAccount(ctx, rec, false); err != nil {
+		if err := s.pushJobAccount(ctx, rec, accountOpen); err != nil {
 			return err
 		}
 		var err error
@@ -171,18 +171,31 @@ func jobAccount(rec *job.Record) auth.JobAccount {
 	return auth.JobAccount{Job: rec.Spec.ID, Created: rec.Created, Upload: rec.Spec.Init.Kind == "upload", Ranks: rec.Spec.Ranks}
 }
 
-// pushJobAccount sends the job's account to the NATS servers, open or (closed) with every user
-// revoked and nothing imported.
-func (s *Server) pushJobAccount(ctx context.Context, rec *job.Record, closed bool) error {
+// The forms of a job's account that the gateway pushes.
+type accountForm int
+
+const (
+	accountOpen      accountForm = iota // the job's imports, ingest included
+	accountThrottled                    // over its bytes/s quota: no gradient or upload imports
+	accountClosed                       // deleted: nothing imported, every user revoked
+)
+
+// pushJobAccount sends the job's account, in the given form, to the NATS servers.
+func (s *Server) pushJobAccount(ctx context.Context, rec *job.Record, form accountForm) error {
 	if s.sys == nil {
 		return errors.New("the gateway has no system account connection: it cannot create or close the NATS accounts of jobs")
 	}
 	var accJWT string
 	var err error
-	if closed {
-		accJWT, err = s.authz.ClosedJobAccountJWT(jobAccount(rec), s.now())
-	} else {
-		accJWT, err = s.authz.JobAccountJWT(jobAccount(rec))
+	acc := jobAccount(rec)
+	switch form {
+	case accountClosed:
+		accJWT, err = s.authz.ClosedJobAccountJWT(acc, s.now())
+	case accountThrottled:
+		acc.NoIngest = true
+		accJWT, err = s.authz.JobAccountJWT(acc)
+	default:
+		accJWT, err = s.authz.JobAccountJWT(acc)
 	}
 	if err != nil {
 		return fmt.Errorf("account of job %q: %w", rec.Spec.ID, err)
@@ -600,6 +613,12 @@ func (s *Server) Pause(ctx context.Context, id, state, why string) error {
 	}); err != nil {
 		return err
 	}
+	if state == api.StateThrottled && s.authz != nil {
+		// Over its bytes/s quota: the servers refuse its gradients until it is resumed.
+		if err := s.pushJobAccount(ctx, rec, accountThrottled); err != nil {
+			s.log.Error("throttle the job's NATS account: its gradients are still accepted", "job", id, "err", err)
+		}
+	}
 	paused := *rec
 	paused.Paused = true
 	val, _ := json.Marshal(paused)
@@ -630,6 +649,11 @@ func (s *Server) Resume(ctx context.Context, id string, from ...string) error {
 		return fmt.Errorf("job %q is %s: %w", id, m.State, ErrBadState)
 	}
 	s.clearHandover(ctx, m.Record)
+	if m.State == api.StateThrottled && s.authz != nil {
+		if err := s.pushJobAccount(ctx, m.Record, accountOpen); err != nil {
+			return fmt.Errorf("resume job %q: %w", id, err)
+		}
+	}
 	running := *m.Record
 	running.Paused = false
 	val, _ := json.Marshal(running)
@@ -670,7 +694,7 @@ func (s *Server) DeleteJob(ctx context.Context, id string) error {
 	}
 	s.clearHandover(ctx, rec)
 	if s.authz != nil {
-		if err := s.pushJobAccount(ctx, rec, true); err != nil {
+		if err := s.pushJobAccount(ctx, rec, accountClosed); err != nil {
 			s.log.Error("close the job's NATS account: its credentials still connect", "job", id, "err", err)
 		}
 	}
@@ -738,7 +762,11 @@ func (s *Server) pushJobAccounts(ctx context.Context) {
 		if err != nil {
 			continue
 		}
-		if err := s.pushJobAccount(ctx, rec, false); err != nil {
+		form := accountOpen
+		if m.State == api.StateThrottled {
+			form = accountThrottled
+		}
+		if err := s.pushJobAccount(ctx, rec, form); err != nil {
 			s.log.Warn("push job account", "job", m.ID, "err", err)
 		}
 	}

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sync"
 	"time"
@@ -11,14 +12,17 @@ import (
 )
 
 // The bytes/s quota. Gradients do not pass through the gateway, and NATS has no rate limit, so
-// the gateway meters what the runtimes aggregate: every load report says, per shard, the last
-// applied step and the gradient bytes of one step (ranks x shard). A job's bytes since the last
-// tick are the steps its shards advanced times those bytes. The governor keeps a token bucket per
-// job (refilled at the quota, holding QuotaBurst of it); a job that overdraws it is throttled: it
-// is paused like Pause does (its gradients keep queuing in its stream, nothing is lost or
-// changed) until the bucket holds half a burst again, then resumed. Each throttling is recorded
-// as a quota_exceeded rejection of the job. Over any long window a job aggregates at most its
-// quota plus one burst.
+// the gateway meters two things and charges the larger: what the job's workers sent, as the NATS
+// servers count it for the job's own account (the received bytes of its account statistics, over
+// the system account; every message, stored or refused), and what the runtimes aggregate (every
+// load report says, per shard, the last applied step and the gradient bytes of one step: ranks x
+// shard). The governor keeps a token bucket per job (refilled at the quota, holding QuotaBurst of
+// it); a job that overdraws it is throttled: it is paused like Pause does and, with NATS accounts,
+// its account is pushed without its gradient imports, so that the servers refuse what it
+// publishes (what it stored before stays, nothing accepted is lost or changed) until the bucket
+// holds half a burst again; then it is resumed. Each throttling is recorded as a quota_exceeded
+// rejection of the job. Over any long window a job sends at most its quota plus one burst, and
+// stores at most its storage bound (store.JobStorageBound) at any time.
 //
 // Metering by the load reports is coarse (one report per second per runtime) and pausing costs a
 // drain and a restore; a runtime that delays consuming a job's gradients with the same token
@@ -37,7 +41,8 @@ type governor struct {
 type meter struct {
 	credit float64 // bytes
 	last   time.Time
-	steps  map[string]int64 // shard key -> last step counted
+	steps  map[string]int64  // shard key -> last step counted
+	recv   map[string]uint64 // NATS server id -> the job account's received bytes there, last check
 }
 
 func newGovernor(s *Server) *governor {
@@ -84,6 +89,10 @@ func (g *governor) step(ctx context.Context) {
 		mt.credit = min(burst, mt.credit+q*now.Sub(mt.last).Seconds())
 		mt.last = now
 		used := g.used(m, mt)
+		g.mu.Unlock()
+		sent := g.received(ctx, m.ID) // outside g.mu: it waits for the servers' answers
+		g.mu.Lock()
+		used = max(used, g.sentSince(mt, sent))
 		mt.credit -= used
 		credit, busy := mt.credit, g.busy[m.ID]
 		g.mu.Unlock()
@@ -92,7 +101,7 @@ func (g *governor) step(ctx context.Context) {
 		case m.State == api.StateRunning && credit < 0:
 			wait := time.Duration((burst/2 - credit) / q * float64(time.Second)).Round(100 * time.Millisecond)
 			rej := wire.Rejectf(wire.ReasonQuotaExceeded,
-				"job %q aggregated %.0f bytes of gradients in the last check, beyond its quota of %d bytes/s (burst %.0f bytes): throttled (paused) for about %v",
+				"job %q sent or aggregated %.0f bytes of gradients in the last check, beyond its quota of %d bytes/s (burst %.0f bytes): throttled (paused, its publishes refused) for about %v",
 				m.ID, used, m.Quota.BytesPerSecond, burst, wait)
 			rej.Job = m.ID
 			s.rejects.record(rej, sourceGateway)
@@ -136,6 +145,86 @@ func (g *governor) used(m *jobMeta, mt *meter) float64 {
 }
 
 func hasKey(m map[string]int64, k string) bool { _, ok := m[k]; return ok }
+
+// statzWait is how long received waits for the NATS servers' account statistics.
+const statzWait = 250 * time.Millisecond
+
+// received asks every NATS server for the bytes it has received from the job's account since it
+// loaded the account (nil without NATS accounts).
+func (g *governor) received(ctx context.Context, id string) map[string]uint64 {
+	s := g.s
+	if s.sys == nil || s.authz == nil {
+		return nil
+	}
+	rec, _, err := s.record(ctx, id)
+	if err != nil {
+		return nil
+	}
+	key, err := s.authz.JobAccountKey(jobAccount(rec))
+	if err != nil {
+		return nil
+	}
+	inbox := s.sys.NewInbox()
+	sub, err := s.sys.SubscribeSync(inbox)
+	if err != nil {
+		return nil
+	}
+	defer sub.Unsubscribe()
+	if err := s.sys.PublishRequest("$SYS.REQ.ACCOUNT."+key+".STATZ", inbox, []byte(`{"include_unused":true}`)); err != nil {
+		return nil
+	}
+	out := map[string]uint64{}
+	deadline := time.Now().Add(statzWait)
+	for {
+		m, err := sub.NextMsg(time.Until(deadline))
+		if err != nil {
+			return out
+		}
+		var resp struct {
+			Server struct {
+				ID string `json:"id"`
+			} `json:"server"`
+			Data struct {
+				Accounts []struct {
+					Account  string `json:"acc"`
+					Received struct {
+						Bytes uint64 `json:"bytes"`
+					} `json:"received"`
+				} `json:"account_statz"`
+			} `json:"data"`
+		}
+		if json.Unmarshal(m.Data, &resp) != nil {
+			continue
+		}
+		for _, a := range resp.Data.Accounts {
+			if a.Account == key {
+				out[resp.Server.ID] += a.Received.Bytes
+			}
+		}
+	}
+}
+
+// sentSince is how many bytes the servers received from the job since the last check, and
+// remembers sent for the next one. A server's counter that went down (it restarted, or unloaded the
+// account) counts from zero. g.mu is held.
+func (g *governor) sentSince(mt *meter, sent map[string]uint64) float64 {
+	if sent == nil {
+		return 0
+	}
+	total := 0.0
+	for srv, n := range sent {
+		prev, seen := mt.recv[srv]
+		switch {
+		case !seen && mt.recv == nil: // the first check: a baseline
+		case n >= prev:
+			total += float64(n - prev)
+		default:
+			total += float64(n)
+		}
+	}
+	mt.recv = sent
+	return total
+}
 
 // baseline is where metering a job starts: every shard's last published step, read from its
 // parameter stream (load reports only come once a runtime has served the shard for a second).

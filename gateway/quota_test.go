@@ -3,13 +3,18 @@ package gateway_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/fanin-ml/fanin/gateway"
 	"github.com/fanin-ml/fanin/gateway/api"
+	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/internal/testutil"
 	"github.com/fanin-ml/fanin/sdk"
 	"github.com/fanin-ml/fanin/wire"
@@ -102,4 +107,71 @@ func TestQuotaBytesPerSecond(t *testing.T) {
 	total := float64(steps * created.Layout.Elements * 4)
 	t.Logf("%d steps (%.0f bytes) in %v (%.0f bytes/s) under a quota of %d bytes/s; throttled %d times", steps, total,
 		elapsed.Round(time.Millisecond), total/elapsed.Seconds(), quota, rj.Counts[wire.ReasonQuotaExceeded])
+}
+
+// The bytes/s quota counts what a job sends, not only what the runtimes aggregate: a job that
+// floods its stream with gradients no runtime applies (steps far ahead) is throttled, and while it
+// is throttled the NATS servers refuse its publishes (its account imports no gradient subjects).
+// Its stream never holds more than its storage bound.
+func TestQuotaCountsWhatIsSent(t *testing.T) {
+	const quota = 50_000 // bytes/s
+	st := authStack(t, 1, gateway.WithQuotaBurst(time.Second), gateway.WithGovernorInterval(250*time.Millisecond))
+	c := client{t: t, base: st.HTTPURL, token: st.AdminToken}
+	var team api.TeamCreated
+	c.call("POST", "/v1/tokens", "application/json", fmt.Sprintf(`{"name":"flood","quota":{"bytes_per_second":%d}}`, quota), 201, &team)
+	var created api.JobCreated
+	c.with(team.Token).call("POST", "/v1/jobs", "application/json", specJSON(smallSpec("flood")), 201, &created)
+	nc := natsAs(t, st.URL, created.Credentials, nil)
+	js, _ := jetstream.New(nc)
+	shard := created.Layout.Shards[0]
+	payload := make([]byte, shard.Bytes())
+
+	// Far-future steps: stored (until the bound), never aggregated.
+	ctx := context.Background()
+	jc := c.with(created.Token)
+	var status api.JobStatus
+	refused := 0
+	for step := int64(100); step < 100_000 && status.State != api.StateThrottled; step++ {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		if _, err := js.PublishMsg(pctx, gradMsg("flood", shard.ID, step, 0, payload)); err != nil {
+			refused++
+		}
+		cancel()
+		if step%10 == 0 {
+			jc.call("GET", "/v1/jobs/flood", "", "", 200, &status)
+		}
+	}
+	if status.State != api.StateThrottled {
+		t.Fatalf("a job sending far beyond its quota is %s", status.State)
+	}
+	// Throttled: its publishes are refused by the server, not stored.
+	testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		_, err := js.PublishMsg(pctx, gradMsg("flood", shard.ID, 1, 0, payload))
+		if !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, jetstream.ErrNoStreamResponse) {
+			return fmt.Errorf("a throttled job's publish: %v", err)
+		}
+		return nil
+	})
+	comp, err := st.Connect("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer comp.Close()
+	cjs, _ := jetstream.New(comp)
+	gs, err := cjs.Stream(ctx, wire.GradStream("flood"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bound, _ := store.JobStorageBound(&created.Record)
+	if got := gs.CachedInfo().State.Bytes; got > uint64(bound) {
+		t.Fatalf("the stream holds %d bytes, beyond the job's bound %d", got, bound)
+	}
+	var rj api.Rejects
+	jc.call("GET", "/v1/jobs/flood/rejects", "", "", 200, &rj)
+	if rj.Counts[wire.ReasonQuotaExceeded] < 1 || !strings.Contains(rj.Recent[0].Detail, "sent or aggregated") {
+		t.Fatalf("rejects: %+v", rj)
+	}
+	t.Logf("throttled after %d refused publishes; stream holds %d bytes (bound %d)", refused, gs.CachedInfo().State.Bytes, bound)
 }

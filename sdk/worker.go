@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -259,15 +260,53 @@ func (w *Worker) publish(ctx context.Context, t int64, grads []float32) error {
 		select {
 		case <-f.Ok():
 		case err := <-f.Err():
-			// Retry once synchronously with the same id: JetStream drops it if the first one landed.
-			if _, err2 := w.c.js.PublishMsg(ctx, w.msgs[i]); err2 != nil {
-				return w.pubError(w.rec.Layout.Shards[i], errors.Join(err, err2))
+			// Retry synchronously with the same id: JetStream drops it if the first one landed.
+			if err := w.publishRetrying(ctx, w.rec.Layout.Shards[i], w.msgs[i], err); err != nil {
+				return err
 			}
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
 	return nil
+}
+
+// publishRetrying publishes m (a gradient whose asynchronous publish failed with first) until
+// JetStream stores it or ctx ends. It retries at once, then, with a backoff, for as long as the
+// refusal is one that passes (transient); anything else is returned at once, as a rejection where
+// it has a reason.
+func (w *Worker) publishRetrying(ctx context.Context, s job.Shard, m *nats.Msg, first error) error {
+	_, err := w.c.js.PublishMsg(ctx, m)
+	for wait := 20 * time.Millisecond; err != nil; wait = min(2*wait, time.Second) {
+		if ctx.Err() != nil || !w.transient(ctx, err) {
+			return w.pubError(s, errors.Join(first, err))
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+		_, err = w.c.js.PublishMsg(ctx, m)
+	}
+	return nil
+}
+
+// transient reports whether a refused publish may pass if retried: the job exists but its account
+// refuses gradients for now (paused or throttled for its quota: no responders), its gradient stream
+// is full until the runtimes purge what they applied, a stream leader is being elected, or the
+// acknowledgement was lost. A job that no longer exists is not transient.
+func (w *Worker) transient(ctx context.Context, err error) bool {
+	var apiErr *jetstream.APIError
+	switch {
+	case errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse):
+		_, jerr := w.c.Job(ctx, w.rec.Spec.ID)
+		return jerr == nil
+	case errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, jetstream.ErrAsyncPublishTimeout):
+		return true
+	case errors.As(err, &apiErr):
+		return apiErr.Code == 503 || apiErr.Code == 429 || strings.Contains(apiErr.Description, "maximum bytes exceeded") ||
+			strings.Contains(apiErr.Description, "maximum messages exceeded") || strings.Contains(apiErr.Description, "resource limits exceeded")
+	}
+	return false
 }
 
 // pubError names why NATS or JetStream refused a gradient.

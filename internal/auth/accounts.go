@@ -69,21 +69,23 @@ type jobImport struct {
 }
 
 // jobImports lists what a job's account imports (see the package comment above).
-func jobImports(job string, upload bool) []jobImport {
-	params := wire.ParamsStream(job)
-	im := []jobImport{
-		{wire.GradWildcard(job), jwt.Service},
+func jobImports(j JobAccount) []jobImport {
+	job, params := j.Job, wire.ParamsStream(j.Job)
+	var im []jobImport
+	if !j.NoIngest {
+		im = append(im, jobImport{wire.GradWildcard(job), jwt.Service})
+		if j.Upload {
+			im = append(im, jobImport{wire.InitWildcard(job), jwt.Service})
+		}
+	}
+	return append(im, []jobImport{
 		{wire.DirectGetLast(params, wire.ParamsWildcard(job)), jwt.Service},
 		{wire.DirectGet(params), jwt.Service},
 		{wire.JobRecordGet(job), jwt.Service},
 		{wire.ParamsWildcard(job), jwt.Stream},
 		{wire.RejectsSubject(job), jwt.Stream},
 		{wire.InboxWildcard(job), jwt.Stream},
-	}
-	if upload {
-		im = append(im, jobImport{wire.InitWildcard(job), jwt.Service})
-	}
-	return im
+	}...)
 }
 
 // JobAccount identifies the NATS account of one incarnation of a job.
@@ -92,6 +94,10 @@ type JobAccount struct {
 	Created time.Time // the job record's creation time
 	Upload  bool      // init "upload": the account may publish the step-0 parameters
 	Ranks   int       // bounds the connections the account may hold
+	// NoIngest: the account imports no gradient or upload subjects, so the servers refuse the
+	// job's publishes (no responders). The gateway sets it while the job is throttled for its
+	// bytes/s quota.
+	NoIngest bool
 }
 
 // jobAccountKey derives the account key of a job incarnation from the authority's secret.
@@ -134,7 +140,7 @@ func (a *Authority) JobAccountJWT(j JobAccount) (string, error) {
 	ac.Limits.Conn = MaxJobConnections(j.Ranks)
 	ac.Limits.Subs = ac.Limits.Conn * maxSubsPerConnection
 	ac.Limits.LeafNodeConn = 0
-	for _, im := range jobImports(j.Job, j.Upload) {
+	for _, im := range jobImports(j) {
 		act := jwt.NewActivationClaims(pub(kp))
 		act.Name = im.subject
 		act.ImportSubject = jwt.Subject(im.subject)

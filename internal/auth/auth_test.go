@@ -125,8 +125,9 @@ func TestJobAccountIsolation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := a.JobOf(credsA.JWT); got != "a" {
-		t.Fatalf("JobOf = %q, want a", got)
+	keyA, _ := a.JobAccountKey(accA)
+	if got, issuer := a.JobOf(credsA.JWT); got != "a" || issuer != keyA {
+		t.Fatalf("JobOf = %q, %q; want a, %q", got, issuer, keyA)
 	}
 	var errsA errRecorder
 	ncA := connect(t, ns.ClientURL(), credsA, &errsA)
