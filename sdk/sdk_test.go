@@ -4,11 +4,15 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fanin-ml/fanin/functions"
@@ -212,5 +216,137 @@ func TestWorkerErrors(t *testing.T) {
 	}
 	if _, err := w.Step(ctx, make([]float32, 3000)); !errors.Is(err, sdk.ErrUnknownJob) {
 		t.Fatalf("Step after the job was deleted: %v, want unknown_job", err)
+	}
+}
+
+// A worker killed in the middle of publishing a step, then restarted, resumes it: Params returns
+// every shard at the last complete step (not a mix of steps), Step publishes the step again under
+// the same message ids, and training ends byte-identical to the reference with each step applied
+// once.
+func TestRestartMidStepResumes(t *testing.T) {
+	st := testutil.Stack(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s := spec("resume", "adam", 2)
+	s.Function.Hyper["lr"] = 0.01
+	rec, err := sdk.NewAdmin(st.HTTPURL).CreateJob(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Layout.NumShards() < 3 {
+		t.Fatalf("want several shards, got %d", rec.Layout.NumShards())
+	}
+	connect := func() *sdk.Client {
+		c, err := sdk.Connect(ctx, st.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Close)
+		return c
+	}
+	w0, _ := connect().Worker(ctx, rec.Spec.ID, 0)
+	w1, _ := connect().Worker(ctx, rec.Spec.ID, 1)
+	_, init, err := w0.Params(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := w1.Params(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fn, _ := rec.Spec.NewFunc()
+	ref := functions.NewReference(fn, 2, rec.Layout.Ranges(), init)
+	params := append([]float32(nil), init...)
+	g := [][]float32{make([]float32, len(init)), make([]float32, len(init))}
+	step := func(t0 int64, ws ...*sdk.Worker) {
+		var wg sync.WaitGroup
+		errs := make([]error, len(ws))
+		for r, w := range ws {
+			wg.Add(1)
+			go func() { defer wg.Done(); _, errs[r] = w.Step(ctx, g[r]) }()
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatalf("step %d: %v", t0, err)
+		}
+	}
+	const steps, crashAt = 8, 4
+	for t0 := int64(1); t0 < crashAt; t0++ {
+		for r := range g {
+			testutil.Gradient(g[r], params, t0, r)
+		}
+		step(t0, w0, w1)
+		ref.Step(g, nil)
+		params = append(params[:0], ref.Params()...)
+	}
+
+	// Step crashAt: rank 1 publishes shard 0 only, as the SDK would have (same message id), then
+	// dies; rank 0 publishes everything, so shard 0 completes step crashAt and the others wait.
+	for r := range g {
+		testutil.Gradient(g[r], params, crashAt, r)
+	}
+	done0 := make(chan error, 1)
+	go func() { _, err := w0.Step(ctx, g[0]); done0 <- err }()
+	sh := rec.Layout.Shards[0]
+	raw := connect()
+	js, _ := jetstream.New(raw.Conn())
+	half := nats.NewMsg(wire.GradSubject(rec.Spec.ID, sh.ID))
+	half.Header.Set(wire.HdrStep, strconv.Itoa(crashAt))
+	half.Header.Set(wire.HdrRank, "1")
+	half.Header.Set(wire.HdrDtype, wire.DtypeF32)
+	half.Header.Set(wire.HdrMsgID, wire.GradMsgID(rec.Spec.ID, sh.ID, crashAt, 1))
+	half.Data = bits(g[1][sh.Off : sh.Off+sh.Len])
+	if _, err := js.PublishMsg(ctx, half); err != nil {
+		t.Fatal(err)
+	}
+	params0 := testutil.DirectGetter(raw.Conn(), wire.ParamsStream(rec.Spec.ID))
+	testutil.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		m, err := params0.GetLastMsgForSubject(ctx, wire.ParamsSubject(rec.Spec.ID, sh.ID))
+		if err != nil {
+			return err
+		}
+		if step, _ := wire.ParseStep(m.Header); step != crashAt {
+			return fmt.Errorf("shard 0 at step %d", step)
+		}
+		return nil
+	})
+
+	// The restarted rank 1 reads one step for every shard: crashAt-1, shard 0's previous version.
+	w1b, err := connect().Worker(ctx, rec.Spec.ID, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, vec, err := w1b.Params(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != crashAt-1 || !bytes.Equal(bits(vec), bits(params)) {
+		t.Fatalf("restarted worker's parameters: step %d, equal to step %d's: %v", got, crashAt-1, bytes.Equal(bits(vec), bits(params)))
+	}
+	if _, err := w1b.Step(ctx, g[1]); err != nil {
+		t.Fatalf("the resumed step: %v", err)
+	}
+	if err := <-done0; err != nil {
+		t.Fatal(err)
+	}
+	ref.Step(g, nil)
+	params = append(params[:0], ref.Params()...)
+	for t0 := int64(crashAt + 1); t0 <= steps; t0++ {
+		for r := range g {
+			testutil.Gradient(g[r], params, t0, r)
+		}
+		step(t0, w0, w1b)
+		ref.Step(g, nil)
+		params = append(params[:0], ref.Params()...)
+	}
+	final := testutil.ParamsAt(t, params0, rec, steps)
+	if !bytes.Equal(bits(final), bits(ref.Params())) {
+		t.Fatal("after a restart in the middle of a step, the parameters differ from the reference")
+	}
+	var applied int64
+	for _, rt := range st.AllRuntimes() {
+		applied += rt.Stats().Invocations
+	}
+	if want := int64(steps * rec.Layout.NumShards()); applied != want {
+		t.Fatalf("%d shard updates applied, want %d", applied, want)
 	}
 }

@@ -43,6 +43,7 @@ type Worker struct {
 	mu      sync.Mutex // guards the fields below, written by the parameter subscription
 	want    int64      // the step Step waits for; 0 when not waiting
 	got     []int64    // per shard: step of the parameters copied into vec
+	ahead   []bool     // per shard: the stream already holds the next step's parameters (Params)
 	missing int
 	ready   chan struct{} // closed when missing reaches 0
 }
@@ -80,6 +81,7 @@ func (c *Client) Worker(ctx context.Context, id string, rank int, opts ...Worker
 		c: c, rec: rec, rank: rank, fetch: time.Second, step: -1,
 		vec:     make([]float32, rec.Layout.Elements),
 		got:     make([]int64, rec.Layout.NumShards()),
+		ahead:   make([]bool, rec.Layout.NumShards()),
 		msgs:    make([]*nats.Msg, rec.Layout.NumShards()),
 		inbox:   wire.InboxPrefix(id) + "." + nuid.Next(), // rejections are sent only inside the job's reply namespace
 		rejects: make(chan *wire.Reject, 64),
@@ -126,33 +128,80 @@ func (w *Worker) Close() error {
 	return errors.Join(w.psub.Unsubscribe(), w.rsub.Unsubscribe())
 }
 
-// Params fetches the latest parameters of every shard from the stream: how a worker that joins late
-// or restarts catches up. It returns the step they follow and the flattened vector, which the worker
-// owns and overwrites on the next call to Params or Step.
+// Params fetches the parameters of every shard from the stream, all of one step: how a worker that
+// joins late or restarts catches up. It returns that step and the flattened vector, which the
+// worker owns and overwrites on the next call to Params or Step.
+//
+// In BSP the shards of a job are never more than one step apart, and the stream keeps two versions
+// of every shard's parameters: where some shards are already at step t+1 (the other ranks, or this
+// rank before a crash, published step t+1 of them), Params returns step t, reading the previous
+// version of those shards. The next Step then publishes step t+1 again with the same message ids
+// (JetStream drops the copies it stored; a shard that applied them answers stale_step, and Step
+// takes its parameters from the stream), so a worker restarted in the middle of publishing a step
+// ends byte-identical to an uninterrupted run.
 //
 // Until the job has its initial parameters (init "upload": until they are uploaded and checked),
 // Params waits for them, until ctx ends.
 func (w *Worker) Params(ctx context.Context) (int64, []float32, error) {
-	step := int64(-1)
-	for _, s := range w.rec.Layout.Shards {
-		got, err := w.fetchShard(ctx, s, -1)
-		for wait := 10 * time.Millisecond; errors.Is(err, errNoMessage); wait = min(2*wait, 500*time.Millisecond) {
-			select {
-			case <-ctx.Done():
-				return 0, nil, fmt.Errorf("job %q has no parameters for shard %d yet: %w", w.rec.Spec.ID, s.ID, ctx.Err())
-			case <-time.After(wait):
-			}
-			got, err = w.fetchShard(ctx, s, -1)
-		}
-		if err != nil {
+	latest := make([]int64, len(w.rec.Layout.Shards))
+	for wait := 10 * time.Millisecond; ; wait = min(2*wait, 500*time.Millisecond) {
+		t, ok, err := w.readConsistent(ctx, latest)
+		if err != nil && !errors.Is(err, errNoMessage) {
 			return 0, nil, err
 		}
-		if step < 0 || got < step {
-			step = got
+		if err == nil && ok {
+			w.step = t
+			w.mu.Lock()
+			for i, l := range latest {
+				w.ahead[i] = l > t
+			}
+			w.mu.Unlock()
+			return t, w.vec, nil
+		}
+		select { // no parameters yet, or training moved on while we read: again
+		case <-ctx.Done():
+			if err != nil {
+				return 0, nil, fmt.Errorf("job %q has no parameters yet: %w", w.rec.Spec.ID, ctx.Err())
+			}
+			return 0, nil, fmt.Errorf("job %q: no consistent parameters: %w", w.rec.Spec.ID, ctx.Err())
+		case <-time.After(wait):
 		}
 	}
-	w.step = step
-	return step, w.vec, nil
+}
+
+// readConsistent reads every shard's parameters at the lowest step t among their newest versions
+// into vec, recording each shard's newest step in latest. ok is false when the shards are more than
+// one step apart, or a previous version is gone: the caller reads again.
+func (w *Worker) readConsistent(ctx context.Context, latest []int64) (t int64, ok bool, err error) {
+	t, hi := int64(-1), int64(-1)
+	for i, s := range w.rec.Layout.Shards {
+		if latest[i], err = w.fetchShard(ctx, s, -1); err != nil {
+			return 0, false, err
+		}
+		if t < 0 || latest[i] < t {
+			t = latest[i]
+		}
+		hi = max(hi, latest[i])
+	}
+	if hi > t+1 {
+		return 0, false, nil
+	}
+	for i, s := range w.rec.Layout.Shards {
+		if latest[i] == t {
+			continue
+		}
+		// The oldest version the stream keeps of a shard at t+1: step t, unless it moved on.
+		id := w.rec.Spec.ID
+		body := `{"next_by_subj":"` + wire.ParamsSubject(id, s.ID) + `"}`
+		m, err := w.c.directGet(ctx, wire.DirectGet(wire.ParamsStream(id)), []byte(body))
+		if err != nil {
+			return 0, false, fmt.Errorf("fetch parameters of shard %d: %w", s.ID, err)
+		}
+		if step, err := w.copyShard(s, m, t); err != nil || step != t {
+			return 0, false, err
+		}
+	}
+	return t, true, nil
 }
 
 // fetchShard copies the shard's latest parameters into vec if they are for step want (any step if
@@ -163,6 +212,12 @@ func (w *Worker) fetchShard(ctx context.Context, s job.Shard, want int64) (int64
 	if err != nil {
 		return 0, fmt.Errorf("fetch parameters of shard %d: %w", s.ID, err)
 	}
+	return w.copyShard(s, m, want)
+}
+
+// copyShard copies a parameters message of shard s into vec if it is for step want (any step if
+// want < 0) and returns its step.
+func (w *Worker) copyShard(s job.Shard, m *nats.Msg, want int64) (int64, error) {
 	step, err := wire.ParseStep(m.Header)
 	if err != nil {
 		return 0, fmt.Errorf("shard %d: %w", s.ID, err)
@@ -172,7 +227,7 @@ func (w *Worker) fetchShard(ctx context.Context, s job.Shard, want int64) (int64
 	}
 	if want < 0 || step == want {
 		w.mu.Lock()
-		if w.got[s.ID] < step || want < 0 {
+		if w.got[s.ID] < step || want < 0 || step == want {
 			functions.CopyLE(w.vec[s.Off:s.Off+s.Len], m.Data)
 			w.got[s.ID] = step
 		}
@@ -335,7 +390,22 @@ func (w *Worker) pubError(s job.Shard, err error) error {
 func (w *Worker) await(ctx context.Context, t int64) error {
 	w.mu.Lock()
 	ready := w.ready
+	var ahead []job.Shard // shards whose step-t parameters the stream held before we published
+	for i, a := range w.ahead {
+		if a {
+			ahead = append(ahead, w.rec.Layout.Shards[i])
+			w.ahead[i] = false
+		}
+	}
 	w.mu.Unlock()
+	for _, s := range ahead {
+		if _, err := w.fetchShard(ctx, s, t); err != nil {
+			return err
+		}
+	}
+	if len(ahead) > 0 {
+		w.markIfComplete(t)
+	}
 	wait := w.fetch
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
@@ -348,6 +418,15 @@ func (w *Worker) await(ctx context.Context, t int64) error {
 				(w.attempt > 0 && (rej.Reason == wire.ReasonDuplicate || rej.Reason == wire.ReasonStaleStep)) {
 				// An old step's or an earlier attempt's report, or the echo of a retry: a shard that
 				// took our earlier message answers duplicate (step still open) or stale (applied).
+				continue
+			}
+			if rej.Reason == wire.ReasonStaleStep && rej.Shard >= 0 && rej.Shard < len(w.rec.Layout.Shards) {
+				// The shard applied step t with this rank's gradient already: sent before a
+				// restart, under the same message id. Its parameters are in the stream.
+				if _, err := w.fetchShard(ctx, w.rec.Layout.Shards[rej.Shard], t); err != nil {
+					return err
+				}
+				w.markIfComplete(t)
 				continue
 			}
 			return rej

@@ -44,5 +44,6 @@ func JobStorageBound(rec *job.Record) (grad, params int64) {
 }
 
 // ParamsHistory is how many versions of each shard's parameters (and checkpoints) the parameter
-// stream keeps.
-const ParamsHistory = 1
+// stream keeps: two, so that a worker that joins or restarts while a step is half applied can read
+// every shard at the same step (in BSP no two shards are more than one step apart).
+const ParamsHistory = 2
