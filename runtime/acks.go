@@ -24,9 +24,15 @@ type ackItem struct {
 	done func(ok bool)
 }
 
-// ackRetries is how many times a failed publish is retried; the message id makes a retry of a
-// message JetStream did store a no-op.
-const ackRetries = 5
+// ackRetryFor is how long a failed publish is retried, with a backoff from ackBackoff to a second
+// and each attempt bounded by ackAttempt: long enough to outlast a stream leader's election (a few
+// seconds), short enough that a shard whose stream is gone replays from its snapshot soon. The
+// message id makes a retry of a message JetStream did store a no-op.
+const (
+	ackRetryFor = 30 * time.Second
+	ackBackoff  = 50 * time.Millisecond
+	ackAttempt  = 2 * time.Second
+)
 
 func newAcker(js jetstream.JetStream, log *slog.Logger) *acker {
 	return &acker{js: js, log: log, queue: make(chan ackItem, 4096)}
@@ -67,13 +73,18 @@ func (a *acker) wait(ctx context.Context, it ackItem) bool {
 			return false
 		}
 	}
-	for i := 0; i < ackRetries && ctx.Err() == nil; i++ {
-		a.log.Warn("publish not acknowledged; retrying", "subject", it.msg.Subject, "err", err, "attempt", i+1)
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	deadline := time.Now().Add(ackRetryFor)
+	for attempt, backoff := 1, ackBackoff; ctx.Err() == nil && time.Now().Before(deadline); attempt, backoff = attempt+1, min(2*backoff, time.Second) {
+		a.log.Warn("publish not acknowledged; retrying", "subject", it.msg.Subject, "err", err, "attempt", attempt)
+		pctx, cancel := context.WithTimeout(ctx, ackAttempt)
 		_, err = a.js.PublishMsg(pctx, it.msg)
 		cancel()
 		if err == nil {
 			return true
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
 		}
 	}
 	a.log.Error("publish failed; the shard will replay from its last snapshot", "subject", it.msg.Subject, "err", err)

@@ -544,5 +544,6 @@ func (r *Runtime) Shards() []string {
 	return keys
 }
 
-// ackTimeout bounds the wait for JetStream to acknowledge an asynchronous publish.
-const ackTimeout = 30 * time.Second
+// ackTimeout bounds the wait for JetStream to acknowledge an asynchronous publish: a publish lost
+// in a stream leader's election is sent again after it (acker.wait), under the same message id.
+const ackTimeout = 5 * time.Second

@@ -100,8 +100,11 @@ func (c *Client) Job(ctx context.Context, id string) (*job.Record, error) {
 		return nil, fmt.Errorf("job %q: %w", id, ErrUnknownJob)
 	}
 	m, err := c.directGet(ctx, wire.JobRecordGet(id), nil)
-	if errors.Is(err, errNoMessage) || errors.Is(err, nats.ErrNoResponders) {
+	if errors.Is(err, errNoMessage) {
 		return nil, fmt.Errorf("job %q: %w", id, ErrUnknownJob)
+	}
+	if errors.Is(err, nats.ErrNoResponders) { // the bucket is being elected a leader, or missing
+		return nil, fmt.Errorf("read job %q: the jobs bucket does not answer (no responders): %w", id, err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read job %q: %w", id, err)

@@ -353,8 +353,8 @@ func (w *Worker) transient(ctx context.Context, err error) bool {
 	var apiErr *jetstream.APIError
 	switch {
 	case errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse):
-		_, jerr := w.c.Job(ctx, w.rec.Spec.ID)
-		return jerr == nil
+		_, jerr := w.c.Job(ctx, w.rec.Spec.ID) // only a job known not to exist is final
+		return !errors.Is(jerr, ErrUnknownJob)
 	case errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, jetstream.ErrAsyncPublishTimeout):
 		return true
 	case errors.As(err, &apiErr):
