@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"time"
 
@@ -48,7 +49,11 @@ func Connect(ctx context.Context, url string, opts ...Option) (*Client, error) {
 			return nil, err
 		}
 	}
-	nopts := append([]nats.Option{nats.Name("fanin-sdk")}, c.natsOpt...)
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	// ctx bounds the dial (and cancels it); the connection then lives until Close.
+	nopts := append([]nats.Option{nats.Name("fanin-sdk"), nats.SetCustomDialer(ctxDialer{ctx})}, c.natsOpt...)
 	nc, err := nats.Connect(url, nopts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", url, err)
@@ -57,7 +62,27 @@ func Connect(ctx context.Context, url string, opts ...Option) (*Client, error) {
 		nc.Close()
 		return nil, err
 	}
-	return c, ctx.Err()
+	if err := ctx.Err(); err != nil { // never a live client with an error
+		nc.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// ctxDialer dials with the Connect call's context while it lasts: a cancelled Connect stops
+// dialing. Reconnects, after Connect has returned, dial without it.
+type ctxDialer struct{ ctx context.Context }
+
+func (d ctxDialer) Dial(network, address string) (net.Conn, error) {
+	ctx := d.ctx
+	if ctx.Err() != nil {
+		ctx = context.Background()
+	}
+	var dialer net.Dialer
+	if _, ok := ctx.Deadline(); !ok {
+		dialer.Timeout = 2 * time.Second // nats.go's default connect timeout
+	}
+	return dialer.DialContext(ctx, network, address)
 }
 
 // New uses an existing connection, which the caller keeps and closes. Options as for Connect.

@@ -350,3 +350,20 @@ func TestRestartMidStepResumes(t *testing.T) {
 		t.Fatalf("%d shard updates applied, want %d", applied, want)
 	}
 }
+
+// Connect dials with its context: a cancelled one fails at once and returns no client.
+func TestConnectHonoursContext(t *testing.T) {
+	url := testutil.NATS(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if c, err := sdk.Connect(ctx, url); err == nil || c != nil {
+		t.Fatalf("Connect with a cancelled context: %v, %v", c, err)
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := sdk.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+}
