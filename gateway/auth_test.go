@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 
+	"github.com/fanin-ml/fanin/gateway"
 	"github.com/fanin-ml/fanin/gateway/api"
 	"github.com/fanin-ml/fanin/internal/devstack"
 	"github.com/fanin-ml/fanin/internal/testutil"
@@ -95,8 +96,13 @@ func TestAuthScopes(t *testing.T) {
 	}
 	j.problem("GET", "/v1/jobs/a2", "", "", 403, string(wire.ReasonForbidden))
 	j.problem("POST", "/v1/jobs", "application/json", specJSON(smallSpec("a4")), 403, string(wire.ReasonForbidden))
-	c.awaitCount("b1", wire.ReasonForbidden, 2)
-	c.awaitCount("a2", wire.ReasonForbidden, 1)
+	// Refusals are recorded under no job, never against the job a caller could not reach.
+	c.awaitCount(gateway.NoJob, wire.ReasonForbidden, 2+8+2)
+	for _, id := range []string{"b1", "a2"} {
+		if n := c.counts(id)[wire.ReasonForbidden]; n != 0 {
+			t.Fatalf("job %s: %d forbidden API calls recorded against it", id, n)
+		}
+	}
 
 	// NATS: job a1's credentials against job b1.
 	errs := make(chan error, 16)

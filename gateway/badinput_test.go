@@ -261,8 +261,8 @@ func TestBadInputEverywhere(t *testing.T) {
 			`{"id":"victim","tensors":`+strings.Repeat("[", 10000)+strings.Repeat("]", 10000)+`}`)},
 		{"deeply nested YAML", gateway.NoJob, wire.ReasonTooDeep, apiCall(st.AdminToken, "POST", "/v1/jobs", "application/yaml", deepYAML(40))},
 		{"wrong content type", gateway.NoJob, wire.ReasonMediaType, apiCall(st.AdminToken, "POST", "/v1/jobs", "text/plain", specJSON(vspec))},
-		{"no token", "victim", wire.ReasonUnauthorized, apiCall("", "GET", "/v1/jobs/victim", "", "")},
-		{"another job's token", "victim", wire.ReasonForbidden, apiCall(other.Token, "GET", "/v1/jobs/victim", "", "")},
+		{"no token", gateway.NoJob, wire.ReasonUnauthorized, apiCall("", "GET", "/v1/jobs/victim", "", "")},
+		{"another job's token", gateway.NoJob, wire.ReasonForbidden, apiCall(other.Token, "GET", "/v1/jobs/victim", "", "")},
 		{"malformed query", "victim", wire.ReasonBadParameter, apiCall(victim.Token, "GET", "/v1/jobs/victim/rejects?limit=lots", "", "")},
 	}
 	if len(cases) < 12 {

@@ -70,7 +70,8 @@ type Server struct {
 	users map[string]string // NATS user public key -> job, for attributing violations
 	dash  *dashboard.Dashboard
 
-	jobLocks sync.Map // job id -> *sync.Mutex: serializes pause, resume and delete of a job
+	jobLocks   sync.Map // job id -> *sync.Mutex: serializes pause, resume and delete of a job
+	ownerLocks sync.Map // owner -> *sync.Mutex: one job creation at a time per owner (the jobs quota)
 
 	bg   context.Context // background work; cancelled by Close
 	stop context.CancelFunc

@@ -225,14 +225,6 @@ func ownerName(g grant) string {
 	return "the admin token"
 }
 
-var ownerLocks sync.Map // owner -> *sync.Mutex: one creation at a time per owner, for the jobs quota
-
-func (s *Server) lockOwner(owner string) func() {
-	mu, _ := ownerLocks.LoadOrStore(owner, &sync.Mutex{})
-	mu.(*sync.Mutex).Lock()
-	return mu.(*sync.Mutex).Unlock
-}
-
 func (s *Server) lockJob(id string) func() {
 	mu, _ := s.jobLocks.LoadOrStore(id, &sync.Mutex{})
 	mu.(*sync.Mutex).Lock()

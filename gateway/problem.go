@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -13,7 +12,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/fanin-ml/fanin/gateway/api"
-	"github.com/fanin-ml/fanin/internal/auth"
 	"github.com/fanin-ml/fanin/wire"
 )
 
@@ -96,105 +94,6 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
-}
-
-// grant is what a request's token allows.
-type grant struct {
-	Kind auth.Kind
-	Team string // team tokens: the team's id
-	Job  string // job tokens: the job
-}
-
-const kindOpen auth.Kind = "open" // the API runs without authentication: everything is allowed
-
-func (g grant) admin() bool { return g.Kind == auth.KindAdmin || g.Kind == kindOpen }
-
-// owner is the name the grant's jobs are owned under.
-func (g grant) owner() string {
-	if g.Kind == auth.KindTeam {
-		return g.Team
-	}
-	return "admin"
-}
-
-type grantKey struct{}
-
-func grantOf(r *http.Request) grant {
-	g, _ := r.Context().Value(grantKey{}).(grant)
-	return g
-}
-
-// authenticate reads the bearer token of a request.
-func (s *Server) authenticate(r *http.Request) (grant, string) {
-	if s.admin == "" {
-		return grant{Kind: kindOpen}, ""
-	}
-	h := r.Header.Get("Authorization")
-	if h == "" {
-		return grant{}, "no credentials: send the header Authorization: Bearer <token>"
-	}
-	scheme, tok, _ := strings.Cut(h, " ")
-	tok = strings.TrimSpace(tok)
-	if !strings.EqualFold(scheme, "Bearer") || tok == "" {
-		return grant{}, "the Authorization header is not a bearer token: send Authorization: Bearer <token>"
-	}
-	if auth.Equal(tok, s.admin) {
-		return grant{Kind: auth.KindAdmin}, ""
-	}
-	if g, ok := s.tokens.lookup(auth.HashToken(tok)); ok {
-		return g, ""
-	}
-	return grant{}, "the token is not valid: unknown, deleted, or its job was deleted"
-}
-
-// guard authenticates and authorizes a request before its handler runs.
-func (s *Server) guard(a Access, h http.HandlerFunc) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if a == Public {
-			h(w, r)
-			return
-		}
-		jobID := ""
-		if a == JobUser {
-			jobID = r.PathValue("id")
-		}
-		g, why := s.authenticate(r)
-		if why != "" {
-			s.reject(w, wire.ReasonUnauthorized, fmt.Sprintf("%s %s: %s", r.Method, r.URL.Path, why), jobID)
-			return
-		}
-		if a == JobUser && !validJobID(jobID) {
-			s.reject(w, wire.ReasonBadParameter, fmt.Sprintf("%q is not a job id: 1-63 characters of a-z, 0-9 and '-'", jobID), NoJob)
-			return
-		}
-		var denied string
-		switch {
-		case a == Admin && !g.admin():
-			denied = "only the admin token may"
-		case a == Creator && !g.admin() && g.Kind != auth.KindTeam:
-			denied = "only the admin token or a team token may"
-		case a == JobUser && !s.canReach(r.Context(), g, jobID):
-			denied = fmt.Sprintf("this %s token does not reach job %q; it may not", g.Kind, jobID)
-		}
-		if denied != "" {
-			s.reject(w, wire.ReasonForbidden, fmt.Sprintf("%s %s %s", denied, r.Method, r.URL.Path), jobID)
-			return
-		}
-		h(w, r.WithContext(context.WithValue(r.Context(), grantKey{}, g)))
-	})
-}
-
-func (s *Server) canReach(ctx context.Context, g grant, jobID string) bool {
-	switch g.Kind {
-	case auth.KindAdmin, kindOpen:
-		return true
-	case auth.KindJob:
-		return g.Job == jobID
-	case auth.KindTeam:
-		m, err := s.meta(ctx, jobID)
-		return err == nil && m.Owner == g.Team
-	}
-	return false
 }
 
 // Media types a request body may have.

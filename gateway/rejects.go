@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -43,6 +44,8 @@ type rejectStore struct {
 	s      *Server
 	stream jetstream.Stream
 	cons   jetstream.Consumer
+	origin string           // this gateway process in wire.HdrRejectOrigin
+	tally  wire.RejectTally // the rejections it recorded, by job
 }
 
 func newRejectStore(ctx context.Context, s *Server) (*rejectStore, error) {
@@ -66,7 +69,7 @@ func newRejectStore(ctx context.Context, s *Server) (*rejectStore, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rejects counter: %w", err)
 	}
-	return &rejectStore{s: s, stream: st, cons: cons}, nil
+	return &rejectStore{s: s, stream: st, cons: cons, origin: "gateway-" + uuid.NewString()}, nil
 }
 
 // record publishes a rejection the gateway made (or learned of) on its job's rejects subject.
@@ -74,6 +77,8 @@ func (rs *rejectStore) record(rej *wire.Reject, source string) {
 	m := nats.NewMsg(wire.RejectsSubject(rej.Job))
 	m.Header.Set(hdrSource, source)
 	m.Header.Set(wire.HdrReject, string(rej.Reason))
+	m.Header.Set(wire.HdrRejectOrigin, rs.origin)
+	m.Header.Set(wire.HdrRejectCounts, rs.tally.Add(rej.Job, rej.Reason))
 	m.Data = rej.Marshal()
 	if err := rs.s.nc.PublishMsg(m); err != nil {
 		rs.s.log.Debug("record rejection", "job", rej.Job, "reason", rej.Reason, "err", err)
@@ -91,24 +96,35 @@ func (rs *rejectStore) count(ctx context.Context) {
 			}
 			continue
 		}
-		add := map[string]map[wire.Reason]int64{}
+		add := map[string]*rejectCounts{}
 		var last jetstream.Msg
 		for m := range batch.Messages() {
 			last = m
 			jobID := jobOfSubject(m.Subject())
+			if jobID == "" {
+				continue
+			}
+			c := add[jobID]
+			if c == nil {
+				c = &rejectCounts{}
+				add[jobID] = c
+			}
+			if origin := m.Headers().Get(wire.HdrRejectOrigin); origin != "" {
+				if counts, err := wire.ParseCounts(m.Headers().Get(wire.HdrRejectCounts)); err == nil {
+					c.observe(origin, counts)
+					continue
+				}
+			}
+			// No cumulative counts (a fanin before they existed): one rejection.
 			reason := wire.Reason(m.Headers().Get(wire.HdrReject))
 			if reason == "" {
 				if rej, err := wire.UnmarshalReject(m.Data()); err == nil {
 					reason = rej.Reason
 				}
 			}
-			if jobID == "" || reason == "" {
-				continue
+			if reason != "" {
+				c.addOther(reason, 1)
 			}
-			if add[jobID] == nil {
-				add[jobID] = map[wire.Reason]int64{}
-			}
-			add[jobID][reason]++
 		}
 		for jobID, c := range add {
 			if err := rs.add(ctx, jobID, c); err != nil && ctx.Err() == nil {
@@ -130,23 +146,86 @@ func jobOfSubject(subject string) string {
 	return j
 }
 
-func (rs *rejectStore) add(ctx context.Context, jobID string, add map[wire.Reason]int64) error {
+// rejectCounts is a job's rejection counts in StateBucket: per origin (wire.HdrRejectOrigin), the
+// latest cumulative counts it announced, and the rejections that came without (older fanin).
+type rejectCounts struct {
+	Origins map[string]map[wire.Reason]int64 `json:"origins,omitempty"`
+	Other   map[wire.Reason]int64            `json:"other,omitempty"`
+}
+
+// observe merges an origin's cumulative counts: they only grow, so the larger of two is the later.
+func (c *rejectCounts) observe(origin string, counts map[wire.Reason]int64) {
+	if c.Origins == nil {
+		c.Origins = map[string]map[wire.Reason]int64{}
+	}
+	o := c.Origins[origin]
+	if o == nil {
+		o = map[wire.Reason]int64{}
+		c.Origins[origin] = o
+	}
+	for r, n := range counts {
+		o[r] = max(o[r], n)
+	}
+}
+
+func (c *rejectCounts) addOther(r wire.Reason, n int64) {
+	if c.Other == nil {
+		c.Other = map[wire.Reason]int64{}
+	}
+	c.Other[r] += n
+}
+
+// merge folds d (a batch's observations) into c.
+func (c *rejectCounts) merge(d *rejectCounts) {
+	for origin, counts := range d.Origins {
+		c.observe(origin, counts)
+	}
+	for r, n := range d.Other {
+		c.addOther(r, n)
+	}
+}
+
+// byReason sums the counts over origins.
+func (c *rejectCounts) byReason() map[wire.Reason]int64 {
+	out := map[wire.Reason]int64{}
+	for _, counts := range c.Origins {
+		for r, n := range counts {
+			out[r] += n
+		}
+	}
+	for r, n := range c.Other {
+		out[r] += n
+	}
+	return out
+}
+
+func decodeCounts(b []byte) *rejectCounts {
+	var c rejectCounts
+	if json.Unmarshal(b, &c) == nil && (c.Origins != nil || c.Other != nil) {
+		return &c
+	}
+	var old map[wire.Reason]int64 // the format before origins: reason -> count
+	if json.Unmarshal(b, &old) == nil {
+		return &rejectCounts{Other: old}
+	}
+	return &rejectCounts{}
+}
+
+func (rs *rejectStore) add(ctx context.Context, jobID string, d *rejectCounts) error {
 	kv := rs.s.state
 	for range 20 {
-		counts := map[wire.Reason]int64{}
+		c := &rejectCounts{}
 		e, err := kv.Get(ctx, countsKey(jobID))
 		var rev uint64
 		switch {
 		case err == nil:
 			rev = e.Revision()
-			_ = json.Unmarshal(e.Value(), &counts)
+			c = decodeCounts(e.Value())
 		case !errors.Is(err, jetstream.ErrKeyNotFound):
 			return err
 		}
-		for r, n := range add {
-			counts[r] += n
-		}
-		val, _ := json.Marshal(counts)
+		c.merge(d)
+		val, _ := json.Marshal(c)
 		if rev == 0 {
 			_, err = kv.Create(ctx, countsKey(jobID), val)
 		} else {
@@ -168,9 +247,7 @@ func (rs *rejectStore) counts(ctx context.Context, jobID string) map[wire.Reason
 	if err != nil {
 		return nil
 	}
-	var c map[wire.Reason]int64
-	_ = json.Unmarshal(e.Value(), &c)
-	return c
+	return decodeCounts(e.Value()).byReason()
 }
 
 func (rs *rejectStore) total(ctx context.Context, jobID string) int64 {
@@ -233,6 +310,7 @@ func (rs *rejectStore) recent(ctx context.Context, jobID string, limit int) ([]a
 func (rs *rejectStore) forget(ctx context.Context, jobID string) {
 	_ = rs.stream.Purge(ctx, jetstream.WithPurgeSubject(wire.RejectsSubject(jobID)))
 	_ = rs.s.state.Delete(ctx, countsKey(jobID))
+	rs.tally.Forget(jobID)
 }
 
 // Rejects returns a job's rejection counts and latest rejections.

@@ -119,7 +119,11 @@ func (l *rejectLog) counts() map[wire.Reason]int64 {
 // reject counts and logs a rejection, tells the sender if it gave a Fanin-Reply-To inside its job's
 // reply namespace (wire.ValidReplyTo; any other is dropped and counted), and publishes it on the
 // job's rejects subject for observers.
-func (r *Runtime) reject(rej *wire.Reject, replyTo string) {
+//
+// incarnation names the job's incarnation (its id and creation time: jobInfo.incarnation): the
+// counts announced with each rejection are per incarnation, so a job deleted and created again
+// under the same id counts from zero.
+func (r *Runtime) reject(rej *wire.Reject, replyTo, incarnation string) {
 	r.rejects.add(rej)
 	r.met.Reject(rej.Job, string(rej.Reason))
 	body := rej.Marshal()
@@ -136,6 +140,10 @@ func (r *Runtime) reject(rej *wire.Reject, replyTo string) {
 		_ = r.nc.PublishMsg(m) // best effort: the sender may be gone
 	}
 	if rej.Job != "" {
-		_ = r.nc.Publish(wire.RejectsSubject(rej.Job), body)
+		m := nats.NewMsg(wire.RejectsSubject(rej.Job))
+		m.Header.Set(wire.HdrRejectOrigin, r.origin)
+		m.Header.Set(wire.HdrRejectCounts, r.tally.Add(incarnation, rej.Reason))
+		m.Data = body
+		_ = r.nc.PublishMsg(m)
 	}
 }

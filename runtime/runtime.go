@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	goruntime "runtime"
+	"strconv"
 	"sync"
 	"time"
 
@@ -24,11 +25,15 @@ import (
 // Runtime hosts shard executors. Create it with New, run it with Run.
 type Runtime struct {
 	id    string
-	nc    *nats.Conn
-	js    jetstream.JetStream
-	log   *slog.Logger
-	cores int
-	now   func() time.Time
+	tally wire.RejectTally // this process's rejections by job, for exact counts (wire.HdrRejectCounts)
+	// origin names this process in HdrRejectOrigin: the id and the start time, so that a runtime
+	// restarted under the same id counts afresh under a new origin.
+	origin string
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	log    *slog.Logger
+	cores  int
+	now    func() time.Time
 
 	metricsURL string // where this runtime's metrics are served; "" when nowhere
 
@@ -68,6 +73,8 @@ type jobInfo struct {
 	params jetstream.Stream
 	init   jetstream.Stream // init "upload" jobs: the uploaded initial parameters; nil otherwise
 	refs   int
+	// incarnation is the job's id and creation time: the key of its rejection counts (r.tally).
+	incarnation string
 }
 
 // Option configures a Runtime.
@@ -141,6 +148,7 @@ func New(nc *nats.Conn, opts ...Option) (*Runtime, error) {
 		}
 	}
 	r.log = r.log.With("runtime", r.id)
+	r.origin = r.id + "@" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	r.cpu = make(chan struct{}, r.cores)
 	r.hurry = make(chan struct{}, 1)
 	r.rejects = newRejectLog(r.log, r.now)
@@ -504,7 +512,8 @@ func (r *Runtime) acquireJob(ctx context.Context, id string) (*jobInfo, error) {
 		ji.refs++
 		return ji, nil
 	}
-	ji := &jobInfo{rec: &rec, grads: grads, params: params, init: init, refs: 1}
+	ji := &jobInfo{rec: &rec, grads: grads, params: params, init: init, refs: 1,
+		incarnation: id + "@" + strconv.FormatInt(rec.Created.UnixNano(), 36)}
 	r.jobs[id] = ji
 	return ji, nil
 }

@@ -302,7 +302,7 @@ func (x *shardExec) adoptUpload(ctx context.Context) (bool, error) {
 	}
 	if rej != nil {
 		rej.Job, rej.Shard, rej.MsgID = id, x.shard.ID, m.Header.Get(wire.HdrMsgID)
-		x.r.reject(rej, m.Header.Get(wire.HdrReplyTo))
+		x.r.reject(rej, m.Header.Get(wire.HdrReplyTo), x.ji.incarnation)
 		if err := x.ji.init.DeleteMsg(ctx, m.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 			return false, fmt.Errorf("delete the refused upload: %w", err)
 		}
@@ -395,7 +395,7 @@ func (x *shardExec) handleSeq(m jetstream.Msg, seq uint64) {
 		if rej.Rank < 0 && meta.Rank < x.ranks {
 			rej.Rank = meta.Rank
 		}
-		x.r.reject(rej, meta.ReplyTo)
+		x.r.reject(rej, meta.ReplyTo, x.ji.incarnation)
 		return
 	}
 	x.r.stats.bytesIn.Add(int64(len(data)))

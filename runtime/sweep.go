@@ -71,7 +71,7 @@ func (x *shardExec) rejectSubjects(ctx context.Context, subjects []string, shard
 			if meta.Rank < x.ranks {
 				rej.Rank = meta.Rank
 			}
-			x.r.reject(rej, meta.ReplyTo)
+			x.r.reject(rej, meta.ReplyTo, x.ji.incarnation)
 			if seq, ok := wire.StreamSeq(m.Reply()); ok {
 				last[subject] = seq
 			}

@@ -112,3 +112,22 @@ func TestAckInfo(t *testing.T) {
 		t.Fatalf("got %d %d %v", seq, pending, ok)
 	}
 }
+
+func TestRejectTally(t *testing.T) {
+	var tally RejectTally
+	tally.Add("a", ReasonBadLength)
+	tally.Add("b", ReasonBadLength)
+	got := tally.Add("a", ReasonUnknownShard)
+	if got != "bad_length=1,unknown_shard=1" {
+		t.Fatalf("counts %q", got)
+	}
+	c, err := ParseCounts(tally.Add("a", ReasonBadLength))
+	if err != nil || c[ReasonBadLength] != 2 || c[ReasonUnknownShard] != 1 || len(c) != 2 {
+		t.Fatalf("ParseCounts: %v %v", c, err)
+	}
+	for _, bad := range []string{"x", "a=", "=1", "a=-1", "a=1,,b=2"} {
+		if _, err := ParseCounts(bad); err == nil {
+			t.Errorf("ParseCounts(%q) accepted", bad)
+		}
+	}
+}
