@@ -94,12 +94,14 @@ func Start(cfg Config) (*server.Server, error) {
 // violations, which the server logs as
 //
 //	<addr> - cid:<n> - "<client>" - "<account>/jwt:<user>" - Publish Violation - Subject "<subject>"
+//
+// (or "<account>/nkey:<user>": the server names some clients, nats.js among them, by their nkey).
 type violationLogger struct {
 	inner server.Logger
 	on    func(Violation)
 }
 
-var violationRE = regexp.MustCompile(`(?:/jwt:(U[A-Z0-9]{55})"[^"]*)?- (Publish|Subscription) Violation - (?:Subject|Reply) "([^"]*)"`)
+var violationRE = regexp.MustCompile(`(?:/(?:jwt|nkey):(U[A-Z0-9]{55})"[^"]*)?- (Publish|Subscription) Violation - (?:Subject|Reply) "([^"]*)"`)
 
 func (l *violationLogger) Errorf(format string, v ...any) {
 	msg := fmt.Sprintf(format, v...)
