@@ -235,6 +235,10 @@ func New(name string, hyper map[string]float64) (Func, error) {
 		case math.IsNaN(v) || math.IsInf(v, 0) || !h.bound.ok(v):
 			return nil, &HyperError{Func: name, Key: h.name,
 				Reason: "must be " + h.bound.text + ", got " + strconv.FormatFloat(v, 'g', -1, 64)}
+		case math.Abs(v) > math.MaxFloat32:
+			// The kernels compute in float32: a larger value would be +Inf there.
+			return nil, &HyperError{Func: name, Key: h.name,
+				Reason: "must be at most " + strconv.FormatFloat(math.MaxFloat32, 'g', -1, 64) + " (float32), got " + strconv.FormatFloat(v, 'g', -1, 64)}
 		}
 		b.hyper[h.name] = v
 	}

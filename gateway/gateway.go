@@ -70,6 +70,7 @@ type Server struct {
 	users map[string]string // NATS user public key -> job, for attributing violations
 	dash  *dashboard.Dashboard
 
+	maxModel   int64    // the largest model a job may have, bytes (WithMaxModelBytes)
 	jobLocks   sync.Map // job id -> *sync.Mutex: serializes pause, resume and delete of a job
 	ownerLocks sync.Map // owner -> *sync.Mutex: one job creation at a time per owner (the jobs quota)
 
@@ -132,6 +133,22 @@ func WithCredentialsTTL(d time.Duration) Option {
 	return func(s *Server) error { s.credsTTL = d; return nil }
 }
 
+// DefaultMaxModelBytes is the largest model (parameters, float32) a job may have by default.
+const DefaultMaxModelBytes = 4 << 30
+
+// WithMaxModelBytes sets the largest model a job may have, in bytes of float32 parameters (default
+// DefaultMaxModelBytes): a job's streams hold several copies of it (parameters, checkpoints,
+// gradients of every rank), so the platform caps it.
+func WithMaxModelBytes(n int64) Option {
+	return func(s *Server) error {
+		if n <= 0 {
+			return fmt.Errorf("the maximum model size must be > 0 bytes, got %d", n)
+		}
+		s.maxModel = n
+		return nil
+	}
+}
+
 // WithDefaultQuota sets the quota of jobs created with the admin token (team tokens carry their
 // own). Its Jobs field bounds the admin's jobs too.
 func WithDefaultQuota(q api.Quota) Option {
@@ -184,7 +201,8 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (_ *Server, err err
 		return nil, err
 	}
 	s := &Server{nc: nc, js: js, log: slog.Default(), now: time.Now, mux: http.NewServeMux(),
-		policy: autoscaler.DefaultPolicy(), drain: 15 * time.Second, govEvery: time.Second, burst: QuotaBurst, users: map[string]string{}}
+		policy: autoscaler.DefaultPolicy(), drain: 15 * time.Second, govEvery: time.Second, burst: QuotaBurst, users: map[string]string{},
+		maxModel: DefaultMaxModelBytes}
 	for _, o := range opts {
 		if err := o(s); err != nil {
 			return nil, err

@@ -50,6 +50,10 @@ func (s *Server) create(ctx context.Context, spec job.Spec, g grant) (*api.JobCr
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
+	if model := 4 * int64(spec.NumElements()); model > s.maxModel {
+		return nil, fmt.Errorf("%w: tensors: the model is %s of float32 parameters, this fanin accepts at most %s per job",
+			job.ErrInvalidSpec, job.ByteSize(model), job.ByteSize(s.maxModel))
+	}
 	rec := job.NewRecord(spec, s.now())
 	if err := store.CheckFits(&rec, s.nc.MaxPayload()); err != nil {
 		return nil, err
@@ -63,19 +67,27 @@ func (s *Server) create(ctx context.Context, spec job.Spec, g grant) (*api.JobCr
 	}
 	unlock := s.lockOwner(g.owner())
 	defer unlock()
-	if quota.Jobs > 0 {
+	if quota.Jobs > 0 || quota.StorageBytes > 0 {
 		ms, err := s.metas(ctx)
 		if err != nil {
 			return nil, err
 		}
-		n := 0
+		n, stored := 0, storageOf(&rec)
 		for _, m := range ms {
-			if m.Owner == g.owner() {
-				n++
+			if m.Owner != g.owner() {
+				continue
+			}
+			n++
+			if other, _, err := s.record(ctx, m.ID); err == nil {
+				stored += storageOf(other)
 			}
 		}
-		if n >= quota.Jobs {
+		if quota.Jobs > 0 && n >= quota.Jobs {
 			return nil, &QuotaError{fmt.Sprintf("%s owns %d jobs, the quota allows %d: delete one first", ownerName(g), n, quota.Jobs)}
+		}
+		if quota.StorageBytes > 0 && stored > quota.StorageBytes {
+			return nil, &QuotaError{fmt.Sprintf("%s's jobs with this one may store %s, the quota allows %s: this job alone may store %s (ranks x model x %d steps of gradients, and its parameters): delete a job, or ask for a larger quota",
+				ownerName(g), job.ByteSize(stored), job.ByteSize(quota.StorageBytes), job.ByteSize(storageOf(&rec)), store.StorageWindow)}
 		}
 	}
 	if _, err := s.buckets.Jobs.Get(ctx, spec.ID); err == nil {
@@ -120,8 +132,13 @@ func (s *Server) create(ctx context.Context, spec job.Spec, g grant) (*api.JobCr
 func (s *Server) setup(ctx context.Context, rec *job.Record, c *api.JobCreated) error {
 	id := rec.Spec.ID
 	if err := store.CreateJobStreams(ctx, s.js, rec, s.nc.MaxPayload()); err != nil {
-		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		var apiErr *jetstream.APIError
+		switch {
+		case errors.Is(err, jetstream.ErrStreamNameAlreadyInUse):
 			return fmt.Errorf("job %q: %w", id, ErrJobExists)
+		case errors.As(err, &apiErr) && (apiErr.ErrorCode == jsErrReplicasNotSupported || apiErr.ErrorCode == jsErrInsufficientResources):
+			return fmt.Errorf("%w: replicas: the NATS servers cannot keep %d replicas of the job's streams: %s",
+				job.ErrInvalidSpec, rec.Spec.Replicas, apiErr.Description)
 		}
 		return err
 	}
@@ -216,6 +233,18 @@ func (s *Server) mintCredentials(rec *job.Record) (*api.Credentials, error) {
 		out.Expires = &c.Expires
 	}
 	return out, nil
+}
+
+// JetStream's error codes for a stream that asks for more replicas than the servers can give.
+const (
+	jsErrInsufficientResources jetstream.ErrorCode = 10023 // "insufficient resources"
+	jsErrReplicasNotSupported  jetstream.ErrorCode = 10074 // "replicas > 1 not supported in non-clustered mode"
+)
+
+// storageOf is what a job's streams may store (store.JobStorageBound).
+func storageOf(rec *job.Record) int64 {
+	grad, params := store.JobStorageBound(rec)
+	return grad + params
 }
 
 func ownerName(g grant) string {
@@ -384,33 +413,42 @@ const maxDirectGets = 256
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 func (s *Server) createJob(w http.ResponseWriter, r *http.Request) {
-	body, reason, detail := readBody(w, r, specTypes, wire.ReasonInvalidSpec)
+	raw, body, reason, detail := readRawBody(w, r, specTypes, wire.ReasonInvalidSpec)
 	if reason != "" {
 		s.reject(w, reason, detail, NoJob)
 		return
 	}
 	// A lenient decode names the job and the function for the rejection, whatever else is wrong.
+	// The rejection is recorded under that job if the caller may see the job's records, or if no
+	// job has that id (yet); under another owner's job, anyone could add to (and evict) its records.
 	var loose job.Spec
 	_ = json.Unmarshal(body, &loose)
+	g := grantOf(r)
+	recordAs := NoJob
+	if validJobID(loose.ID) {
+		if _, err := s.meta(r.Context(), loose.ID); errors.Is(err, ErrJobNotFound) || s.canReach(r.Context(), g, loose.ID) {
+			recordAs = loose.ID
+		}
+	}
 	if n := minShards(&loose); n > job.MaxShards {
 		// Refused before job.Parse: validating builds the layout, shard by shard, and a spec of a
 		// hundred bytes would make the gateway allocate a gigabyte to learn it has too many.
-		s.reject(w, wire.ReasonInvalidSpec, fmt.Sprintf("invalid job spec: shard_size: gives at least %d shards, more than %d: use larger shards", n, job.MaxShards), loose.ID)
+		s.reject(w, wire.ReasonInvalidSpec, fmt.Sprintf("invalid job spec: shard_size: gives at least %d shards, more than %d: use larger shards", n, job.MaxShards), recordAs)
 		return
 	}
-	spec, err := job.Parse(body)
+	spec, err := job.Parse(raw)
 	if err != nil {
-		s.reject(w, specReason(&loose, err), err.Error(), loose.ID)
+		s.reject(w, specReason(&loose, err), err.Error(), recordAs)
 		return
 	}
-	created, err := s.create(r.Context(), *spec, grantOf(r))
+	created, err := s.create(r.Context(), *spec, g)
 	switch {
 	case errors.Is(err, ErrJobExists):
 		s.problem(w, http.StatusConflict, codeJobExists, err.Error())
 	case errors.Is(err, ErrQuota):
-		s.reject(w, wire.ReasonQuotaExceeded, err.Error(), spec.ID)
+		s.reject(w, wire.ReasonQuotaExceeded, err.Error(), recordAs)
 	case errors.Is(err, job.ErrInvalidSpec):
-		s.reject(w, specReason(spec, err), err.Error(), spec.ID)
+		s.reject(w, specReason(spec, err), err.Error(), recordAs)
 	case err != nil:
 		s.internal(w, "create job "+spec.ID, err)
 	default:

@@ -105,7 +105,15 @@ var (
 // readBody reads a request body of one of the media types (without a Content-Type it is taken
 // as JSON or YAML), at most MaxSpecBytes, nested at most MaxDepth deep, and returns it as JSON; a
 // body that is neither JSON nor YAML is rejected with reason bad.
+//
+// It returns the body converted to JSON (YAML's block style included); readRawBody also returns
+// the body as sent, for parsers stricter than the conversion (job.Parse).
 func readBody(w http.ResponseWriter, r *http.Request, types []string, bad wire.Reason) ([]byte, wire.Reason, string) {
+	_, js, reason, detail := readRawBody(w, r, types, bad)
+	return js, reason, detail
+}
+
+func readRawBody(w http.ResponseWriter, r *http.Request, types []string, bad wire.Reason) (raw, js []byte, _ wire.Reason, _ string) {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		mt, _, err := mime.ParseMediaType(ct)
 		ok := err == nil
@@ -116,24 +124,24 @@ func readBody(w http.ResponseWriter, r *http.Request, types []string, bad wire.R
 			}
 		}
 		if !ok {
-			return nil, wire.ReasonMediaType, fmt.Sprintf("Content-Type %q: send %s", ct, strings.Join(types, " or "))
+			return nil, nil, wire.ReasonMediaType, fmt.Sprintf("Content-Type %q: send %s", ct, strings.Join(types, " or "))
 		}
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxSpecBytes))
 	if err != nil {
-		return nil, wire.ReasonBodyTooLarge, fmt.Sprintf("the request body is at most %d bytes", MaxSpecBytes)
+		return nil, nil, wire.ReasonBodyTooLarge, fmt.Sprintf("the request body is at most %d bytes", MaxSpecBytes)
 	}
 	if d := flowDepth(body); d > MaxDepth {
-		return nil, wire.ReasonTooDeep, fmt.Sprintf("the request body is nested %d levels deep, at most %d are accepted", d, MaxDepth)
+		return nil, nil, wire.ReasonTooDeep, fmt.Sprintf("the request body is nested %d levels deep, at most %d are accepted", d, MaxDepth)
 	}
-	js, err := yaml.YAMLToJSON(body)
+	js, err = yaml.YAMLToJSON(body)
 	if err != nil {
-		return nil, bad, fmt.Sprintf("not JSON or YAML: %v", err)
+		return nil, nil, bad, fmt.Sprintf("not JSON or YAML: %v", err)
 	}
 	if d := flowDepth(js); d > MaxDepth {
-		return nil, wire.ReasonTooDeep, fmt.Sprintf("the request body is nested %d levels deep, at most %d are accepted", d, MaxDepth)
+		return nil, nil, wire.ReasonTooDeep, fmt.Sprintf("the request body is nested %d levels deep, at most %d are accepted", d, MaxDepth)
 	}
-	return js, "", ""
+	return body, js, "", ""
 }
 
 // flowDepth is the deepest nesting of [ and { outside quoted strings: exact for JSON, and for the

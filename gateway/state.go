@@ -219,8 +219,8 @@ func (s *Server) dropTokens(ctx context.Context, hashes ...string) {
 }
 
 func validQuota(q api.Quota) error {
-	if q.Jobs < 0 || q.Shards < 0 || q.BytesPerSecond < 0 {
-		return fmt.Errorf("quota: jobs, shards and bytes_per_second must be >= 0 (0: no limit), got %+v", q)
+	if q.Jobs < 0 || q.Shards < 0 || q.BytesPerSecond < 0 || q.StorageBytes < 0 {
+		return fmt.Errorf("quota: jobs, shards, bytes_per_second and storage_bytes must be >= 0 (0: no limit), got %+v", q)
 	}
 	return nil
 }

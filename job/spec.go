@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 
-	"sigs.k8s.io/yaml"
 
 	"github.com/fanin-ml/fanin/functions"
 )
@@ -88,19 +87,19 @@ func (e *SpecError) Error() string {
 func (e *SpecError) Unwrap() error { return ErrInvalidSpec }
 
 // Parse decodes a spec from JSON or YAML, rejecting unknown fields, then normalizes and validates it.
+//
+// It is strict: one document only (no trailing data, no second YAML document), no key given twice
+// (JSON and YAML would silently keep the last), no unknown field.
 func Parse(data []byte) (*Spec, error) {
-	js, err := yaml.YAMLToJSON(data)
+	js, err := toJSON(data)
 	if err != nil {
-		return nil, fmt.Errorf("%w: not JSON or YAML: %v", ErrInvalidSpec, err)
+		return nil, fmt.Errorf("%w: %v", ErrInvalidSpec, err)
 	}
 	dec := json.NewDecoder(bytes.NewReader(js))
 	dec.DisallowUnknownFields()
 	var s Spec
 	if err := dec.Decode(&s); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidSpec, err)
-	}
-	if dec.More() {
-		return nil, fmt.Errorf("%w: trailing data after the spec", ErrInvalidSpec)
 	}
 	s.Normalize()
 	if err := s.Validate(); err != nil {
@@ -195,8 +194,8 @@ func (s *Spec) Validate() error {
 	switch s.Init.Kind {
 	case "zeros", "upload":
 	case "uniform", "normal":
-		if !(s.Init.Scale > 0) || math.IsInf(s.Init.Scale, 0) {
-			bad("init.scale", "must be a finite number > 0, got %v", s.Init.Scale)
+		if !(s.Init.Scale > 0) || !(s.Init.Scale <= MaxInitScale) {
+			bad("init.scale", "must be > 0 and at most %g (beyond it initial parameters overflow float32), got %v", MaxInitScale, s.Init.Scale)
 		}
 	default:
 		bad("init.kind", "must be zeros, uniform, normal or upload, got %q", s.Init.Kind)

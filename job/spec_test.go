@@ -2,6 +2,7 @@ package job
 
 import (
 	"errors"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -223,5 +224,46 @@ func TestValidateManyShardsCheaply(t *testing.T) {
 	}
 	if allocs > 1000 {
 		t.Fatalf("validation allocated %v times: it built the layout", allocs)
+	}
+}
+
+// Parse refuses what a lenient decoder would accept silently, each with a specific error.
+func TestParseStrict(t *testing.T) {
+	const base = `{"id":"a","tensors":[{"name":"w","shape":[4]}],"ranks":1,"function":{"name":"sgd","hyper":{"lr":0.1}}}`
+	const yamlBase = "id: a\ntensors: [{name: w, shape: [4]}]\nranks: 1\nfunction: {name: sgd, hyper: {lr: 0.1}}\n"
+	if _, err := Parse([]byte(base)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Parse([]byte(yamlBase)); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ name, spec, want string }{
+		{"empty", "  \n", "the spec is empty"},
+		{"JSON then another object", base + ` {"id":"b"}`, "trailing data"},
+		{"JSON then garbage", base + "garbage", "trailing data"},
+		{"JSON then a YAML document", base + "\n---\nid: b\n", "trailing data"},
+		{"two YAML documents", yamlBase + "---\nid: b\n", "one YAML document only"},
+		{"duplicate JSON key", `{"id":"a","id":"b","tensors":[{"name":"w","shape":[4]}],"ranks":1,"function":{"name":"sgd","hyper":{"lr":0.1}}}`, `"id" is given twice`},
+		{"duplicate nested JSON key", `{"id":"a","tensors":[{"name":"w","shape":[4],"name":"v"}],"ranks":1,"function":{"name":"sgd","hyper":{"lr":0.1}}}`, `"name" is given twice`},
+		{"duplicate YAML key", "id: a\nid: b\n" + yamlBase[6:], `key "id" already set`},
+		{"overflowing hyper-parameter", `{"id":"a","tensors":[{"name":"w","shape":[4]}],"ranks":1,"function":{"name":"sgd","hyper":{"lr":1e300}}}`, "(float32)"},
+		{"initial parameters overflow", `{"id":"a","tensors":[{"name":"w","shape":[4]}],"ranks":1,"function":{"name":"sgd","hyper":{"lr":0.1}},"init":{"kind":"normal","scale":1e39}}`, "init.scale"},
+	} {
+		_, err := Parse([]byte(c.spec))
+		if err == nil || !errors.Is(err, ErrInvalidSpec) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an invalid spec error containing %q", c.name, err, c.want)
+		}
+	}
+	// The largest scale allowed gives finite initial parameters.
+	s, err := Parse([]byte(`{"id":"a","tensors":[{"name":"w","shape":[4096]}],"ranks":1,"function":{"name":"sgd","hyper":{"lr":0.1}},"init":{"kind":"normal","scale":3.78e37}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := make([]float32, 4096)
+	s.InitShard(0, v)
+	for i, x := range v {
+		if math.IsInf(float64(x), 0) || math.IsNaN(float64(x)) {
+			t.Fatalf("element %d is %v", i, x)
+		}
 	}
 }

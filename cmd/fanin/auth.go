@@ -95,9 +95,9 @@ jetstream: {
 
 // gatewayFlags are the gateway's security and quota flags.
 type gatewayFlags struct {
-	token, authDir, bps string
-	credsTTL            time.Duration
-	quota               api.Quota
+	token, authDir, bps, storage, maxModel string
+	credsTTL                               time.Duration
+	quota                                  api.Quota
 }
 
 func (g *gatewayFlags) register(cmd *cobra.Command) {
@@ -108,6 +108,8 @@ func (g *gatewayFlags) register(cmd *cobra.Command) {
 	f.IntVar(&g.quota.Jobs, "quota-jobs", 0, "jobs the admin token may own (team tokens carry their own quota; 0: no limit)")
 	f.IntVar(&g.quota.Shards, "quota-shards", 0, "shards per job created with the admin token (0: no limit)")
 	f.StringVar(&g.bps, "quota-bytes-per-second", "", "gradient bytes per second per job created with the admin token, e.g. 100MiB")
+	f.StringVar(&g.storage, "quota-storage", "", "bytes the admin token's jobs may store together (their storage bounds), e.g. 64GiB")
+	f.StringVar(&g.maxModel, "max-model-bytes", "", "the largest model a job may have, in bytes of float32 parameters (default 4GiB)")
 }
 
 // defaults completes the NATS flags: with --auth-dir and no --creds, the gateway connects with the
@@ -133,7 +135,21 @@ func (g *gatewayFlags) options(natsURL string) ([]gateway.Option, func(), error)
 		}
 		g.quota.BytesPerSecond = int64(n)
 	}
+	if g.storage != "" {
+		n, err := job.ParseByteSize(g.storage)
+		if err != nil {
+			return nil, closeAll, fmt.Errorf("--quota-storage: %w", err)
+		}
+		g.quota.StorageBytes = int64(n)
+	}
 	opts := []gateway.Option{gateway.WithDefaultQuota(g.quota), gateway.WithCredentialsTTL(g.credsTTL)}
+	if g.maxModel != "" {
+		n, err := job.ParseByteSize(g.maxModel)
+		if err != nil {
+			return nil, closeAll, fmt.Errorf("--max-model-bytes: %w", err)
+		}
+		opts = append(opts, gateway.WithMaxModelBytes(int64(n)))
+	}
 	if g.authDir != "" {
 		a, err := auth.Load(g.authDir)
 		if err != nil {

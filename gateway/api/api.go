@@ -20,7 +20,11 @@ const (
 type Quota struct {
 	Jobs           int   `json:"jobs,omitempty"`             // live jobs one team token may own
 	Shards         int   `json:"shards,omitempty"`           // shards of one job
-	BytesPerSecond int64 `json:"bytes_per_second,omitempty"` // gradient bytes one job may have aggregated per second
+	BytesPerSecond int64 `json:"bytes_per_second,omitempty"` // gradient bytes one job may send (or have aggregated) per second
+	// StorageBytes bounds what the owner's jobs may store together: the sum of their storage
+	// bounds (gradients: ranks x model x 8 steps; parameters: 2 versions of every shard and its
+	// optimizer state), each fixed by its spec at creation.
+	StorageBytes int64 `json:"storage_bytes,omitempty"`
 }
 
 // Credentials are NATS credentials of a job's workers. Seed (and Creds, which holds it) is a
