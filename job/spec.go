@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 
-
 	"github.com/fanin-ml/fanin/functions"
 )
 
