@@ -47,6 +47,44 @@
 // and an explicit conversion forbids that, so amd64 and arm64 give identical bits. The golden test
 // checks it: run under qemu on arm64, it fails as soon as one conversion is removed.
 //
+// # Hyper-parameters
+//
+// Names, defaults and ranges (GET /v1/functions serves the same table; an unknown name, a missing
+// required one, or a value out of range or beyond float32's range is refused at job creation).
+// Every function also takes clip_norm (default 0: off, >= 0).
+//
+//	function  hyper-parameter      default  range     kept as
+//	sum, mean, fedavg              -
+//	sgd       lr                   required > 0       float32
+//	          weight_decay         0        >= 0      float32
+//	momentum  lr                   required > 0       float32
+//	          momentum             0.9      [0, 1)    float32 (mu)
+//	          dampening            0        [0, 1)    float32(1 - dampening), rounded once
+//	          weight_decay         0        >= 0      float32
+//	          nesterov             0        0 or 1
+//	nesterov  as momentum, with nesterov = 1 and no nesterov key
+//	adam      lr                   0.001    > 0       float64: step = float32(lr/bc1)
+//	          beta1, beta2         0.9, 0.999 [0, 1)  float32 in m and v; float32(1-beta) rounded
+//	                                                  once; float64 in bc = 1-beta^t
+//	          eps                  1e-8     > 0       float32
+//	          weight_decay         0        >= 0      float32 (L2, added to g)
+//	adamw     as adam, but weight_decay defaults to 0.01 and is decoupled:
+//	          decay = float32(1 - lr*weight_decay), the product in float64, rounded once
+//	adagrad   lr                   0.01     > 0       float32
+//	          eps                  1e-10    > 0       float32
+//	          weight_decay         0        >= 0      float32
+//	          initial_accumulator  0        >= 0      float32
+//	all       clip_norm            0        >= 0      float64: c = float32(clip_norm/norm)
+//
+// "float32" means float32(value) once, at configuration. The initial state (Func.InitState,
+// before step 1): momentum's buffer v, adam's m and v are zero (momentum then takes v = d at step
+// 1, as PyTorch clones d into the buffer); adagrad's sum s is initial_accumulator. A shard's state
+// is part of its checkpoint; a new owner restores it.
+//
+// b^t (adam's bias corrections, t the step) is computed in float64 by binary exponentiation,
+// from the lowest bit of t up: r = 1; for each bit of t: if the bit is 1 { r = r*b }; b = b*b.
+// Each product is one float64 multiplication, so the result is the same bits everywhere.
+//
 // # Kernels
 //
 // CopyLE, AddLE, ScaleLE, AxpyLE, EncodeLE and NonFinite work on the wire's raw little-endian

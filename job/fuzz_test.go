@@ -27,6 +27,10 @@ func FuzzParse(f *testing.F) {
 		`{"id":"x"} {"id":"y"}`,
 		"",
 		"null",
+		`{"id":"x","id":"y","tensors":[{"name":"w","shape":[4],"name":"v"}]}`,
+		"id: x\nid: y\n",
+		"id: x\n---\nid: y\n",
+		`{"id":"x","tensors":[{"name":"w","shape":[4]}],"ranks":1,"function":{"name":"sgd","hyper":{"lr":1e300}},"init":{"kind":"normal","scale":1e39}}`,
 	} {
 		f.Add([]byte(seed))
 	}
