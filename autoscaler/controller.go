@@ -146,11 +146,11 @@ func (c *Controller) Run(ctx context.Context) error {
 		return err
 	}
 	c.buckets = b
-	if _, err := c.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	if _, err := store.EnsureStream(ctx, c.js, jetstream.StreamConfig{
 		Name: wire.DecisionsStream, Subjects: []string{wire.DecisionsSubject}, Storage: jetstream.FileStorage,
 		MaxMsgs: 1000, Description: "fanin autoscaler decisions",
 	}); err != nil {
-		return fmt.Errorf("decisions stream: %w", err)
+		return err
 	}
 	sub, err := c.nc.Subscribe(wire.LoadWildcard, c.onLoad)
 	if err != nil {

@@ -212,8 +212,9 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (_ *Server, err err
 	if s.buckets, err = store.OpenBuckets(ctx, js); err != nil {
 		return nil, err
 	}
-	if s.state, err = openKV(ctx, js, jetstream.KeyValueConfig{
-		Bucket: StateBucket, Description: "fanin gateway: job metadata, tokens, reject counts", Storage: jetstream.FileStorage, History: 1,
+	if s.state, err = store.EnsureKV(ctx, js, jetstream.KeyValueConfig{
+		Bucket: StateBucket, Description: "fanin gateway: job metadata, tokens, reject counts",
+		Storage: jetstream.FileStorage, History: 1, Replicas: store.StateReplicas(js.Conn()),
 	}); err != nil {
 		return nil, err
 	}
@@ -351,20 +352,6 @@ func (s *Server) register() {
 		}
 		s.problem(w, http.StatusNotFound, codeNotFound, fmt.Sprintf("no route %s %s; see GET /v1/openapi.json", r.Method, r.URL.Path))
 	})
-}
-
-func openKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
-	kv, err := js.KeyValue(ctx, cfg.Bucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		kv, err = js.CreateKeyValue(ctx, cfg)
-		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			kv, err = js.KeyValue(ctx, cfg.Bucket)
-		}
-	}
-	if err != nil {
-		return nil, fmt.Errorf("open bucket %s: %w", cfg.Bucket, err)
-	}
-	return kv, nil
 }
 
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/fanin-ml/fanin/gateway/api"
 	"github.com/fanin-ml/fanin/internal/embed"
+	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/wire"
 )
 
@@ -49,7 +50,7 @@ type rejectStore struct {
 }
 
 func newRejectStore(ctx context.Context, s *Server) (*rejectStore, error) {
-	st, err := s.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	st, err := store.EnsureStream(ctx, s.js, jetstream.StreamConfig{
 		Name:              RejectsStream,
 		Description:       "fanin rejected inputs: the latest per job",
 		Subjects:          []string{wire.Prefix + "*.rejects"},
@@ -60,7 +61,7 @@ func newRejectStore(ctx context.Context, s *Server) (*rejectStore, error) {
 		Discard:           jetstream.DiscardOld,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("rejects stream: %w", err)
+		return nil, err
 	}
 	cons, err := st.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
 		Durable: countsConsumer, Description: "fanin gateway: counts rejections by job and reason",

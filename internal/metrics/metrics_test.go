@@ -24,6 +24,7 @@ func TestNamesAreWhatIsExported(t *testing.T) {
 	j.Gradient(4096)
 	j.Invocation(3*time.Millisecond, time.Millisecond, 500*time.Microsecond)
 	rt.Reject("job-a", "bad_length")
+	rt.ReplyDropped("job-a")
 	rt.Migration(20 * time.Millisecond)
 	rt.Observe(2, func(yield func(metrics.ShardGauge)) {
 		yield(metrics.ShardGauge{Job: "job-a", Pending: 3, Step: 7})

@@ -36,70 +36,128 @@ const PlacementHistory = 8
 const RuntimeTTL = 10 * time.Second
 
 // OpenBuckets creates the buckets if they do not exist and opens them. Every component calls it at
-// start, so none depends on another having run first.
+// start, so none depends on another having run first. Every bucket is file storage with
+// StateReplicas replicas: losing any of them would need a human (the runtime registry too: a
+// registry lost with a NATS restart left the autoscaler seeing no capacity).
 func OpenBuckets(ctx context.Context, js jetstream.JetStream) (*Buckets, error) {
+	r := StateReplicas(js.Conn())
 	var b Buckets
-	var err error
-	if b.Jobs, err = ensureKV(ctx, js, jetstream.KeyValueConfig{
-		Bucket: wire.JobsBucket, Description: "fanin job records", Storage: jetstream.FileStorage, History: 1,
-	}); err != nil {
-		return nil, err
-	}
-	if b.Placement, err = ensureKV(ctx, js, jetstream.KeyValueConfig{
+	for _, o := range []struct {
+		kv  *jetstream.KeyValue
+		cfg jetstream.KeyValueConfig
+	}{
+		{&b.Jobs, jetstream.KeyValueConfig{Bucket: wire.JobsBucket, Description: "fanin job records", History: 1}},
 		// A few revisions of history: a watcher that falls behind still sees every move of a
 		// shard (with one, it would see only the newest), and a runtime can look up the entry
 		// that placed a shard on it (runtime.releaseUnserved).
-		Bucket: wire.PlacementBucket, Description: "fanin shard placement", Storage: jetstream.FileStorage, History: PlacementHistory,
-	}); err != nil {
-		return nil, err
-	}
-	if b.Runtimes, err = ensureKV(ctx, js, jetstream.KeyValueConfig{
-		Bucket: wire.RuntimesBucket, Description: "fanin runtime registry", Storage: jetstream.MemoryStorage,
-		History: 1, TTL: RuntimeTTL,
-	}); err != nil {
-		return nil, err
-	}
-	if b.Handover, err = ensureKV(ctx, js, jetstream.KeyValueConfig{
-		Bucket: wire.HandoverBucket, Description: "fanin shard releases on migration", Storage: jetstream.FileStorage, History: 1,
-	}); err != nil {
-		return nil, err
-	}
-	if b.Leader, err = ensureKV(ctx, js, jetstream.KeyValueConfig{
-		Bucket: wire.LeaderBucket, Description: "fanin autoscaler leader lock", Storage: jetstream.FileStorage,
-		History: 1, TTL: LeaderTTL,
-	}); err != nil {
-		return nil, err
-	}
-	if b.Policy, err = ensureKV(ctx, js, jetstream.KeyValueConfig{
-		Bucket: wire.PolicyBucket, Description: "fanin autoscaler policy and its history", Storage: jetstream.FileStorage, History: 64,
-	}); err != nil {
-		return nil, err
+		{&b.Placement, jetstream.KeyValueConfig{Bucket: wire.PlacementBucket, Description: "fanin shard placement", History: PlacementHistory}},
+		{&b.Runtimes, jetstream.KeyValueConfig{Bucket: wire.RuntimesBucket, Description: "fanin runtime registry", History: 1, TTL: RuntimeTTL}},
+		{&b.Handover, jetstream.KeyValueConfig{Bucket: wire.HandoverBucket, Description: "fanin shard releases on migration", History: 1}},
+		{&b.Leader, jetstream.KeyValueConfig{Bucket: wire.LeaderBucket, Description: "fanin autoscaler leader lock", History: 1, TTL: LeaderTTL}},
+		{&b.Policy, jetstream.KeyValueConfig{Bucket: wire.PolicyBucket, Description: "fanin autoscaler policy and its history", History: 64}},
+	} {
+		o.cfg.Storage, o.cfg.Replicas = jetstream.FileStorage, r
+		kv, err := EnsureKV(ctx, js, o.cfg)
+		if err != nil {
+			return nil, err
+		}
+		*o.kv = kv
 	}
 	return &b, nil
 }
 
-func ensureKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+// StateReplicas is how many replicas fanin's own streams and buckets get on the deployment nc is
+// connected to: 1 on a single server; in a cluster, its size (the servers nc knows of, which a
+// cluster advertises to its clients) up to 3.
+func StateReplicas(nc *nats.Conn) int {
+	if nc == nil || nc.ConnectedClusterName() == "" {
+		return 1
+	}
+	known := map[string]bool{}
+	for _, u := range nc.Servers() {
+		known[u] = true
+	}
+	return min(3, max(1, len(known)))
+}
+
+// EnsureKV opens a bucket of fanin's, creating it with cfg if it does not exist, and brings an
+// existing one up to cfg's history and replicas (a bucket made by an older fanin, or on a server
+// that has since become a cluster). A bucket whose storage differs from cfg's is recreated only if
+// it holds nothing that outlives its TTL (the runtime registry); otherwise that is an error.
+func EnsureKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
 	kv, err := js.KeyValue(ctx, cfg.Bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		kv, err = js.CreateKeyValue(ctx, cfg)
 		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 			kv, err = js.KeyValue(ctx, cfg.Bucket) // another component won the race
 		}
+		if err != nil {
+			return nil, Unplaceable("bucket "+cfg.Bucket, cfg.Replicas, err)
+		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("open bucket %s: %w", cfg.Bucket, err)
 	}
-	// A bucket created by an older version may keep less history than this one relies on.
 	st, err := kv.Status(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("open bucket %s: %w", cfg.Bucket, err)
 	}
-	if st.History() < int64(cfg.History) {
+	info := st.(*jetstream.KeyValueBucketStatus).StreamInfo()
+	if info.Config.Storage != cfg.Storage {
+		if cfg.TTL == 0 {
+			return nil, fmt.Errorf("bucket %s is %s storage, fanin needs %s: move its data by hand (nats stream backup/restore)", cfg.Bucket, info.Config.Storage, cfg.Storage)
+		}
+		// Its entries expire within the TTL anyway, and their owners write them again.
+		if err := js.DeleteKeyValue(ctx, cfg.Bucket); err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
+			return nil, fmt.Errorf("recreate bucket %s as %s storage: %w", cfg.Bucket, cfg.Storage, err)
+		}
+		return EnsureKV(ctx, js, cfg)
+	}
+	if st.History() < int64(cfg.History) || info.Config.Replicas < cfg.Replicas {
+		cfg.History = max(cfg.History, uint8(st.History()))
+		cfg.Replicas = max(cfg.Replicas, info.Config.Replicas)
 		if kv, err = js.UpdateKeyValue(ctx, cfg); err != nil {
-			return nil, fmt.Errorf("raise the history of bucket %s to %d: %w", cfg.Bucket, cfg.History, err)
+			return nil, Unplaceable(fmt.Sprintf("bucket %s (raising it to history %d)", cfg.Bucket, cfg.History), cfg.Replicas, err)
 		}
 	}
 	return kv, nil
+}
+
+// EnsureStream creates or updates one of fanin's own streams with cfg (its replicas at least
+// StateReplicas, never fewer than it has).
+func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
+	cfg.Replicas = max(cfg.Replicas, StateReplicas(js.Conn()))
+	if st, err := js.Stream(ctx, cfg.Name); err == nil {
+		cfg.Replicas = max(cfg.Replicas, st.CachedInfo().Config.Replicas)
+	}
+	st, err := js.CreateOrUpdateStream(ctx, cfg)
+	if err != nil {
+		return nil, Unplaceable("stream "+cfg.Name, cfg.Replicas, err)
+	}
+	return st, nil
+}
+
+// JetStream's error codes for a replica count the server cannot honour (nats-server's
+// JSStreamReplicasNotSupportedErr and JSInsufficientResourcesErr); nats.go names neither.
+const (
+	errReplicasNotSupported  jetstream.ErrorCode = 10074
+	errInsufficientResources jetstream.ErrorCode = 10023
+)
+
+// Unplaceable explains an error creating what with replicas replicas, saying so plainly when the
+// server cannot honour the replica count (not clustered, or too few servers up); other errors pass
+// through with what named.
+func Unplaceable(what string, replicas int, err error) error {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		switch apiErr.ErrorCode {
+		case errReplicasNotSupported:
+			return fmt.Errorf("%s: %d replicas asked but the NATS server is not clustered: %w", what, replicas, err)
+		case errInsufficientResources:
+			return fmt.Errorf("%s: the NATS cluster cannot place %d replicas (fewer servers up, or out of storage); fanin keeps its state on min(3, cluster size) servers: bring them back or add storage: %w", what, replicas, err)
+		}
+	}
+	return fmt.Errorf("%s: %w", what, err)
 }
 
 // CheckpointBytes is the size of one shard checkpoint of a job: parameters and optimizer state.
