@@ -167,11 +167,9 @@ func (c *Controller) Run(ctx context.Context) error {
 	wctx, cancel := context.WithCancel(ctx)
 	defer func() { cancel(); wg.Wait() }()
 	for _, w := range watches {
-		watcher, err := w.kv.WatchAll(wctx)
-		if err != nil {
+		if _, err := store.Follow(wctx, c.js, w.kv, ">", &wg, w.fn); err != nil {
 			return err
 		}
-		store.Follow(wctx, watcher, &wg, w.fn)
 	}
 	if !c.loop {
 		<-ctx.Done()

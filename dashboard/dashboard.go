@@ -131,12 +131,10 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Dashboard, error)
 		kv jetstream.KeyValue
 		fn func(jetstream.KeyValueEntry)
 	}{{b.Jobs, d.onJob}, {b.Placement, d.onPlacement}, {b.Runtimes, d.onRuntime}} {
-		watcher, werr := w.kv.WatchAll(wctx)
-		if werr != nil {
-			err = fmt.Errorf("dashboard: watch %s: %w", w.kv.Bucket(), werr)
+		if _, werr := store.Follow(wctx, js, w.kv, ">", &d.wg, w.fn); werr != nil {
+			err = fmt.Errorf("dashboard: %w", werr)
 			return nil, err
 		}
-		store.Follow(wctx, watcher, &d.wg, w.fn)
 	}
 	d.loadDecisions(ctx)
 	for subj, fn := range map[string]nats.MsgHandler{

@@ -225,10 +225,10 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (_ *Server, err err
 			s.Close()
 		}
 	}()
-	if s.tokens, err = newTokenCache(bg, s.state, &s.wg); err != nil {
+	if s.tokens, err = newTokenCache(bg, js, s.state, &s.wg); err != nil {
 		return nil, err
 	}
-	if s.placement, err = newPlacementCache(bg, s.buckets.Placement, &s.wg); err != nil {
+	if s.placement, err = newPlacementCache(bg, js, s.buckets.Placement, &s.wg); err != nil {
 		return nil, err
 	}
 	s.loads = newLoadCache(s.now)

@@ -166,13 +166,12 @@ type placedEntry struct {
 	rev uint64
 }
 
-func newPlacementCache(ctx context.Context, kv jetstream.KeyValue, wg *sync.WaitGroup) (*placementCache, error) {
+func newPlacementCache(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, wg *sync.WaitGroup) (*placementCache, error) {
 	c := &placementCache{entries: map[string]placedEntry{}}
-	w, err := kv.WatchAll(ctx)
+	ready, err := store.Follow(ctx, js, kv, ">", wg, c.apply)
 	if err != nil {
 		return nil, err
 	}
-	ready := store.Follow(ctx, w, wg, c.apply)
 	select {
 	case <-ready:
 	case <-time.After(10 * time.Second):

@@ -144,13 +144,12 @@ type tokenCache struct {
 	grants map[string]grant
 }
 
-func newTokenCache(ctx context.Context, kv jetstream.KeyValue, wg *sync.WaitGroup) (*tokenCache, error) {
+func newTokenCache(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, wg *sync.WaitGroup) (*tokenCache, error) {
 	c := &tokenCache{grants: map[string]grant{}}
-	w, err := kv.Watch(ctx, "token.*")
+	ready, err := store.Follow(ctx, js, kv, "token.*", wg, c.apply)
 	if err != nil {
 		return nil, fmt.Errorf("watch tokens: %w", err)
 	}
-	ready := store.Follow(ctx, w, wg, c.apply)
 	select {
 	case <-ready:
 	case <-time.After(10 * time.Second):

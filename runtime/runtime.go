@@ -171,7 +171,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 	if err := r.register(ctx, started); err != nil {
 		return err
 	}
-	watcher, err := b.Placement.WatchAll(ctx)
+	watcher, err := store.Watch(ctx, r.js, b.Placement, ">") // heals: see store.Watcher
 	if err != nil {
 		return fmt.Errorf("watch placement: %w", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -105,7 +106,7 @@ func EnsureKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValu
 	info := st.(*jetstream.KeyValueBucketStatus).StreamInfo()
 	if info.Config.Storage != cfg.Storage {
 		if cfg.TTL == 0 {
-			return nil, fmt.Errorf("bucket %s is %s storage, fanin needs %s: move its data by hand (nats stream backup/restore)", cfg.Bucket, info.Config.Storage, cfg.Storage)
+			return nil, fmt.Errorf("bucket %s is %s storage, fanin needs %s: move its data by hand (nats stream backup, delete, restore)", cfg.Bucket, strings.ToLower(info.Config.Storage.String()), strings.ToLower(cfg.Storage.String()))
 		}
 		// Its entries expire within the TTL anyway, and their owners write them again.
 		if err := js.DeleteKeyValue(ctx, cfg.Bucket); err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {

@@ -1,0 +1,217 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fanin-ml/fanin/internal/embed"
+	"github.com/fanin-ml/fanin/internal/store"
+	"github.com/fanin-ml/fanin/internal/testutil"
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// On one server every bucket is one file-storage replica; a runtime registry an older fanin made in
+// memory is recreated on file, and a job bucket's data is never dropped to change its storage.
+func TestBucketsOnOneServer(t *testing.T) {
+	nc, err := nats.Connect(testutil.NATS(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: wire.RuntimesBucket, Storage: jetstream.MemoryStorage, TTL: store.RuntimeTTL}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: wire.JobsBucket, Storage: jetstream.MemoryStorage}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.OpenBuckets(ctx, js); err == nil || !strings.Contains(err.Error(), "memory storage, fanin needs file") {
+		t.Fatalf("a memory jobs bucket was accepted or silently replaced: %v", err)
+	}
+	if err := js.DeleteKeyValue(ctx, wire.JobsBucket); err != nil {
+		t.Fatal(err)
+	}
+	b, err := store.OpenBuckets(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range []jetstream.KeyValue{b.Jobs, b.Placement, b.Runtimes, b.Handover, b.Leader, b.Policy} {
+		st, _ := kv.Status(ctx)
+		cfg := st.(*jetstream.KeyValueBucketStatus).StreamInfo().Config
+		if cfg.Storage != jetstream.FileStorage || cfg.Replicas != 1 {
+			t.Errorf("%s: %s storage, %d replicas; want file, 1", kv.Bucket(), cfg.Storage, cfg.Replicas)
+		}
+	}
+	// Asking one server for three replicas says why it cannot.
+	_, err = store.EnsureKV(ctx, js, jetstream.KeyValueConfig{Bucket: "x", Storage: jetstream.FileStorage, Replicas: 3})
+	if err == nil || !strings.Contains(err.Error(), "not clustered") {
+		t.Fatalf("3 replicas on one server: %v", err)
+	}
+}
+
+// In a 3-node cluster every bucket and stream of fanin's has 3 replicas, buckets made with one are
+// raised to three, and the state stays readable and writable with any one node down.
+func TestBucketsSurviveANode(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node cluster")
+	}
+	c := testutil.StartCluster(t, 3)
+	nc, err := nats.Connect(c.URLs(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if r := store.StateReplicas(nc); r != 3 {
+		t.Fatalf("StateReplicas in a 3-node cluster = %d", r)
+	}
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: wire.PolicyBucket, Storage: jetstream.FileStorage, History: 64}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := store.OpenBuckets(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.EnsureStream(ctx, js, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}, Storage: jetstream.FileStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := st.CachedInfo().Config.Replicas; r != 3 {
+		t.Errorf("stream: %d replicas", r)
+	}
+	for _, kv := range []jetstream.KeyValue{b.Jobs, b.Placement, b.Runtimes, b.Handover, b.Leader, b.Policy} {
+		st, _ := kv.Status(ctx)
+		if r := st.(*jetstream.KeyValueBucketStatus).StreamInfo().Config.Replicas; r != 3 {
+			t.Errorf("%s: %d replicas", kv.Bucket(), r)
+		}
+	}
+	// The policy bucket, raised from one replica, is caught up on all three before a node goes.
+	testutil.CheckFor(t, 20*time.Second, 100*time.Millisecond, func() error {
+		st, err := b.Policy.Status(ctx)
+		if err != nil {
+			return err
+		}
+		cl := st.(*jetstream.KeyValueBucketStatus).StreamInfo().Cluster
+		if cl == nil || cl.Leader == "" || len(cl.Replicas) != 2 {
+			return fmt.Errorf("policy bucket cluster %+v", cl)
+		}
+		for _, p := range cl.Replicas {
+			if !p.Current {
+				return fmt.Errorf("policy replica %s not current", p.Name)
+			}
+		}
+		return nil
+	})
+	// Stop the node leading the jobs bucket: reads and writes go on.
+	st2, _ := b.Jobs.Status(ctx)
+	leader := st2.(*jetstream.KeyValueBucketStatus).StreamInfo().Cluster.Leader
+	c.Stop(c.Index(leader))
+	testutil.CheckFor(t, 20*time.Second, 100*time.Millisecond, func() error {
+		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		if _, err := b.Jobs.Put(wctx, "j", []byte("v")); err != nil {
+			return err
+		}
+		_, err := b.Jobs.Get(wctx, "j")
+		return err
+	})
+	// Reopening with a node down works: nothing needs creating.
+	if _, err := store.OpenBuckets(ctx, js); err != nil {
+		t.Fatalf("open with one node down: %v", err)
+	}
+}
+
+// A Watcher keeps following its bucket across a server restart (nats.go's watch goes silent for
+// good) and across the bucket being deleted and recreated, and its follower ends up with exactly
+// the bucket's keys: the ones deleted while it was blind are deleted for it.
+func TestWatcherHeals(t *testing.T) {
+	store.CheckInterval = 200 * time.Millisecond
+	dir, port := t.TempDir(), testutil.FreePort(t)
+	start := func() *server.Server {
+		ns, err := embed.Start(embed.Config{Port: port, StoreDir: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ns
+	}
+	ns := start()
+	nc, err := nats.Connect(ns.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	cfg := jetstream.KeyValueConfig{Bucket: "b", Storage: jetstream.FileStorage}
+	kv, err := js.CreateKeyValue(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustPut := func(k, v string) {
+		t.Helper()
+		testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error { _, err := kv.Put(ctx, k, []byte(v)); return err })
+	}
+	mustPut("a", "1")
+	mustPut("gone", "x")
+
+	var mu sync.Mutex
+	mirror := map[string]string{}
+	var wg sync.WaitGroup
+	wctx, cancel := context.WithCancel(ctx)
+	defer func() { cancel(); wg.Wait() }()
+	ready, err := store.Follow(wctx, js, kv, ">", &wg, func(e jetstream.KeyValueEntry) {
+		mu.Lock()
+		defer mu.Unlock()
+		if e.Operation() == jetstream.KeyValuePut {
+			mirror[e.Key()] = string(e.Value())
+		} else {
+			delete(mirror, e.Key())
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-ready
+	want := func(w map[string]string) {
+		t.Helper()
+		testutil.CheckFor(t, 15*time.Second, 50*time.Millisecond, func() error {
+			mu.Lock()
+			defer mu.Unlock()
+			if fmt.Sprint(mirror) != fmt.Sprint(w) {
+				return fmt.Errorf("mirror %v, want %v", mirror, w)
+			}
+			return nil
+		})
+	}
+	want(map[string]string{"a": "1", "gone": "x"})
+
+	ns.Shutdown()
+	ns.WaitForShutdown()
+	ns = start()
+	defer ns.Shutdown()
+	mustPut("a", "2")
+	if err := kv.Delete(ctx, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	mustPut("b", "3")
+	want(map[string]string{"a": "2", "b": "3"})
+
+	if err := js.DeleteKeyValue(ctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	if kv, err = js.CreateKeyValue(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	mustPut("c", "4")
+	want(map[string]string{"c": "4"})
+}

@@ -1,0 +1,124 @@
+package testutil
+
+import (
+	"fmt"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// Cluster is n embedded NATS servers with JetStream routed into one cluster on loopback, each with
+// its own store directory. A node can be stopped and started again on the same ports and store,
+// as after a crash.
+type Cluster struct {
+	t     testing.TB
+	opts  []*server.Options
+	nodes []*server.Server
+}
+
+// StartCluster starts a cluster of n nodes and waits until its JetStream has a meta leader. The
+// nodes are shut down when the test ends.
+func StartCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	c := &Cluster{t: t, nodes: make([]*server.Server, n)}
+	clientPorts, routePorts := make([]int, n), make([]int, n)
+	for i := range n {
+		clientPorts[i], routePorts[i] = FreePort(t), FreePort(t)
+	}
+	var routes []*url.URL
+	for _, p := range routePorts {
+		routes = append(routes, &url.URL{Scheme: "nats", Host: fmt.Sprintf("127.0.0.1:%d", p)})
+	}
+	dir := t.TempDir()
+	for i := range n {
+		o := &server.Options{
+			ServerName: fmt.Sprintf("n%d", i), Host: "127.0.0.1", Port: clientPorts[i],
+			JetStream: true, StoreDir: filepath.Join(dir, fmt.Sprintf("n%d", i)),
+			MaxPayload: 8 << 20, MaxPending: 256 << 20, NoLog: true, NoSigs: true,
+			Cluster: server.ClusterOpts{Name: "fanin-test", Host: "127.0.0.1", Port: routePorts[i]},
+			Routes:  routes,
+		}
+		c.opts = append(c.opts, o)
+	}
+	for i := range n {
+		c.Start(i)
+	}
+	t.Cleanup(func() {
+		for _, s := range c.nodes {
+			if s != nil {
+				s.Shutdown()
+			}
+		}
+	})
+	c.WaitReady()
+	return c
+}
+
+// WaitReady waits until the running nodes' JetStream has a meta leader and every one is current.
+func (c *Cluster) WaitReady() {
+	c.t.Helper()
+	CheckFor(c.t, 30*time.Second, 50*time.Millisecond, func() error {
+		leader := false
+		for _, s := range c.nodes {
+			if s == nil {
+				continue
+			}
+			if !s.JetStreamIsCurrent() {
+				return fmt.Errorf("%s: JetStream not current", s.Name())
+			}
+			leader = leader || s.JetStreamIsLeader()
+		}
+		if !leader {
+			return fmt.Errorf("no JetStream meta leader")
+		}
+		return nil
+	})
+}
+
+// URLs is a client URL list of every node, for nats.Connect.
+func (c *Cluster) URLs() string {
+	var us []string
+	for _, o := range c.opts {
+		us = append(us, fmt.Sprintf("nats://127.0.0.1:%d", o.Port))
+	}
+	return strings.Join(us, ",")
+}
+
+// Node is node i, or nil while it is stopped.
+func (c *Cluster) Node(i int) *server.Server { return c.nodes[i] }
+
+// Stop shuts node i down.
+func (c *Cluster) Stop(i int) {
+	c.nodes[i].Shutdown()
+	c.nodes[i].WaitForShutdown()
+	c.nodes[i] = nil
+}
+
+// Start starts node i (again) on its ports and store directory.
+func (c *Cluster) Start(i int) {
+	c.t.Helper()
+	o := *c.opts[i]
+	s, err := server.NewServer(&o)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		c.t.Fatalf("node %d not ready", i)
+	}
+	c.nodes[i] = s
+}
+
+// Index is the index of the node named name, or -1.
+func (c *Cluster) Index(name string) int {
+	for i, o := range c.opts {
+		if o.ServerName == name {
+			return i
+		}
+	}
+	return -1
+}
