@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"time"
 
@@ -138,7 +139,7 @@ func autoscalerCmd() *cobra.Command {
 	var nf natsFlags
 	var driver, policyFile, bin, metricsAddr string
 	var kubeNamespace, kubeDeployment, kubeconfig string
-	var runtimeMetrics string
+	var runtimeMetrics, runtimeCreds, processDir string
 	var interval time.Duration
 	cmd := &cobra.Command{
 		Use:   "autoscaler",
@@ -182,13 +183,21 @@ stores a file there at start.`,
 					}
 				}
 				args := []string{"--nats", nf.url}
-				if nf.creds != "" {
-					args = append(args, "--creds", nf.creds)
+				if runtimeCreds == "" && nf.creds != "" {
+					// fanin auth init writes runtime.creds beside autoscaler.creds.
+					if c := filepath.Join(filepath.Dir(nf.creds), "runtime.creds"); fileExists(c) {
+						runtimeCreds = c
+					} else {
+						return fmt.Errorf("--driver process with --creds: give the runtimes their own credentials with --runtime-creds (runtime.creds of 'fanin auth init'); %s does not exist", c)
+					}
+				}
+				if runtimeCreds != "" {
+					args = append(args, "--creds", runtimeCreds)
 				}
 				if runtimeMetrics != "" {
 					args = append(args, "--metrics", runtimeMetrics)
 				}
-				pd := &autoscaler.ProcessDriver{Binary: bin, Args: args, Prefix: "rt", Log: slog.Default(),
+				pd := &autoscaler.ProcessDriver{Binary: bin, Args: args, Prefix: "rt", Dir: processDir, Log: slog.Default(),
 					OnVanished: func(id string) { c.Vanished(id) }}
 				defer pd.Close()
 				drv = pd
@@ -231,6 +240,8 @@ stores a file there at start.`,
 	cmd.Flags().StringVar(&kubeNamespace, "namespace", "", "kubernetes driver: namespace of the runtime Deployment (default: the kubeconfig context's, or the pod's)")
 	cmd.Flags().StringVar(&kubeDeployment, "deployment", "fanin-runtime", "kubernetes driver: the runtime Deployment")
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubernetes driver: kubeconfig file (default: $KUBECONFIG, else in-cluster)")
+	cmd.Flags().StringVar(&runtimeCreds, "runtime-creds", envOr("FANIN_RUNTIME_CREDS", ""), "process driver: NATS credentials of the runtimes it starts (env FANIN_RUNTIME_CREDS; default: runtime.creds beside --creds)")
+	cmd.Flags().StringVar(&processDir, "process-dir", envOr("FANIN_PROCESS_DIR", ""), "process driver: a directory of its own where it records its runtimes' pids, so that a restarted autoscaler stops those a crashed one left (env FANIN_PROCESS_DIR; on Linux runtimes also stop when their autoscaler dies)")
 	cmd.Flags().StringVar(&bin, "runtime-binary", "", "fanin binary the process driver starts (default: this one)")
 	cmd.Flags().StringVar(&runtimeMetrics, "runtime-metrics", "127.0.0.1:0", "process driver: the --metrics address of the runtimes it starts (port 0: any free port; Prometheus finds them through the gateway's GET /v1/metrics/targets); empty: none")
 	cmd.Flags().StringVar(&policyFile, "policy", "", "store this policy file (YAML or JSON) in the fanin-policy bucket at start")
@@ -333,4 +344,9 @@ func serveHTTP(ctx context.Context, addr string, h http.Handler) error {
 		}
 		return nil
 	}
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
