@@ -66,6 +66,10 @@ type Controller struct {
 	leaderRev uint64
 	recent    []Decision // newest last, at most maxRecent
 	vanished  []string   // runtimes the driver saw die, to deregister at once
+	dead      map[string]time.Time // runtimes deregistered as vanished, and when: ids are never reused
+	wake      chan struct{}        // a runtime vanished: decide now
+
+	ready chan struct{} // closed once Run follows the state (buckets set, current values in)
 }
 
 type placed struct {
@@ -83,11 +87,12 @@ func WithControllerLogger(l *slog.Logger) ControllerOption {
 	return func(c *Controller) error { c.log = l; return nil }
 }
 
-// WithInterval sets how often the leader decides (default 1s).
+// WithInterval sets how often the leader decides (default 1s): more than 0 and at most half the
+// leader lock's TTL (store.LeaderTTL), since each decision renews the lock.
 func WithInterval(d time.Duration) ControllerOption {
 	return func(c *Controller) error {
-		if d <= 0 {
-			return fmt.Errorf("interval must be > 0, got %v", d)
+		if d <= 0 || d > store.LeaderTTL/2 {
+			return fmt.Errorf("interval must be > 0 and at most half the leader lock's TTL (%v), got %v", store.LeaderTTL, d)
 		}
 		c.interval = d
 		return nil
@@ -103,6 +108,11 @@ func WithPolicy(p Policy) ControllerOption {
 		c.policy = p
 		return nil
 	}
+}
+
+// WithClock sets the controller's clock (tests).
+func WithClock(now func() time.Time) ControllerOption {
+	return func(c *Controller) error { c.now = now; return nil }
 }
 
 // WithManualSteps switches the loop off: the test calls Step itself.
@@ -127,7 +137,8 @@ func NewController(nc *nats.Conn, driver PoolDriver, opts ...ControllerOption) (
 		js: js, nc: nc, driver: driver, log: slog.Default(), id: "as-" + uuid.NewString()[:8],
 		interval: time.Second, now: time.Now, decider: NewDecider(), loop: true, policy: DefaultPolicy(),
 		loads: map[string]wire.LoadReport{}, jobs: map[string]job.Record{}, runtimes: map[string]time.Time{},
-		placement: map[string]placed{}, draining: map[string]bool{},
+		placement: map[string]placed{}, draining: map[string]bool{}, dead: map[string]time.Time{},
+		wake: make(chan struct{}, 1), ready: make(chan struct{}),
 		tracing: telemetry.Default(), met: metrics.Default().Autoscaler(),
 	}
 	for _, o := range opts {
@@ -167,10 +178,17 @@ func (c *Controller) Run(ctx context.Context) error {
 	wctx, cancel := context.WithCancel(ctx)
 	defer func() { cancel(); wg.Wait() }()
 	for _, w := range watches {
-		if _, err := store.Follow(wctx, c.js, w.kv, ">", &wg, w.fn); err != nil {
+		ready, err := store.Follow(wctx, c.js, w.kv, ">", &wg, w.fn)
+		if err != nil {
 			return err
 		}
+		select { // decide only on the whole state: a leader missing the placement would move everything
+		case <-ready:
+		case <-ctx.Done():
+			return nil
+		}
 	}
+	close(c.ready)
 	if !c.loop {
 		<-ctx.Done()
 		return nil
@@ -183,9 +201,10 @@ func (c *Controller) Run(ctx context.Context) error {
 			c.resign()
 			return nil
 		case <-t.C:
-			if _, err := c.Step(ctx); err != nil && ctx.Err() == nil {
-				c.log.Warn("autoscaler step", "err", err)
-			}
+		case <-c.wake: // a runtime died: its shards are placed elsewhere now, not at the next tick
+		}
+		if _, err := c.Step(ctx); err != nil && ctx.Err() == nil && !errors.Is(err, ErrNotLeader) {
+			c.log.Warn("autoscaler step", "err", err)
 		}
 	}
 }
@@ -193,8 +212,14 @@ func (c *Controller) Run(ctx context.Context) error {
 // ErrNotLeader is returned by Step on a controller that does not hold the leader lock.
 var ErrNotLeader = errors.New("not the autoscaler leader")
 
-// Step runs one observe-decide-act cycle if this controller is (or becomes) the leader.
+// Step runs one observe-decide-act cycle if this controller is (or becomes) the leader. It waits for
+// Run to have loaded the shared state.
 func (c *Controller) Step(ctx context.Context) (Decision, error) {
+	select {
+	case <-c.ready:
+	case <-ctx.Done():
+		return Decision{}, ctx.Err()
+	}
 	if !c.campaign(ctx) {
 		c.met.Leader(false)
 		return Decision{}, ErrNotLeader
@@ -273,7 +298,7 @@ func (c *Controller) observe(now time.Time) Observations {
 	live := map[string]bool{}
 	var rates []float64
 	for id, beat := range c.runtimes {
-		if now.Sub(beat) >= store.RuntimeTTL {
+		if !store.RuntimeAlive(beat, now) {
 			continue
 		}
 		live[id] = true
@@ -464,18 +489,34 @@ func (c *Controller) Recent() []Decision {
 	return slices.Clone(c.recent)
 }
 
-// Vanished tells the controller that a runtime process died: its registration is removed at once,
-// so its shards are recovered without waiting for the heartbeat to expire.
+// Vanished tells the controller that a runtime process died: the next decision, taken at once,
+// counts it dead and places its shards elsewhere, and its registration is removed, without waiting
+// for its heartbeat to lapse.
 func (c *Controller) Vanished(id string) {
 	c.mu.Lock()
 	c.vanished = append(c.vanished, id)
 	c.mu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
 }
 
 func (c *Controller) deregisterVanished(ctx context.Context) {
 	c.mu.Lock()
 	ids := c.vanished
 	c.vanished = nil
+	now := c.now()
+	for _, id := range ids {
+		delete(c.runtimes, id)
+		delete(c.loads, id)
+		c.dead[id] = now
+	}
+	for id, at := range c.dead { // a late heartbeat of a dead runtime comes within its TTL
+		if now.Sub(at) > 2*store.RuntimeTTL {
+			delete(c.dead, id)
+		}
+	}
 	c.mu.Unlock()
 	for _, id := range ids {
 		if err := c.buckets.Runtimes.Delete(ctx, id); err != nil {
@@ -521,7 +562,9 @@ func (c *Controller) onRuntime(e jetstream.KeyValueEntry) {
 		delete(c.loads, e.Key())
 		return
 	}
-	c.runtimes[e.Key()] = e.Created()
+	if _, dead := c.dead[e.Key()]; !dead {
+		c.runtimes[e.Key()] = e.Created()
+	}
 }
 
 func (c *Controller) onPlacement(e jetstream.KeyValueEntry) {

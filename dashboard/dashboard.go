@@ -363,7 +363,7 @@ func (d *Dashboard) sample() {
 }
 
 func (d *Dashboard) alive(ri wire.RuntimeInfo, now time.Time) bool {
-	return now.Sub(ri.Beat) < store.RuntimeTTL
+	return store.RuntimeAlive(ri.Beat, now)
 }
 
 // jobStep is the last step applied to every shard of the job, from the runtimes' load reports.

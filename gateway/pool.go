@@ -22,7 +22,7 @@ import (
 const loadWildcard = wire.LoadWildcard
 
 // freshLoad is how old a load report may be and still count as the runtime's current view.
-const freshLoad = 5 * time.Second
+const freshLoad = store.RuntimeLapse
 
 // loadCache keeps the runtimes' latest load reports and, per shard, its recent steps.
 type loadCache struct {

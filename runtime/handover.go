@@ -130,5 +130,5 @@ func (r *Runtime) alive(ctx context.Context, id string) bool {
 	if err != nil {
 		return !errors.Is(err, jetstream.ErrKeyNotFound) // on other errors, assume alive: waiting is safe
 	}
-	return r.now().Sub(e.Created()) < store.RuntimeTTL
+	return store.RuntimeAlive(e.Created(), r.now())
 }

@@ -131,7 +131,7 @@ func New(nc *nats.Conn, opts ...Option) (*Runtime, error) {
 		log:       slog.Default(),
 		cores:     goruntime.GOMAXPROCS(0),
 		now:       time.Now,
-		heartbeat: 2 * time.Second,
+		heartbeat: store.RuntimeHeartbeat,
 		sweep:     2 * time.Second,
 		shards:    make(map[string]*shardExec),
 		releasing: make(map[string]*shardExec),
@@ -554,5 +554,7 @@ func (r *Runtime) Shards() []string {
 }
 
 // ackTimeout bounds the wait for JetStream to acknowledge an asynchronous publish: a publish lost
-// in a stream leader's election is sent again after it (acker.wait), under the same message id.
-const ackTimeout = 5 * time.Second
+// in a stream leader's election is sent again after it (acker.wait), under the same message id. An
+// election takes a few seconds; a healthy acknowledgement, milliseconds, large messages under load
+// well under a second.
+const ackTimeout = 3 * time.Second

@@ -36,6 +36,18 @@ const PlacementHistory = 8
 // RuntimeTTL is how long a runtime's registration lives without a heartbeat.
 const RuntimeTTL = 10 * time.Second
 
+// RuntimeHeartbeat is how often a runtime renews its registration.
+const RuntimeHeartbeat = time.Second
+
+// RuntimeLapse is the one liveness rule of every component: a runtime whose last heartbeat is older
+// is dead (the autoscaler places its shards elsewhere, the gateway and the dashboard show it dead,
+// a runtime waiting for its release takes its shard). Several heartbeats, so that one delayed by a
+// stream leader's election kills nobody.
+const RuntimeLapse = 5 * RuntimeHeartbeat
+
+// RuntimeAlive applies RuntimeLapse to a runtime last heard of at beat.
+func RuntimeAlive(beat, now time.Time) bool { return now.Sub(beat) < RuntimeLapse }
+
 // OpenBuckets creates the buckets if they do not exist and opens them. Every component calls it at
 // start, so none depends on another having run first. Every bucket is file storage with
 // StateReplicas replicas: losing any of them would need a human (the runtime registry too: a

@@ -1,0 +1,277 @@
+package autoscaler_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fanin-ml/fanin/autoscaler"
+	"github.com/fanin-ml/fanin/internal/store"
+	"github.com/fanin-ml/fanin/internal/testutil"
+	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// fakePool is a pool driver that records what it is asked; runtimes are registered by the test.
+type fakePool struct {
+	mu      sync.Mutex
+	size    int
+	removed []string
+}
+
+func (p *fakePool) Scale(_ context.Context, n int) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.size = max(p.size, n)
+	return nil
+}
+
+func (p *fakePool) Remove(_ context.Context, id string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.removed = append(p.removed, id)
+	p.size--
+	return nil
+}
+
+func (p *fakePool) Size() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.size
+}
+
+// ctlEnv is a NATS server with fanin's buckets, a job of 8 shards and registered runtimes.
+type ctlEnv struct {
+	t   *testing.T
+	nc  *nats.Conn
+	b   *store.Buckets
+	rec job.Record
+}
+
+func newCtlEnv(t *testing.T) *ctlEnv {
+	nc, err := nats.Connect(testutil.NATS(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	b, err := store.OpenBuckets(context.Background(), js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := job.Spec{ID: "j", Tensors: []job.Tensor{{Name: "w", Shape: []int{8 * 1024}}}, Ranks: 2,
+		Function: job.Function{Name: "sgd"}, ShardSize: 4096}
+	spec.Normalize()
+	e := &ctlEnv{t: t, nc: nc, b: b, rec: job.NewRecord(spec, time.Now())}
+	if len(e.rec.Layout.Shards) != 8 {
+		t.Fatalf("%d shards", len(e.rec.Layout.Shards))
+	}
+	data, _ := json.Marshal(e.rec)
+	if _, err := b.Jobs.Put(context.Background(), "j", data); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// beat registers runtime id (again), as its heartbeat does.
+func (e *ctlEnv) beat(id string) {
+	e.t.Helper()
+	info, _ := json.Marshal(wire.RuntimeInfo{ID: id, Cores: 4, Started: time.Now(), Beat: time.Now()})
+	if _, err := e.b.Runtimes.Put(context.Background(), id, info); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// placement reads the placement bucket: shard key -> runtime.
+func (e *ctlEnv) placement() map[string]string {
+	e.t.Helper()
+	out := map[string]string{}
+	for _, s := range e.rec.Layout.Shards {
+		en, err := e.b.Placement.Get(context.Background(), wire.PlacementKey("j", s.ID))
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		var p wire.Placement
+		_ = json.Unmarshal(en.Value(), &p)
+		out[en.Key()] = p.Runtime
+	}
+	return out
+}
+
+// controller runs a controller with manual steps until the test ends.
+func (e *ctlEnv) controller(drv autoscaler.PoolDriver) *autoscaler.Controller {
+	e.t.Helper()
+	c, err := autoscaler.NewController(e.nc, drv, autoscaler.WithManualSteps(), autoscaler.WithControllerLogger(testutil.Logger()),
+		autoscaler.WithControllerTelemetry(nil, nil))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	e.t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			e.t.Error(err)
+		}
+	})
+	return c
+}
+
+// step steps c until it has placed all 8 shards on live runtimes (the watches catch up first).
+func (e *ctlEnv) stepUntil(c *autoscaler.Controller, ok func(map[string]string) error) map[string]string {
+	e.t.Helper()
+	var got map[string]string
+	testutil.CheckFor(e.t, 10*time.Second, 20*time.Millisecond, func() error {
+		if _, err := c.Step(context.Background()); err != nil {
+			return err
+		}
+		got = e.placement()
+		return ok(got)
+	})
+	return got
+}
+
+func allOn(allowed ...string) func(map[string]string) error {
+	return func(p map[string]string) error {
+		if len(p) != 8 {
+			return fmt.Errorf("%d of 8 shards placed", len(p))
+		}
+		for k, r := range p {
+			ok := false
+			for _, a := range allowed {
+				ok = ok || r == a
+			}
+			if !ok {
+				return fmt.Errorf("%s on %s, want one of %v", k, r, allowed)
+			}
+		}
+		return nil
+	}
+}
+
+// A runtime the driver saw die loses its shards in the very next decision (which the controller
+// takes at once, without waiting for its tick); its registration is removed, and a late heartbeat
+// does not bring it back.
+func TestControllerVanishedRuntimeReplacedAtOnce(t *testing.T) {
+	e := newCtlEnv(t)
+	e.beat("rt-a")
+	e.beat("rt-b")
+	c := e.controller(&fakePool{size: 2})
+	before := e.stepUntil(c, allOn("rt-a", "rt-b"))
+	victim, other := before[wire.PlacementKey("j", 0)], "rt-a"
+	if victim == "rt-a" {
+		other = "rt-b"
+	}
+	moved := 0
+	for _, r := range before {
+		if r == victim {
+			moved++
+		}
+	}
+	c.Vanished(victim)
+	d, err := c.Step(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := allOn(other)(e.placement()); err != nil || len(d.Moves) != moved {
+		t.Fatalf("the decision after %s vanished: %v; %d moves for its %d shards", victim, err, len(d.Moves), moved)
+	}
+	if _, err := e.b.Runtimes.Get(context.Background(), victim); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("the vanished runtime is still registered: %v", err)
+	}
+	e.beat(victim) // a heartbeat sent just before it died, delivered late
+	time.Sleep(100 * time.Millisecond)
+	if d, err := c.Step(context.Background()); err != nil || len(d.Moves) != 0 {
+		t.Fatalf("a decision after recovery: %v, moves %v", err, d.Moves)
+	}
+}
+
+// A runtime whose heartbeat lapsed (store.RuntimeLapse) is dead to the controller: its shards move
+// in the first decision after the lapse.
+func TestControllerLapsedRuntime(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for a heartbeat to lapse")
+	}
+	e := newCtlEnv(t)
+	e.beat("rt-a")
+	c := e.controller(&fakePool{size: 1})
+	e.stepUntil(c, allOn("rt-a"))
+	e.beat("rt-b")
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() { // rt-b heart-beats, rt-a has stopped
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(store.RuntimeHeartbeat):
+				e.beat("rt-b")
+			}
+		}
+	})
+	defer func() { close(stop); wg.Wait() }()
+	time.Sleep(store.RuntimeLapse)
+	e.stepUntil(c, allOn("rt-b"))
+}
+
+// Two controllers: one leads and decides, the other refuses to; when the leader stops renewing
+// the lock (it died), the other takes over within the lock's TTL and keeps the placement as it was.
+func TestControllerTakesOverFromDeadLeader(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for the leader lock's TTL")
+	}
+	e := newCtlEnv(t)
+	e.beat("rt-a")
+	e.beat("rt-b")
+	a, b := e.controller(&fakePool{size: 2}), e.controller(&fakePool{size: 2})
+	before := e.stepUntil(a, allOn("rt-a", "rt-b"))
+	if _, err := b.Step(context.Background()); !errors.Is(err, autoscaler.ErrNotLeader) {
+		t.Fatalf("second controller stepped while the first leads: %v", err)
+	}
+	died := time.Now()
+	var took time.Duration
+	testutil.CheckFor(t, 3*store.LeaderTTL, 50*time.Millisecond, func() error {
+		e.beat("rt-a")
+		e.beat("rt-b")
+		if _, err := b.Step(context.Background()); err != nil {
+			return err
+		}
+		took = time.Since(died)
+		return nil
+	})
+	t.Logf("took over after %v (lock TTL %v)", took.Round(time.Millisecond), store.LeaderTTL)
+	if after := e.placement(); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Fatalf("the new leader moved shards: %v -> %v", before, after)
+	}
+	if _, err := a.Step(context.Background()); !errors.Is(err, autoscaler.ErrNotLeader) {
+		t.Fatalf("the old leader, back, decided alongside the new one: %v", err)
+	}
+}
+
+// The decision interval must leave the leader time to renew its lock.
+func TestControllerIntervalWithinLockTTL(t *testing.T) {
+	nc, err := nats.Connect(testutil.NATS(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	for _, d := range []time.Duration{0, store.LeaderTTL, store.LeaderTTL/2 + time.Millisecond} {
+		if _, err := autoscaler.NewController(nc, nil, autoscaler.WithInterval(d)); err == nil {
+			t.Errorf("interval %v accepted with a %v lock TTL", d, store.LeaderTTL)
+		}
+	}
+	if _, err := autoscaler.NewController(nc, nil, autoscaler.WithInterval(store.LeaderTTL/2)); err != nil {
+		t.Error(err)
+	}
+}
