@@ -64,8 +64,8 @@ type Controller struct {
 	placement map[string]placed
 	draining  map[string]bool
 	leaderRev uint64
-	recent    []Decision // newest last, at most maxRecent
-	vanished  []string   // runtimes the driver saw die, to deregister at once
+	recent    []Decision           // newest last, at most maxRecent
+	vanished  []string             // runtimes the driver saw die, to deregister at once
 	dead      map[string]time.Time // runtimes deregistered as vanished, and when: ids are never reused
 	wake      chan struct{}        // a runtime vanished: decide now
 
