@@ -65,7 +65,13 @@ type proc struct {
 
 func start(t *testing.T, name string, args ...string) *proc {
 	t.Helper()
-	p := &proc{name: name, cmd: exec.Command(faninBin, args...), done: make(chan struct{})}
+	return startBin(t, faninBin, name, args...)
+}
+
+// startBin starts bin as a process named name, stopped (SIGTERM) when the test ends.
+func startBin(t *testing.T, bin, name string, args ...string) *proc {
+	t.Helper()
+	p := &proc{name: name, cmd: exec.Command(bin, args...), done: make(chan struct{})}
 	p.cmd.WaitDelay = 5 * time.Second // a grandchild holding the output pipe must not block Wait
 	pr, pw := io.Pipe()
 	p.cmd.Stdout, p.cmd.Stderr = pw, pw
