@@ -91,8 +91,9 @@ func WithSampleInterval(every time.Duration) Option {
 	}
 }
 
-// New starts watching fanin's state over nc and returns the dashboard; it stops when ctx is done
-// or Close is called. Options: WithLogger, WithSampleInterval.
+// New starts watching fanin's state over nc and returns the dashboard. ctx bounds the setup only
+// (opening the buckets, the first reads); the dashboard runs until Close. Options: WithLogger,
+// WithSampleInterval.
 func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Dashboard, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -162,13 +163,6 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Dashboard, error)
 			case <-t.C:
 				d.sample()
 			}
-		}
-	}()
-	go func() { // stop with the caller's context
-		select {
-		case <-ctx.Done():
-			d.Close()
-		case <-wctx.Done():
 		}
 	}()
 	return d, nil

@@ -189,7 +189,9 @@ func (r *Runtime) Run(ctx context.Context) error {
 	r.met.Observe(r.cores, r.shardGauges)
 	stopConnMetrics := r.metrics.WatchConn("runtime "+r.id, r.nc)
 
+	ctx, cancel := context.WithCancel(ctx) // ends retryLater's waits however Run returns
 	defer func() {
+		cancel()
 		_ = watcher.Stop()
 		r.stopAll()
 		r.wg.Wait()
@@ -441,10 +443,14 @@ func (r *Runtime) retryLater(ctx context.Context, key string) {
 	r.retries[key] = n + 1
 	r.mu.Unlock()
 	wait := min(250*time.Millisecond<<min(n, 5), 5*time.Second)
+	r.wg.Add(1)
 	go func() {
+		defer r.wg.Done()
+		t := time.NewTimer(wait)
+		defer t.Stop()
 		select {
 		case <-ctx.Done():
-		case <-time.After(wait):
+		case <-t.C:
 			select {
 			case r.retryC <- key:
 			case <-ctx.Done():

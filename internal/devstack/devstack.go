@@ -301,7 +301,9 @@ func (d *inProcessDriver) Scale(_ context.Context, n int) error {
 }
 
 func (d *inProcessDriver) Remove(_ context.Context, id string) error {
-	go (*Stack)(d).StopRuntime(id)
+	s := (*Stack)(d)
+	s.wg.Add(1) // Close waits for it
+	go func() { defer s.wg.Done(); s.StopRuntime(id) }()
 	return nil
 }
 
