@@ -141,9 +141,13 @@ func (x *shardExec) run(ctx context.Context) {
 	defer close(x.done)
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
+		began := time.Now()
 		err := x.serve(ctx)
 		if err == nil || ctx.Err() != nil {
 			break
+		}
+		if time.Since(began) > 30*time.Second {
+			backoff = 100 * time.Millisecond // served a while: a new failure, not the same one again
 		}
 		x.log.Warn("shard executor failed; retrying", "err", err, "in", backoff)
 		select {
@@ -175,33 +179,30 @@ func (x *shardExec) serve(ctx context.Context) error {
 	start, fromStep := x.seq+1, x.step
 	x.stopped = false
 	x.mu.Unlock()
-	cons, err := x.ji.grads.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{x.gradSj},
-		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:    start,
-	})
-	if err != nil {
-		return fmt.Errorf("create consumer: %w", err)
-	}
 	// Pull room for at least two of the largest messages the job's stream accepts: a message the
 	// consumer could not pull would stall the shard for good.
 	msgBytes := max(x.shard.Bytes()+wire.Headroom, int(store.GradMaxMsgSize(x.ji.rec)))
-	failed := make(chan error, 1)
-	cc, err := cons.Consume(x.handle,
+	gc := newGradConsumer(x.ji.grads, x.gradSj, start, x.handle,
 		// Buffer up to two steps of this shard's gradients in the client, within maxPullBytes (and
-		// at least two messages): flow control, never a slow-consumer drop. (Were one to happen, the
-		// ordered consumer resets from the last sequence seen: a replay, not a loss.)
-		jetstream.PullMaxBytes(max(min(2*x.ranks*msgBytes, maxPullBytes), 2*msgBytes)),
-		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrStreamNotFound) {
-				select {
-				case failed <- err:
-				default:
-				}
-			}
-		}))
-	if err != nil {
-		return fmt.Errorf("consume: %w", err)
+		// at least two messages): flow control, never a slow-consumer drop. (Were one to happen,
+		// the consumer starts over from the last sequence seen: a replay, not a loss.)
+		jetstream.PullMaxBytes(max(min(2*x.ranks*msgBytes, maxPullBytes), 2*msgBytes)))
+	cctx, stopConsumer := context.WithCancel(ctx)
+	failed := make(chan error, 1)
+	consuming := make(chan struct{})
+	go func() {
+		defer close(consuming)
+		if err := gc.run(cctx, x.log.Warn); err != nil {
+			failed <- err
+		}
+	}()
+	defer func() { stopConsumer(); <-consuming }()
+	select {
+	case <-gc.started:
+	case err := <-failed:
+		return err
+	case <-ctx.Done():
+		return nil
 	}
 	x.log.Debug("serving shard", "from_step", fromStep, "from_seq", start)
 	if !released.IsZero() {
@@ -220,12 +221,8 @@ func (x *shardExec) serve(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			cc.Stop()
-			<-cc.Closed()
 			return nil
 		case err := <-failed:
-			cc.Stop()
-			<-cc.Closed()
 			return err
 		case <-sweep:
 			x.sweepUnknownShards(ctx)

@@ -1,0 +1,172 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// gradConsumer delivers one shard's gradients to handle in stream order, each message once, from
+// a start sequence: what nats.go's ordered consumer does, with one difference that matters in a
+// cluster. When its consumer is lost (its server died, a message went missing in a reconnect, the
+// consumer was deleted), it makes a new one under a new name, each attempt bounded by
+// createTimeout and retried with a backoff. nats.go re-creates under the same name with a fixed
+// 10 s timeout, and a creation first assigned to a node that had just died (servers call a
+// SIGKILLed node offline only after minutes) is then never answered: the shard stalled for good.
+type gradConsumer struct {
+	stream  jetstream.Stream
+	subject string
+	opts    []jetstream.PullConsumeOpt
+	handle  func(jetstream.Msg)
+
+	started chan struct{} // closed once the first consumer consumes
+
+	mu   sync.Mutex
+	gen  int    // generation of the current consumer; messages of an older one are dropped
+	next uint64 // stream sequence to start a new consumer from
+	dseq uint64 // last consumer sequence delivered by the current consumer
+	lost chan struct{}
+}
+
+// Timings of a shard's consumer: createTimeout bounds one creation attempt (a stream or meta
+// leader election takes a few seconds; a request sent during one is never answered), and
+// consumerHeartbeat is its idle heartbeat: a consumer lost with its server is noticed after two.
+const (
+	createTimeout     = 2 * time.Second
+	consumerHeartbeat = 2 * time.Second
+	// consumerInactive is how long the servers keep a consumer nobody pulls from (its runtime died).
+	consumerInactive = 30 * time.Second
+)
+
+func newGradConsumer(stream jetstream.Stream, subject string, start uint64, handle func(jetstream.Msg), opts ...jetstream.PullConsumeOpt) *gradConsumer {
+	return &gradConsumer{stream: stream, subject: subject, next: start, handle: handle, lost: make(chan struct{}, 1),
+		started: make(chan struct{}), opts: append(opts, jetstream.PullHeartbeat(consumerHeartbeat))}
+}
+
+// run consumes until ctx is done, re-creating the consumer whenever it is lost. It returns an
+// error only if the stream is gone.
+func (g *gradConsumer) run(ctx context.Context, log func(msg string, args ...any)) error {
+	backoff, first := 50*time.Millisecond, true
+	for ctx.Err() == nil {
+		cons, cc, err := g.start(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if errors.Is(err, jetstream.ErrStreamNotFound) {
+				return err
+			}
+			log("create consumer; retrying", "err", err, "in", backoff)
+			select {
+			case <-ctx.Done():
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 2*time.Second)
+			continue
+		}
+		backoff = 50 * time.Millisecond
+		if first {
+			close(g.started)
+			first = false
+		}
+		select {
+		case <-ctx.Done():
+		case <-g.lost:
+		}
+		cc.Stop()
+		<-cc.Closed()
+		if ctx.Err() == nil {
+			// Gone with its server, or still there and abandoned: the servers drop it once it is
+			// inactive, and deleting it now spares them the wait.
+			go func(name string) {
+				dctx, cancel := context.WithTimeout(context.Background(), createTimeout)
+				defer cancel()
+				_ = g.stream.DeleteConsumer(dctx, name)
+			}(cons.CachedInfo().Name)
+		}
+	}
+	return nil
+}
+
+// start creates a consumer from g.next and starts consuming it.
+func (g *gradConsumer) start(ctx context.Context) (jetstream.Consumer, jetstream.ConsumeContext, error) {
+	g.mu.Lock()
+	g.gen++
+	gen, next := g.gen, g.next
+	g.dseq = 0
+	g.mu.Unlock()
+	select { // a loss reported by the consumer before this one is not this one's
+	case <-g.lost:
+	default:
+	}
+	cctx, cancel := context.WithTimeout(ctx, createTimeout)
+	defer cancel()
+	cons, err := g.stream.CreateConsumer(cctx, jetstream.ConsumerConfig{
+		Name:              "fanin_" + strings.ReplaceAll(uuid.NewString(), "-", ""),
+		FilterSubject:     g.subject,
+		DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:       next,
+		AckPolicy:         jetstream.AckNonePolicy,
+		MaxDeliver:        1,
+		Replicas:          1,
+		MemoryStorage:     true,
+		InactiveThreshold: consumerInactive,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	opts := append(g.opts, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		if errors.Is(err, jetstream.ErrNoHeartbeat) || consumerLost(err) {
+			g.markLost(gen)
+		}
+	}))
+	cc, err := cons.Consume(func(m jetstream.Msg) { g.deliver(gen, m) }, opts...)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cons, cc, nil
+}
+
+// deliver passes m on if it is the next message of the current consumer; a gap in the consumer's
+// sequence (a message lost in a reconnect) makes a new consumer from the last one delivered.
+func (g *gradConsumer) deliver(gen int, m jetstream.Msg) {
+	meta, err := m.Metadata()
+	g.mu.Lock()
+	if gen != g.gen {
+		g.mu.Unlock()
+		return
+	}
+	if err != nil || meta.Sequence.Consumer != g.dseq+1 {
+		g.mu.Unlock()
+		g.markLost(gen)
+		return
+	}
+	g.dseq, g.next = meta.Sequence.Consumer, meta.Sequence.Stream+1
+	g.mu.Unlock()
+	g.handle(m)
+}
+
+func (g *gradConsumer) markLost(gen int) {
+	g.mu.Lock()
+	current := gen == g.gen
+	g.mu.Unlock()
+	if current {
+		select {
+		case g.lost <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// consumerLost tells the errors after which a consumer cannot go on: it or its stream is gone, or
+// nothing answers its pull requests.
+func consumerLost(err error) bool {
+	return errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrStreamNotFound) ||
+		errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, nats.ErrNoResponders)
+}
