@@ -385,6 +385,9 @@ func (w *Worker) pubError(s job.Shard, err error) error {
 	return fmt.Errorf("publish gradient of shard %d: %w", s.ID, err)
 }
 
+// reconnectPoll is how often a waiting worker looks whether its connection reconnected.
+const reconnectPoll = 250 * time.Millisecond
+
 // await waits until every shard's parameters for step t are in, fetching from the stream what was
 // not pushed in time, and fails on a rejection of this step.
 func (w *Worker) await(ctx context.Context, t int64) error {
@@ -409,8 +412,19 @@ func (w *Worker) await(ctx context.Context, t int64) error {
 	wait := w.fetch
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
+	// Parameters pushed while the connection was reconnecting (a server restarted or died) are
+	// lost to this worker: after a reconnect it fetches at once rather than at its next backoff.
+	reconnects := w.c.nc.Stats().Reconnects
+	poll := time.NewTicker(reconnectPoll)
+	defer poll.Stop()
 	for {
 		select {
+		case <-poll.C:
+			if n := w.c.nc.Stats().Reconnects; n != reconnects {
+				reconnects = n
+				wait = w.fetch
+				timer.Reset(0)
+			}
 		case <-ready:
 			return nil
 		case rej := <-w.rejects:
