@@ -68,6 +68,10 @@ type Controller struct {
 	vanished  []string             // runtimes the driver saw die, to deregister at once
 	dead      map[string]time.Time // runtimes deregistered as vanished, and when: ids are never reused
 	wake      chan struct{}        // a runtime vanished: decide now
+	// registrySince is when the runtime registry last became writable (zero while it is not):
+	// heartbeats lapse for real only once it has been for a whole RuntimeLapse.
+	registrySince time.Time
+	registryCheck func(context.Context) bool // registryHealthy; tests replace it
 
 	ready chan struct{} // closed once Run follows the state (buckets set, current values in)
 }
@@ -141,6 +145,7 @@ func NewController(nc *nats.Conn, driver PoolDriver, opts ...ControllerOption) (
 		wake: make(chan struct{}, 1), ready: make(chan struct{}),
 		tracing: telemetry.Default(), met: metrics.Default().Autoscaler(),
 	}
+	c.registryCheck = c.registryHealthy
 	for _, o := range opts {
 		if err := o(c); err != nil {
 			return nil, err
@@ -226,10 +231,18 @@ func (c *Controller) Step(ctx context.Context) (Decision, error) {
 	}
 	c.met.Leader(true)
 	c.deregisterVanished(ctx)
+	healthy := c.registryCheck(ctx)
 	now := c.now()
 	c.mu.Lock()
+	switch {
+	case !healthy:
+		c.registrySince = time.Time{}
+	case c.registrySince.IsZero():
+		c.registrySince = now
+	}
+	lapses := !c.registrySince.IsZero() && now.Sub(c.registrySince) >= store.RuntimeLapse
 	pol := c.policy
-	obs := c.observe(now)
+	obs := c.observe(now, lapses)
 	c.mu.Unlock()
 	d := c.decider.Decide(pol, obs, now)
 	c.observeDecision(obs, d)
@@ -292,13 +305,29 @@ func (c *Controller) resign() {
 	}
 }
 
-// observe builds the decider's inputs from the watched state. c.mu is held.
-func (c *Controller) observe(now time.Time) Observations {
+// registryHealthy tells whether the runtime registry's stream answers and has a leader. While it
+// does not (a server restarts, the node leading it was lost), no heartbeat can be written, and a
+// runtime whose heartbeat lapsed is not known to be dead: the driver still reports the processes
+// or pods that die.
+func (c *Controller) registryHealthy(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	st, err := c.js.Stream(ctx, "KV_"+wire.RuntimesBucket)
+	if err != nil {
+		return false
+	}
+	cl := st.CachedInfo().Cluster
+	return cl == nil || cl.Leader != ""
+}
+
+// observe builds the decider's inputs from the watched state; with lapses false a runtime whose
+// heartbeat lapsed still counts (the registry could not take heartbeats lately). c.mu is held.
+func (c *Controller) observe(now time.Time, lapses bool) Observations {
 	var obs Observations
 	live := map[string]bool{}
 	var rates []float64
 	for id, beat := range c.runtimes {
-		if !store.RuntimeAlive(beat, now) {
+		if lapses && !store.RuntimeAlive(beat, now) {
 			continue
 		}
 		live[id] = true

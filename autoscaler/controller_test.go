@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -222,6 +223,46 @@ func TestControllerLapsedRuntime(t *testing.T) {
 	})
 	defer func() { close(stop); wg.Wait() }()
 	time.Sleep(store.RuntimeLapse)
+	e.stepUntil(c, allOn("rt-b"))
+}
+
+// While the runtime registry cannot take heartbeats (its stream has no leader: a server restarts,
+// a node was lost), a runtime whose heartbeat lapses is not taken for dead; once the registry has
+// been back for a whole lapse, it is.
+func TestControllerLapseWaitsForTheRegistry(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for heartbeats to lapse")
+	}
+	e := newCtlEnv(t)
+	e.beat("rt-a")
+	c := e.controller(&fakePool{size: 1})
+	e.stepUntil(c, allOn("rt-a"))
+	var healthy atomic.Bool
+	autoscaler.SetRegistryCheck(c, func(context.Context) bool { return healthy.Load() })
+	e.beat("rt-b")
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() { // rt-b heart-beats, rt-a has stopped
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(store.RuntimeHeartbeat):
+				e.beat("rt-b")
+			}
+		}
+	})
+	defer func() { close(stop); wg.Wait() }()
+	time.Sleep(store.RuntimeLapse + store.RuntimeHeartbeat)
+	for range 3 {
+		if _, err := c.Step(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if err := allOn("rt-a")(e.placement()); err != nil {
+			t.Fatalf("rt-a's heartbeat lapsed while the registry was down, and it was taken for dead: %v", err)
+		}
+	}
+	healthy.Store(true)
 	e.stepUntil(c, allOn("rt-b"))
 }
 
