@@ -362,7 +362,7 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	if _, err := s.js.AccountInfo(ctx); err != nil {
-		s.problem(w, http.StatusServiceUnavailable, "jetstream_unavailable", err.Error())
+		s.problem(w, http.StatusServiceUnavailable, codeJetStreamUnavailable, err.Error())
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})

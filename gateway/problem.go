@@ -1,7 +1,9 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"mime"
@@ -9,6 +11,8 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"sigs.k8s.io/yaml"
 
 	"github.com/fanin-ml/fanin/gateway/api"
@@ -20,15 +24,16 @@ type Problem = api.Problem
 
 // Problem codes that are not rejected inputs (those are wire.Reason codes).
 const (
-	codeNotFound         = "not_found"
-	codeMethodNotAllowed = "method_not_allowed"
-	codeJobNotFound      = "job_not_found"
-	codeJobExists        = "job_exists"
-	codeBadState         = "bad_state" // e.g. resume a job that is not paused
-	codeInternal         = "internal"
-	codeNoCredentials    = "credentials_disabled"
-	codeTeamNotFound     = "token_not_found"
-	codeRuntimeMissing   = "runtime_not_found"
+	codeNotFound             = "not_found"
+	codeMethodNotAllowed     = "method_not_allowed"
+	codeJobNotFound          = "job_not_found"
+	codeJobExists            = "job_exists"
+	codeBadState             = "bad_state" // e.g. resume a job that is not paused
+	codeInternal             = "internal"
+	codeJetStreamUnavailable = "jetstream_unavailable"
+	codeNoCredentials        = "credentials_disabled"
+	codeTeamNotFound         = "token_not_found"
+	codeRuntimeMissing       = "runtime_not_found"
 )
 
 // reasonStatus is the HTTP status of each rejection the API answers.
@@ -85,9 +90,27 @@ func (s *Server) problem(w http.ResponseWriter, status int, code, detail string)
 	})
 }
 
+// internal answers a failure of fanin's own state. One that passes by itself (a stream or meta
+// leader being elected after a server was lost, a server restarting) is a 503 with Retry-After,
+// not a 500: the client should retry, and nothing is wrong with its request or with fanin.
 func (s *Server) internal(w http.ResponseWriter, what string, err error) {
+	if transient(err) {
+		s.log.Warn(what, "err", err)
+		w.Header().Set("Retry-After", "2")
+		s.problem(w, http.StatusServiceUnavailable, codeJetStreamUnavailable,
+			what+": "+err.Error()+" (NATS is electing a leader or restarting: retry in a few seconds)")
+		return
+	}
 	s.log.Error(what, "err", err)
 	s.problem(w, http.StatusInternalServerError, codeInternal, what+": "+err.Error())
+}
+
+// transient tells the JetStream errors of an election or a restart.
+func transient(err error) bool {
+	return errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrDisconnected) ||
+		errors.Is(err, jetstream.ErrJetStreamNotEnabled)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
