@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanin-ml/fanin/autoscaler"
+	"github.com/fanin-ml/fanin/internal/rate"
 	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/wire"
@@ -40,7 +41,6 @@ const (
 	historyLen   = 900 // pool samples, one per second: 15 minutes
 	maxDecisions = 50
 	maxRejects   = 100
-	rateWindow   = 10 * time.Second // a job's step rate is measured over this window
 )
 
 // Dashboard serves the web dashboard. It watches fanin's state in JetStream from New until Close.
@@ -61,17 +61,12 @@ type Dashboard struct {
 	placement map[string]wire.Placement
 	runtimes  map[string]wire.RuntimeInfo
 	loads     map[string]wire.LoadReport
-	decisions []autoscaler.Decision // oldest first
-	rejects   []wire.Reject         // oldest first
-	rejectAt  []time.Time           // when each of rejects arrived
-	counts    map[[2]string]int64   // {job, reason} -> rejects seen since start
-	history   []Sample              // oldest first
-	steps     map[string][]stepMark // job -> recent (time, step), oldest first
-}
-
-type stepMark struct {
-	at   time.Time
-	step int64
+	decisions []autoscaler.Decision  // oldest first
+	rejects   []wire.Reject          // oldest first
+	rejectAt  []time.Time            // when each of rejects arrived
+	counts    map[[2]string]int64    // {job, reason} -> rejects seen since start
+	history   []Sample               // oldest first
+	steps     map[string]*rate.Steps // job -> recent (time, step)
 }
 
 // Option configures a Dashboard.
@@ -102,7 +97,7 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Dashboard, error)
 	d := &Dashboard{
 		js: js, nc: nc, log: slog.Default(), now: time.Now, every: time.Second, mux: http.NewServeMux(),
 		jobs: map[string]job.Record{}, placement: map[string]wire.Placement{}, runtimes: map[string]wire.RuntimeInfo{},
-		loads: map[string]wire.LoadReport{}, counts: map[[2]string]int64{}, steps: map[string][]stepMark{},
+		loads: map[string]wire.LoadReport{}, counts: map[[2]string]int64{}, steps: map[string]*rate.Steps{},
 	}
 	for _, o := range opts {
 		if err := o(d); err != nil {
@@ -348,11 +343,12 @@ func (d *Dashboard) sample() {
 		if !ok {
 			continue
 		}
-		marks := append(d.steps[id], stepMark{now, step})
-		for len(marks) > 2 && now.Sub(marks[1].at) >= rateWindow {
-			marks = marks[1:]
+		st := d.steps[id]
+		if st == nil {
+			st = &rate.Steps{}
+			d.steps[id] = st
 		}
-		d.steps[id] = marks
+		st.Add(now, step)
 	}
 }
 
@@ -494,12 +490,9 @@ func (d *Dashboard) Snapshot() State {
 		if step, ok := d.jobStep(id); ok {
 			jv.Step, jv.State = step, "idle"
 		}
-		if marks := d.steps[id]; len(marks) >= 2 {
-			a, b := marks[0], marks[len(marks)-1]
-			if dt := b.at.Sub(a.at).Seconds(); dt > 0 {
-				jv.StepsPerSec = float64(b.step-a.step) / dt
-			}
-			if jv.StepsPerSec > 0 && now.Sub(lastAdvance(marks)) < rateWindow {
+		if steps := d.steps[id]; steps != nil {
+			jv.StepsPerSec = steps.Rate()
+			if jv.StepsPerSec > 0 && now.Sub(steps.LastAdvance()) < rate.Window {
 				jv.State = "running"
 			}
 		}
@@ -557,15 +550,6 @@ func (d *Dashboard) Snapshot() State {
 }
 
 // lastAdvance is when the step last moved.
-func lastAdvance(marks []stepMark) time.Time {
-	for i := len(marks) - 1; i > 0; i-- {
-		if marks[i].step != marks[i-1].step {
-			return marks[i].at
-		}
-	}
-	return time.Time{}
-}
-
 func (d *Dashboard) serveState(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanin-ml/fanin/gateway/api"
+	"github.com/fanin-ml/fanin/internal/rate"
 	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/wire"
 )
@@ -43,13 +44,7 @@ type shardTrack struct {
 	load    wire.ShardLoad
 	runtime string
 	at      time.Time
-	samples [16]stepSample // ring, newest at head-1
-	n, head int
-}
-
-type stepSample struct {
-	at   time.Time
-	step int64
+	steps   rate.Steps
 }
 
 func newLoadCache(now func() time.Time) *loadCache {
@@ -76,9 +71,7 @@ func (c *loadCache) add(rep wire.LoadReport) {
 			c.shards[sl.Key] = t
 		}
 		t.load, t.runtime, t.at = sl, rep.Runtime, now
-		t.samples[t.head] = stepSample{at: now, step: sl.Step}
-		t.head = (t.head + 1) % len(t.samples)
-		t.n = min(t.n+1, len(t.samples))
+		t.steps.Add(now, sl.Step)
 	}
 	for id, rl := range c.byRuntime { // forget runtimes long gone, and their shards
 		if now.Sub(rl.at) > time.Minute {
@@ -97,7 +90,7 @@ type shardView struct {
 	load    wire.ShardLoad
 	runtime string
 	fresh   bool
-	rate    float64 // steps per second over the last 10 s, 0 if not known
+	rate    float64 // steps per second over rate.Window, 0 if not known
 }
 
 func (c *loadCache) shard(key string) (shardView, bool) {
@@ -109,19 +102,8 @@ func (c *loadCache) shard(key string) (shardView, bool) {
 	}
 	now := c.now()
 	v := shardView{load: t.load, runtime: t.runtime, fresh: now.Sub(t.at) < freshLoad}
-	if t.n >= 2 {
-		newest := t.samples[(t.head-1+len(t.samples))%len(t.samples)]
-		oldest := newest
-		for i := 2; i <= t.n; i++ {
-			s := t.samples[(t.head-i+2*len(t.samples))%len(t.samples)]
-			if newest.at.Sub(s.at) > 10*time.Second {
-				break
-			}
-			oldest = s
-		}
-		if dt := newest.at.Sub(oldest.at).Seconds(); dt >= 0.5 && v.fresh {
-			v.rate = float64(newest.step-oldest.step) / dt
-		}
+	if v.fresh {
+		v.rate = t.steps.Rate()
 	}
 	return v, true
 }
