@@ -22,6 +22,7 @@ type trainer struct {
 	params  []float32
 	grads   [][]float32
 	step    int64
+	onStall func() // called when a step fails for good, before the test stops (diagnostics)
 }
 
 func newTrainer(t *testing.T, url string, rec *job.Record) *trainer {
@@ -85,6 +86,9 @@ func (tr *trainer) run(to int64) {
 		}
 		wg.Wait()
 		if t.Failed() {
+			if tr.onStall != nil {
+				tr.onStall()
+			}
 			t.FailNow()
 		}
 		tr.ref.Step(tr.grads, nil)

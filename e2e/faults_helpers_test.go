@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -15,6 +17,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanin-ml/fanin/internal/testutil"
+	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/wire"
 )
 
 var serverReady = regexp.MustCompile(`Server is ready`)
@@ -26,6 +30,7 @@ type natsNodes struct {
 	t     *testing.T
 	confs []string
 	ports []int
+	mon   []int // monitoring ports (/stacksz, /jsz)
 	procs []*natsProc
 }
 
@@ -41,11 +46,12 @@ func startNATS(t *testing.T, n int) *natsNodes {
 	routes := make([]int, n)
 	for i := range n {
 		nn.ports = append(nn.ports, testutil.FreePort(t))
+		nn.mon = append(nn.mon, testutil.FreePort(t))
 		routes[i] = testutil.FreePort(t)
 	}
 	for i := range n {
-		conf := fmt.Sprintf("server_name: n%d\nlisten: 127.0.0.1:%d\nmax_payload: 8MB\nmax_pending: 256MB\n"+
-			"jetstream { store_dir: %q }\n", i, nn.ports[i], filepath.Join(dir, fmt.Sprintf("n%d", i)))
+		conf := fmt.Sprintf("server_name: n%d\nlisten: 127.0.0.1:%d\nhttp: 127.0.0.1:%d\nmax_payload: 8MB\nmax_pending: 256MB\n"+
+			"jetstream { store_dir: %q }\n", i, nn.ports[i], nn.mon[i], filepath.Join(dir, fmt.Sprintf("n%d", i)))
 		if n > 1 {
 			var rs []string
 			for _, r := range routes {
@@ -92,6 +98,36 @@ func (nn *natsNodes) restart(i int) {
 	nn.t.Helper()
 	nn.start(i)
 	nn.waitJetStream()
+}
+
+// waitCurrent waits until every replica of every stream is current: a node just restarted has
+// caught up, so that losing another one next is the loss of one node, not of two.
+func (nn *natsNodes) waitCurrent() {
+	nn.t.Helper()
+	testutil.CheckFor(nn.t, 60*time.Second, 200*time.Millisecond, func() error {
+		nc, err := nats.Connect(nn.url(), nats.Timeout(time.Second))
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		js, _ := jetstream.New(nc)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		lister := js.ListStreams(ctx)
+		for info := range lister.Info() {
+			if cl := info.Cluster; cl != nil {
+				if cl.Leader == "" {
+					return fmt.Errorf("stream %s has no leader", info.Config.Name)
+				}
+				for _, r := range cl.Replicas {
+					if !r.Current || r.Offline {
+						return fmt.Errorf("stream %s: replica %s is not current", info.Config.Name, r.Name)
+					}
+				}
+			}
+		}
+		return lister.Err()
+	})
 }
 
 // index is the node named name (n0, n1, ...).
@@ -143,4 +179,80 @@ func (nn *natsNodes) leaderOf(stream string) string {
 		return fmt.Errorf("stream %s has no leader", stream)
 	})
 	return leader
+}
+
+// dumpJob logs what each live node says of job's gradient and parameter streams and of their
+// consumers: run when a step stalls, it tells a stream without a leader or a replica that lags
+// from a consumer that stopped delivering. With FANIN_TEST_LOG set it also SIGQUITs the runtime
+// processes, whose goroutine dumps then show in the test's output.
+func (nn *natsNodes) dumpJob(rec *job.Record) {
+	t, id := nn.t, rec.Spec.ID
+	for i, port := range nn.ports {
+		nc, err := nats.Connect(fmt.Sprintf("nats://127.0.0.1:%d", port), nats.Timeout(time.Second), nats.NoReconnect())
+		if err != nil {
+			t.Logf("n%d: %v", i, err)
+			continue
+		}
+		js, _ := jetstream.New(nc)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		for _, name := range []string{wire.GradStream(id), wire.ParamsStream(id)} {
+			st, err := js.Stream(ctx, name)
+			if err != nil {
+				t.Logf("n%d: stream %s: %v", i, name, err)
+				continue
+			}
+			info := st.CachedInfo()
+			var cl []string
+			if c := info.Cluster; c != nil {
+				cl = append(cl, "leader="+c.Leader)
+				for _, r := range c.Replicas {
+					cl = append(cl, fmt.Sprintf("%s(current=%v,offline=%v,lag=%d)", r.Name, r.Current, r.Offline, r.Lag))
+				}
+			}
+			t.Logf("n%d: stream %s: msgs=%d last_seq=%d %s", i, name, info.State.Msgs, info.State.LastSeq, strings.Join(cl, " "))
+			for ci := range st.ListConsumers(ctx).Info() {
+				leader := ""
+				if ci.Cluster != nil {
+					leader = ci.Cluster.Leader
+				}
+				t.Logf("n%d:   consumer %s on %s: filter=%v delivered_stream=%d ack_floor=%d pending=%d waiting=%d ack_pending=%d",
+					i, ci.Name, leader, ci.Config.FilterSubjects, ci.Delivered.Stream, ci.AckFloor.Stream, ci.NumPending, ci.NumWaiting, ci.NumAckPending)
+			}
+		}
+		if st, err := js.Stream(ctx, wire.ParamsStream(id)); err == nil {
+			var steps []string
+			for _, sh := range rec.Layout.Shards {
+				for _, subj := range []string{wire.ParamsSubject(id, sh.ID), wire.CkptSubject(id, sh.ID)} {
+					if m, err := st.GetLastMsgForSubject(ctx, subj); err == nil {
+						step, _ := wire.ParseStep(m.Header)
+						steps = append(steps, fmt.Sprintf("%s@%d(seq %d)", subj[strings.LastIndexByte(subj[:strings.LastIndexByte(subj, '.')], '.')+1:], step, m.Sequence))
+					}
+				}
+			}
+			t.Logf("n%d: stored snapshots: %s", i, strings.Join(steps, " "))
+		}
+		cancel()
+		nc.Close()
+	}
+	if os.Getenv("FANIN_TEST_LOG") != "" {
+		for i, port := range nn.mon {
+			resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/stacksz", port))
+			if err != nil {
+				continue
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			path := filepath.Join(os.TempDir(), fmt.Sprintf("fanin-e2e-stacks-n%d.txt", i))
+			if os.WriteFile(path, b, 0o600) == nil {
+				t.Logf("n%d: goroutines written to %s", i, path)
+			}
+		}
+		for id, pids := range runtimePids() { // one at a time: they share the autoscaler's stderr
+			for _, pid := range pids {
+				t.Logf("goroutines of runtime %s (pid %d):", id, pid)
+				_ = syscall.Kill(pid, syscall.SIGQUIT)
+				time.Sleep(2 * time.Second)
+			}
+		}
+	}
 }

@@ -45,6 +45,7 @@ type faninProcs struct {
 	t     *testing.T
 	nn    *natsNodes
 	api   string
+	gw    *proc
 	as    []*proc
 	asDir []string
 	pol   string
@@ -59,7 +60,7 @@ func startFanin(t *testing.T, nn *natsNodes, autoscalers int) *faninProcs {
 		t.Fatal(err)
 	}
 	gw := start(t, "gateway", "gateway", "--nats", nn.url(), "--http", "127.0.0.1:0")
-	f.api = gw.waitFor(t, httpURL, 30*time.Second)
+	f.api, f.gw = gw.waitFor(t, httpURL, 30*time.Second), gw
 	for i := range autoscalers {
 		f.asDir = append(f.asDir, t.TempDir())
 		f.as = append(f.as, nil)
@@ -119,6 +120,18 @@ func (tt *timedTrainer) run(to int64) {
 	}
 }
 
+// longestGapSince is the longest time between two consecutive steps, of those that ended after t:
+// the step in progress at t included, so the gap a fault at t caused.
+func (tt *timedTrainer) longestGapSince(t time.Time) time.Duration {
+	var g time.Duration
+	for i := 1; i < len(tt.done); i++ {
+		if tt.done[i].After(t) {
+			g = max(g, tt.done[i].Sub(tt.done[i-1]))
+		}
+	}
+	return g
+}
+
 // longestGap is the longest time between two consecutive steps.
 func (tt *timedTrainer) longestGap() time.Duration {
 	var g time.Duration
@@ -157,7 +170,9 @@ func (f *faninProcs) train(spec job.Spec) *timedTrainer {
 		rec = r
 		return err
 	})
-	return &timedTrainer{trainer: newTrainer(f.t, f.nn.url(), rec), rec: rec}
+	tt := &timedTrainer{trainer: newTrainer(f.t, f.nn.url(), rec), rec: rec}
+	tt.onStall = func() { f.nn.dumpJob(rec) }
+	return tt
 }
 
 // afterFaults shows the API and the autoscaler working without anyone's help: jobs are listed, and a
@@ -246,20 +261,26 @@ func TestFaultsClusterNodeLoss(t *testing.T) {
 
 	leader := nn.leaderOf(wire.GradStream("replicated"))
 	t.Logf("killing %s, leader of the gradient stream", leader)
+	killed := time.Now()
 	nn.kill(nn.index(leader))
 	tt.run(14)
+	gradGap := tt.longestGapSince(killed)
 	nn.restart(nn.index(leader))
+	nn.waitCurrent()
 	tt.run(18)
 
 	leader = nn.leaderOf("KV_" + wire.JobsBucket)
 	t.Logf("killing %s, leader of the jobs bucket (and of: %s)", leader, strings.Join(ledBy(t, nn, leader), ", "))
+	killed = time.Now()
 	nn.kill(nn.index(leader))
 	tt.run(24)
+	jobsGap := tt.longestGapSince(killed)
 	f.afterFaults("while-down") // a job of one replica: three cannot be placed on two servers
 	nn.restart(nn.index(leader))
 	tt.run(30)
 	tt.checkUpdates(nn.url())
-	t.Logf("%d steps bit-exact across two node losses; longest gap %v", tt.step, tt.longestGap().Round(time.Millisecond))
+	t.Logf("%d steps bit-exact across two node losses; longest gap between steps after losing the gradient stream's leader %v, the jobs bucket's leader %v",
+		tt.step, gradGap.Round(time.Millisecond), jobsGap.Round(time.Millisecond))
 }
 
 // ledBy lists fanin's buckets and streams the node named node leads.

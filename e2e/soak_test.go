@@ -1,0 +1,181 @@
+package e2e
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestFaultsSoak trains one job (adam, 3 replicas) on a 3-node cluster for FANIN_SOAK (say 30m),
+// paced at 80% of the steps/s it reached in its first 20 s, with a fault every minute in turn: a
+// runtime SIGKILL, a SIGKILL of the autoscaler leader (restarted 5 s later), a SIGKILL of a NATS
+// node (restarted 5 s later). Every step is checked byte for byte and the stored parameters at the
+// end; it reports the longest gap after each kind of fault and the memory of the gateway and the
+// NATS nodes each minute, and fails if the gateway's grew by more than half from the end of the
+// second minute to the end. Skipped unless FANIN_SOAK is set:
+//
+//	FANIN_SOAK=30m go test -run TestFaultsSoak -v -timeout 40m ./e2e/
+func TestFaultsSoak(t *testing.T) {
+	dur, err := time.ParseDuration(os.Getenv("FANIN_SOAK"))
+	if err != nil {
+		t.Skip("a soak run: set FANIN_SOAK to its duration (e.g. 30m)")
+	}
+	nn := startNATS(t, 3)
+	f := startFanin(t, nn, 2)
+	spec := clusterSpec("soak", "adam")
+	spec.Replicas = 3
+	tt := f.train(spec)
+
+	warm := time.Now()
+	for time.Since(warm) < 20*time.Second {
+		tt.run(tt.step + 1)
+	}
+	period := time.Duration(float64(time.Since(warm)) / float64(tt.step) / 0.8)
+	t.Logf("max %.1f steps/s in the first 20 s; paced at one step every %v (80%%)", float64(tt.step)/time.Since(warm).Seconds(), period.Round(time.Millisecond))
+
+	rng := rand.New(rand.NewPCG(7, 7))
+	type fault struct {
+		kind string
+		at   time.Time
+	}
+	var faults []fault
+	var restart func()
+	var restartAt time.Time
+	mem := map[string][]int64{} // process -> RSS (KiB) each minute
+	begin, nextFault, nextSample := time.Now(), time.Now().Add(time.Minute), time.Now()
+	for time.Since(begin) < dur {
+		stepAt := time.Now()
+		tt.run(tt.step + 1)
+		now := time.Now()
+		if restart != nil && now.After(restartAt) {
+			restart()
+			restart = nil
+		}
+		if now.After(nextSample) {
+			for name, pid := range longLived(f, nn) {
+				mem[name] = append(mem[name], rssKiB(pid))
+			}
+			nextSample = nextSample.Add(time.Minute)
+		}
+		if now.After(nextFault) && restart == nil {
+			kind := []string{"runtime", "autoscaler", "nats"}[len(faults)%3]
+			switch kind {
+			case "runtime":
+				pids := runtimePids()
+				ids := make([]string, 0, len(pids))
+				for id := range pids {
+					ids = append(ids, id)
+				}
+				slices.Sort(ids)
+				if len(ids) > 0 {
+					for _, pid := range pids[ids[rng.IntN(len(ids))]] {
+						_ = syscall.Kill(pid, syscall.SIGKILL)
+					}
+				}
+			case "autoscaler":
+				i := f.leader()
+				f.as[i].stop(syscall.SIGKILL)
+				restart, restartAt = func() { f.startAutoscaler(i) }, now.Add(5*time.Second)
+			case "nats":
+				i := rng.IntN(3)
+				nn.kill(i)
+				restart, restartAt = func() { nn.restart(i) }, now.Add(5*time.Second)
+			}
+			faults = append(faults, fault{kind, now})
+			nextFault = nextFault.Add(time.Minute)
+		}
+		if d := period - time.Since(stepAt); d > 0 {
+			time.Sleep(d)
+		}
+	}
+	if restart != nil {
+		restart()
+	}
+	tt.run(tt.step + 3)
+	tt.checkUpdates(nn.url())
+	checkOneProcessPerID(t)
+
+	gaps := map[string][]time.Duration{}
+	for _, fl := range faults {
+		var g time.Duration
+		for i := 1; i < len(tt.done); i++ {
+			if tt.done[i].After(fl.at) && tt.done[i-1].Before(fl.at.Add(30*time.Second)) {
+				g = max(g, tt.done[i].Sub(tt.done[i-1]))
+			}
+		}
+		gaps[fl.kind] = append(gaps[fl.kind], g)
+	}
+	t.Logf("%d steps in %v, bit-exact, %d faults", tt.step, time.Since(begin).Round(time.Second), len(faults))
+	for kind, gs := range gaps {
+		slices.Sort(gs)
+		t.Logf("after a %s fault (%d): longest gap between steps median %v, max %v", kind, len(gs),
+			gs[len(gs)/2].Round(time.Millisecond), gs[len(gs)-1].Round(time.Millisecond))
+	}
+	names := make([]string, 0, len(mem))
+	for name := range mem {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		rss := mem[name]
+		var cols []string
+		for _, kb := range rss {
+			cols = append(cols, strconv.FormatInt(kb/1024, 10))
+		}
+		t.Logf("RSS MiB of %s, each minute: %s", name, strings.Join(cols, " "))
+		// The gateway lives through it all; NATS nodes are restarted, so their figures start over.
+		if name == "gateway" && len(rss) > 3 && rss[1] > 0 && rss[len(rss)-1] > rss[1]*3/2 {
+			t.Errorf("%s grew from %d to %d MiB", name, rss[1]/1024, rss[len(rss)-1]/1024)
+		}
+	}
+}
+
+// leader is the index of the autoscaler that leads now.
+func (f *faninProcs) leader() int {
+	for i, p := range f.as {
+		if strings.Count(p.output(), "became the autoscaler leader") > strings.Count(p.output(), "lost the autoscaler leadership") {
+			select {
+			case <-p.done:
+			default:
+				return i
+			}
+		}
+	}
+	return 0
+}
+
+// longLived maps the processes that live through the whole soak (the gateway and the NATS nodes:
+// runtimes and autoscalers are killed and replaced) to their pids.
+func longLived(f *faninProcs, nn *natsNodes) map[string]int {
+	out := map[string]int{}
+	if f.gw != nil {
+		out["gateway"] = f.gw.cmd.Process.Pid
+	}
+	for i, p := range nn.procs {
+		if p != nil {
+			out[fmt.Sprintf("nats-n%d", i)] = p.p.cmd.Process.Pid
+		}
+	}
+	return out
+}
+
+// rssKiB is a process's resident set size in KiB (0 if it is gone).
+func rssKiB(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return n
+		}
+	}
+	return 0
+}
