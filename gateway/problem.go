@@ -1,9 +1,7 @@
 package gateway
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"mime"
@@ -11,11 +9,10 @@ import (
 	"regexp"
 	"strings"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"sigs.k8s.io/yaml"
 
 	"github.com/fanin-ml/fanin/gateway/api"
+	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/wire"
 )
 
@@ -94,7 +91,7 @@ func (s *Server) problem(w http.ResponseWriter, status int, code, detail string)
 // leader being elected after a server was lost, a server restarting) is a 503 with Retry-After,
 // not a 500: the client should retry, and nothing is wrong with its request or with fanin.
 func (s *Server) internal(w http.ResponseWriter, what string, err error) {
-	if transient(err) {
+	if store.Transient(err) {
 		s.log.Warn(what, "err", err)
 		w.Header().Set("Retry-After", "2")
 		s.problem(w, http.StatusServiceUnavailable, codeJetStreamUnavailable,
@@ -103,14 +100,6 @@ func (s *Server) internal(w http.ResponseWriter, what string, err error) {
 	}
 	s.log.Error(what, "err", err)
 	s.problem(w, http.StatusInternalServerError, codeInternal, what+": "+err.Error())
-}
-
-// transient tells the JetStream errors of an election or a restart.
-func transient(err error) bool {
-	return errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrTimeout) ||
-		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrNoResponders) ||
-		errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrDisconnected) ||
-		errors.Is(err, jetstream.ErrJetStreamNotEnabled)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

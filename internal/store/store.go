@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -97,7 +98,16 @@ func StateReplicas(nc *nats.Conn) int {
 // existing one up to cfg's history and replicas (a bucket made by an older fanin, or on a server
 // that has since become a cluster). A bucket whose storage differs from cfg's is recreated only if
 // it holds nothing that outlives its TTL (the runtime registry); otherwise that is an error.
-func EnsureKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+// While NATS is not ready (restarting, electing leaders) it waits, until ctx ends.
+func EnsureKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (kv jetstream.KeyValue, err error) {
+	err = untilUp(ctx, "bucket "+cfg.Bucket, func() (err error) {
+		kv, err = ensureKV(ctx, js, cfg)
+		return err
+	})
+	return kv, err
+}
+
+func ensureKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
 	kv, err := js.KeyValue(ctx, cfg.Bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		kv, err = js.CreateKeyValue(ctx, cfg)
@@ -137,17 +147,56 @@ func EnsureKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValu
 }
 
 // EnsureStream creates or updates one of fanin's own streams with cfg (its replicas at least
-// StateReplicas, never fewer than it has).
+// StateReplicas, never fewer than it has), waiting while NATS is not ready, until ctx ends.
 func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
 	cfg.Replicas = max(cfg.Replicas, StateReplicas(js.Conn()))
-	if st, err := js.Stream(ctx, cfg.Name); err == nil {
-		cfg.Replicas = max(cfg.Replicas, st.CachedInfo().Config.Replicas)
+	var st jetstream.Stream
+	err := untilUp(ctx, "stream "+cfg.Name, func() error {
+		want := cfg
+		if cur, err := js.Stream(ctx, cfg.Name); err == nil {
+			want.Replicas = max(want.Replicas, cur.CachedInfo().Config.Replicas)
+		}
+		var err error
+		if st, err = js.CreateOrUpdateStream(ctx, want); err != nil {
+			return Unplaceable("stream "+cfg.Name, want.Replicas, err)
+		}
+		return nil
+	})
+	return st, err
+}
+
+// Transient tells the JetStream errors that pass by themselves: a request met a server restarting,
+// a cluster forming, or a stream or meta leader being elected (nothing answers in the meantime).
+func Transient(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrDisconnected) ||
+		(errors.As(err, &apiErr) && apiErr.ErrorCode == errClusterNotAvailable)
+}
+
+// errClusterNotAvailable is JetStream's "JetStream system temporarily unavailable" (a cluster
+// without a meta leader yet: nats-server's JSClusterNotAvailErr).
+const errClusterNotAvailable jetstream.ErrorCode = 10008
+
+// untilUp runs fn, again after a backoff (100 ms doubling to 2 s) while it fails with a transient
+// error, until ctx ends: a component that starts while NATS restarts or a cluster elects its
+// leaders waits for it, saying so, instead of exiting.
+func untilUp(ctx context.Context, what string, fn func() error) error {
+	backoff := 100 * time.Millisecond
+	for {
+		err := fn()
+		if err == nil || !Transient(err) || ctx.Err() != nil {
+			return err
+		}
+		slog.Warn("NATS is not ready; retrying", "what", what, "err", err, "in", backoff)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
 	}
-	st, err := js.CreateOrUpdateStream(ctx, cfg)
-	if err != nil {
-		return nil, Unplaceable("stream "+cfg.Name, cfg.Replicas, err)
-	}
-	return st, nil
 }
 
 // JetStream's error codes for a replica count the server cannot honour (nats-server's
