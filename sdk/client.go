@@ -162,10 +162,27 @@ func validJobID(id string) bool {
 // errNoMessage is a direct get's answer when the subject holds no message.
 var errNoMessage = errors.New("no message")
 
+// noRespondersPatience bounds how long a direct get retries "no responders" (directGet).
+const noRespondersPatience = 5 * time.Second
+
 // directGet asks JetStream for a stored message with a direct get (subject: wire.DirectGetLast or
 // wire.DirectGet with a JSON body). A job's account may make no other JetStream request.
+//
+// "No responders" is retried, with a backoff, for up to noRespondersPatience: it is what a stream
+// answers while it elects a leader, and what a job account answers in the first milliseconds after
+// its first connections (nats-server, registering an account that two connections looked up at
+// once, drops and re-adds its imports).
 func (c *Client) directGet(ctx context.Context, subject string, body []byte) (*nats.Msg, error) {
 	m, err := c.nc.RequestWithContext(ctx, subject, body)
+	deadline := time.Now().Add(noRespondersPatience)
+	for wait := 10 * time.Millisecond; errors.Is(err, nats.ErrNoResponders) && time.Now().Before(deadline); wait = min(2*wait, 500*time.Millisecond) {
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(wait):
+		}
+		m, err = c.nc.RequestWithContext(ctx, subject, body)
+	}
 	if err != nil {
 		return nil, err
 	}

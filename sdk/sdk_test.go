@@ -3,6 +3,7 @@ package sdk_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -366,4 +367,42 @@ func TestConnectHonoursContext(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Close()
+}
+
+// A job record whose bucket answers "no responders" for a moment (a stream electing its leader; a
+// job account's imports re-added while its first connections register it) is read once it
+// answers, not reported as missing.
+func TestJobWaitsOutNoResponders(t *testing.T) {
+	url := testutil.NATS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := sdk.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	rec := job.Record{Spec: spec("late", "sum", 1)}
+	val, _ := json.Marshal(rec)
+	answered := make(chan struct{})
+	go func() {
+		time.Sleep(300 * time.Millisecond) // no responders until then
+		if _, err := nc.Subscribe(wire.JobRecordGet("late"), func(m *nats.Msg) { _ = m.Respond(val) }); err != nil {
+			t.Error(err)
+		}
+		_ = nc.Flush()
+		close(answered)
+	}()
+	got, err := c.Job(ctx, "late")
+	if err != nil {
+		t.Fatalf("read a job whose bucket answered after 300 ms: %v", err)
+	}
+	<-answered
+	if got.Spec.ID != "late" {
+		t.Fatalf("read %+v", got.Spec)
+	}
 }
