@@ -13,7 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fanin-ml/fanin/autoscaler"
 	"github.com/fanin-ml/fanin/functions"
 	"github.com/fanin-ml/fanin/gateway/api"
 	"github.com/fanin-ml/fanin/job"
@@ -244,9 +243,9 @@ func (a *Admin) PolicyHistory(ctx context.Context) ([]api.PolicyRevision, error)
 }
 
 // Decisions returns the autoscaler's latest limit decisions, oldest first (admin).
-func (a *Admin) Decisions(ctx context.Context, limit int) ([]autoscaler.Decision, error) {
+func (a *Admin) Decisions(ctx context.Context, limit int) ([]api.Decision, error) {
 	var out struct {
-		Decisions []autoscaler.Decision `json:"decisions"`
+		Decisions []api.Decision `json:"decisions"`
 	}
 	return out.Decisions, a.do(ctx, http.MethodGet, "/v1/decisions?limit="+strconv.Itoa(max(1, limit)), "", nil, &out)
 }
