@@ -28,6 +28,7 @@ type Client struct {
 	js      jetstream.JetStream
 	ownConn bool
 	natsOpt []nats.Option
+	credJob string              // the job the connection's credentials are for; "" when not a job's
 	tracing *telemetry.Provider // nil: tracing off
 	met     *workerMetrics      // nil: metrics off (WithMetrics)
 }
@@ -123,6 +124,11 @@ func (c *Client) Close() {
 func (c *Client) Job(ctx context.Context, id string) (*job.Record, error) {
 	if !validJobID(id) {
 		return nil, fmt.Errorf("job %q: %w", id, ErrUnknownJob)
+	}
+	if c.credJob != "" && id != c.credJob {
+		// NATS would refuse the read as a permissions violation, which a request only sees as
+		// its timeout: say why at once.
+		return nil, fmt.Errorf("job %q: %w", id, wire.Rejectf(wire.ReasonForbidden, "these are job %q's credentials: they reach no other job", c.credJob))
 	}
 	m, err := c.directGet(ctx, wire.JobRecordGet(id), nil)
 	if errors.Is(err, errNoMessage) {
@@ -222,13 +228,17 @@ func (c *Client) UploadParams(ctx context.Context, id string, params []float32) 
 		functions.EncodeLE(m.Data, params[s.Off:s.Off+s.Len])
 		if _, err := c.js.PublishMsg(ctx, m); err != nil {
 			if strings.Contains(err.Error(), "maximum messages per subject exceeded") {
-				return fmt.Errorf("upload shard %d of job %q: the job's initial parameters are uploaded already (they are written once)", s.ID, id)
+				return fmt.Errorf("upload shard %d of job %q: %w", s.ID, id, ErrUploaded)
 			}
 			return fmt.Errorf("upload shard %d of job %q: %w", s.ID, id, err)
 		}
 	}
 	return nil
 }
+
+// ErrUploaded is UploadParams' error when the job's initial parameters were stored already, by an
+// earlier upload (outside the de-duplication window, or of other values).
+var ErrUploaded = errors.New("the job's initial parameters are uploaded already (they are written once)")
 
 // ackTimeout bounds the wait for JetStream to acknowledge an asynchronous publish.
 const ackTimeout = 30 * time.Second

@@ -2,10 +2,12 @@ package sdk
 
 import (
 	"errors"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/fanin-ml/fanin/gateway/api"
+	"github.com/fanin-ml/fanin/wire"
 )
 
 // WithJobCredentials connects with a job's NATS credentials, as returned at the job's creation
@@ -16,8 +18,18 @@ func WithJobCredentials(c *api.Credentials) Option {
 		if c == nil || c.JWT == "" || c.Seed == "" {
 			return errors.New("job credentials: no JWT or seed")
 		}
+		cl.credJob = jobOfInbox(c.InboxPrefix)
 		return WithNATSOptions(nats.UserJWTAndSeed(c.JWT, c.Seed), nats.CustomInboxPrefix(c.InboxPrefix))(cl)
 	}
+}
+
+// jobOfInbox is the job whose reply namespace the inbox prefix is (wire.InboxPrefix), or "".
+func jobOfInbox(prefix string) string {
+	job, ok := strings.CutPrefix(prefix, wire.Prefix)
+	if job, ok2 := strings.CutSuffix(job, ".inbox"); ok && ok2 && validJobID(job) {
+		return job
+	}
+	return ""
 }
 
 // WithCredentialsFile connects with a .creds file of a job (api.Credentials.Creds saved to a file)
@@ -27,5 +39,8 @@ func WithCredentialsFile(path, inboxPrefix string) Option {
 	if inboxPrefix != "" {
 		opts = append(opts, nats.CustomInboxPrefix(inboxPrefix))
 	}
-	return WithNATSOptions(opts...)
+	return func(cl *Client) error {
+		cl.credJob = jobOfInbox(inboxPrefix)
+		return WithNATSOptions(opts...)(cl)
+	}
 }

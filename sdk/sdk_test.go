@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -404,5 +405,53 @@ func TestJobWaitsOutNoResponders(t *testing.T) {
 	<-answered
 	if got.Spec.ID != "late" {
 		t.Fatalf("read %+v", got.Spec)
+	}
+}
+
+// WithParamsBuffer: Params and Step write into the caller's buffer and return it, bit-identical to
+// the reference; a buffer of the wrong size is refused, naming both sizes.
+func TestParamsBuffer(t *testing.T) {
+	st := testutil.Stack(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s := spec("buf", "adam", 1)
+	rec, err := sdk.NewAdmin(st.HTTPURL).CreateJob(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := sdk.Connect(ctx, st.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Worker(ctx, "buf", 0, sdk.WithParamsBuffer(make([]float32, 5))); err == nil ||
+		!strings.Contains(err.Error(), "has 5 elements") || !strings.Contains(err.Error(), "3000 parameters") {
+		t.Fatalf("a buffer of 5 elements: %v", err)
+	}
+	buf := make([]float32, rec.Layout.Elements)
+	w, err := c.Worker(ctx, "buf", 0, sdk.WithParamsBuffer(buf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, init, err := w.Params(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if &init[0] != &buf[0] {
+		t.Fatal("Params did not return the caller's buffer")
+	}
+	fn, _ := rec.Spec.NewFunc()
+	ref := functions.NewReference(fn, 1, rec.Layout.Ranges(), init)
+	g := make([]float32, len(buf))
+	for step := 0; step < 3; step++ {
+		testutil.Gradient(g, buf, 1, 0)
+		ref.Step([][]float32{g}, nil)
+		p, err := w.Step(ctx, g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if &p[0] != &buf[0] || !bytes.Equal(bits(buf), bits(ref.Params())) {
+			t.Fatalf("step %d: the buffer does not hold the reference's parameters", step+1)
+		}
 	}
 }

@@ -68,7 +68,23 @@ func WithFetchAfter(d time.Duration) WorkerOption {
 	return func(wk *Worker) error { wk.fetch = d; return nil }
 }
 
-// Worker joins job id as rank. Options: WithWeight, WithFetchAfter.
+// WithParamsBuffer makes the worker write the parameters it receives straight into buf (one element
+// per parameter of the job, in layout order) instead of a vector of its own: Step and Params then
+// return buf. The worker writes buf only during Step and Params; between calls it is the caller's.
+// A Step that fails may leave buf partly at the next step: retry it with the same gradients, or
+// call Params. This is how a caller whose parameters live elsewhere (a numpy array, a PyTorch
+// module's flattened weights, through the C library) receives them without a copy.
+func WithParamsBuffer(buf []float32) WorkerOption {
+	return func(wk *Worker) error {
+		if len(buf) != wk.rec.Layout.Elements {
+			return fmt.Errorf("parameters buffer has %d elements, job %q has %d parameters", len(buf), wk.rec.Spec.ID, wk.rec.Layout.Elements)
+		}
+		wk.vec = buf
+		return nil
+	}
+}
+
+// Worker joins job id as rank. Options: WithWeight, WithFetchAfter, WithParamsBuffer.
 func (c *Client) Worker(ctx context.Context, id string, rank int, opts ...WorkerOption) (*Worker, error) {
 	rec, err := c.Job(ctx, id)
 	if err != nil {
@@ -79,7 +95,6 @@ func (c *Client) Worker(ctx context.Context, id string, rank int, opts ...Worker
 	}
 	w := &Worker{
 		c: c, rec: rec, rank: rank, fetch: time.Second, step: -1,
-		vec:     make([]float32, rec.Layout.Elements),
 		got:     make([]int64, rec.Layout.NumShards()),
 		ahead:   make([]bool, rec.Layout.NumShards()),
 		msgs:    make([]*nats.Msg, rec.Layout.NumShards()),
@@ -91,6 +106,9 @@ func (c *Client) Worker(ctx context.Context, id string, rank int, opts ...Worker
 		if err := o(w); err != nil {
 			return nil, err
 		}
+	}
+	if w.vec == nil {
+		w.vec = make([]float32, rec.Layout.Elements)
 	}
 	for i, s := range rec.Layout.Shards {
 		m := nats.NewMsg(wire.GradSubject(id, s.ID))
