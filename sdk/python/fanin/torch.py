@@ -1,0 +1,249 @@
+"""Train a PyTorch module through fanin with two added lines.
+
+fanin runs the optimizer in the service: a worker's step is "publish gradients, load the new
+parameters". Wrap the module once, and call ``step()`` where an optimizer's step would be::
+
+    import fanin, fanin.torch
+
+    model = Net()
+    fm = fanin.torch.Module(model, client, "mnist", rank=rank)     # 1: attach (loads the job's parameters)
+    for x, y in batches:
+        fm.zero_grad()
+        loss_fn(model(x), y).backward()
+        fm.step()                                                   # 2: publish .grad, load new params in place
+
+The module's trainable ``named_parameters()`` are the job's tensors, in order, with their shapes
+(``spec`` writes a job spec from a module). The wrapper moves every parameter and its gradient into
+one flat float32 buffer each and makes the parameters and ``.grad`` views of it, so a step copies
+nothing in Python: the library publishes the gradient where backward accumulated it and writes the
+new parameters straight into the module's weights.
+
+- Gradients stay in place as long as ``.grad`` is zeroed in place: use ``fm.zero_grad()`` (or
+  ``model.zero_grad(set_to_none=False)``). A ``.grad`` that is None or was replaced is copied into
+  the buffer at ``step`` (counted in ``bytes_copied``).
+- Several logical ranks in one process: ``Module(model, client, job, ranks=[0, 1])``, then per rank
+  ``with fm.rank(r): loss(...).backward()`` (each rank's backward accumulates into that rank's own
+  gradient buffer), then one ``fm.step()`` that publishes every rank at once.
+- CUDA tensors: fanin's buffers live in host memory. Each step copies every gradient from the
+  device into the reused host buffer, and the new parameters back to the device (two copies the
+  hardware forces, counted in ``bytes_copied``); the host buffers are pinned when CUDA is
+  available, so the copies run at full PCIe speed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, Optional, Sequence
+
+import numpy as np
+import torch
+
+import fanin
+
+__all__ = ["Module", "spec"]
+
+
+def _trainable(module: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    return [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+
+
+def spec(
+    module: torch.nn.Module,
+    id: str,
+    ranks: int,
+    function: str = "adam",
+    hyper: Optional[dict[str, float]] = None,
+    init: str = "upload",
+    **extra: Any,
+) -> dict[str, Any]:
+    """A job spec for ``module``: its trainable parameters as tensors, in order. ``init="upload"``
+    (the default) starts the job from the module's own weights (``Module`` uploads them); other
+    kinds ("zeros", "uniform", "normal") let fanin draw them. ``extra`` adds spec fields
+    (shard_size, storage, replicas, ...)."""
+    tensors = [{"name": n, "shape": list(p.shape)} for n, p in _trainable(module)]
+    if not tensors:
+        raise ValueError("the module has no trainable parameters")
+    s: dict[str, Any] = {
+        "id": id,
+        "ranks": ranks,
+        "tensors": tensors,
+        "function": {"name": function, "hyper": dict(hyper or {})},
+        "init": {"kind": init},
+    }
+    s.update(extra)
+    return s
+
+
+class Module:
+    """A ``torch.nn.Module`` attached to a fanin job as one or several logical ranks.
+
+    On creation it checks that the module's trainable parameters are the job's tensors (names,
+    order, shapes), uploads the module's weights if the job starts from an upload (from the
+    process holding rank 0), and loads the job's current parameters into the module: a worker that
+    joins late or restarts continues where the job is.
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        client: "fanin.Client",
+        job_id: str,
+        rank: Optional[int] = None,
+        ranks: Optional[Sequence[int]] = None,
+        weight: Optional[float] = None,
+        timeout: Optional[float] = fanin.DEFAULT_TIMEOUT,
+    ) -> None:
+        if (rank is None) == (ranks is None):
+            raise ValueError("give rank or ranks, one of them")
+        self.module = module
+        self.ranks: list[int] = [rank] if rank is not None else list(ranks or [])
+        if not self.ranks:
+            raise ValueError("ranks is empty")
+        if len(set(self.ranks)) != len(self.ranks):
+            raise ValueError(f"ranks repeat: {self.ranks}")
+        self.timeout = timeout
+        self.job = client.job(job_id)
+        self._params = _trainable(module)
+        self._check_layout()
+        first = self._params[0][1]
+        self.device = first.device
+        self._cuda = self.device.type != "cpu"
+        self.bytes_copied = 0  #: bytes Python copied: replaced .grad tensors, device <-> host
+
+        n = self.job.elements
+        pin = self._cuda and torch.cuda.is_available()
+        # The flat buffers: rank i's gradient in self._grads[i]; the parameters in self._flat
+        # (the module's own weights on CPU; the host side of them on CUDA).
+        self._flat = torch.empty(n, dtype=torch.float32, pin_memory=pin)
+        self._grads = [torch.zeros(n, dtype=torch.float32, pin_memory=pin) for _ in self.ranks]
+        with torch.no_grad():
+            for t, (_, p) in zip(self.job.tensors, self._params):
+                self._flat[t.offset : t.offset + t.size].copy_(p.detach().reshape(-1))
+        if not self._cuda:
+            for t, (_, p) in zip(self.job.tensors, self._params):
+                p.data = self._flat[t.offset : t.offset + t.size].view(t.shape)
+        self._current = 0  # the rank whose gradient buffer .grad points into
+        self._point_grads(0)
+
+        if self.job.spec.get("init", {}).get("kind") == "upload" and 0 in self.ranks:
+            try:
+                client.upload(job_id, self._flat.numpy())
+            except fanin.AlreadyUploadedError:
+                pass  # stored already (a restarted worker): load() takes the stored ones
+        # Rank 0 of this process writes the module's weights; the other ranks' copies of the same
+        # parameters land in buffers of their own.
+        bufs = [self._flat.numpy()] + [np.empty(n, dtype=np.float32) for _ in self.ranks[1:]]
+        workers = []
+        try:
+            for r, buf in zip(self.ranks, bufs):
+                workers.append(client.worker(job_id, r, weight=weight, params=buf))
+        except BaseException:
+            for w in workers:
+                w.close()
+            raise
+        self._workers = fanin.Ranks(workers)
+        self.load()
+
+    def _check_layout(self) -> None:
+        names = [n for n, _ in self._params]
+        want = [t.name for t in self.job.tensors]
+        if names != want:
+            raise ValueError(
+                f"the module's trainable parameters {names} are not job {self.job.id!r}'s tensors {want}"
+            )
+        for t, (n, p) in zip(self.job.tensors, self._params):
+            if tuple(p.shape) != t.shape:
+                raise ValueError(f"parameter {n!r} has shape {tuple(p.shape)}, the job's tensor has {t.shape}")
+            if p.dtype != torch.float32:
+                raise ValueError(f"parameter {n!r} is {p.dtype}; fanin aggregates float32 (module.float())")
+            if p.device != self._params[0][1].device:
+                raise ValueError(f"parameter {n!r} is on {p.device}, not with the others on {self._params[0][1].device}")
+
+    @property
+    def step_count(self) -> int:
+        """The step of the module's parameters (0: initial)."""
+        return self._workers.workers[0].step_count
+
+    def _point_grads(self, i: int) -> None:
+        """Makes every parameter's .grad a view of rank i's gradient buffer (on CPU)."""
+        self._current = i
+        if self._cuda:
+            return
+        g = self._grads[i]
+        for t, (_, p) in zip(self.job.tensors, self._params):
+            p.grad = g[t.offset : t.offset + t.size].view(t.shape)
+
+    def _gather(self, i: int) -> None:
+        """Brings the gradient of the last backward into rank i's buffer where it is not there
+        already (a .grad set to None or replaced; CUDA)."""
+        g = self._grads[i]
+        for t, (_, p) in zip(self.job.tensors, self._params):
+            view = g[t.offset : t.offset + t.size]
+            if p.grad is None:
+                view.zero_()
+            elif self._cuda or p.grad.data_ptr() != view.data_ptr():
+                view.copy_(p.grad.detach().reshape(-1))
+                self.bytes_copied += 4 * t.size
+
+    def zero_grad(self) -> None:
+        """Zeroes the gradients in place (one memset per rank), keeping them in fanin's buffer."""
+        for g in self._grads:
+            g.zero_()
+        if self._cuda:
+            self.module.zero_grad(set_to_none=False)
+        else:
+            self._point_grads(self._current)
+
+    @contextlib.contextmanager
+    def rank(self, r: int) -> Iterator[None]:
+        """Within the block, backward accumulates into rank r's gradient, zeroed on entry."""
+        i = self.ranks.index(r)
+        self._grads[i].zero_()
+        if self._cuda:
+            self.module.zero_grad(set_to_none=False)
+        self._point_grads(i)
+        yield
+        self._gather(i)
+
+    def step(self) -> int:
+        """Publishes every rank's gradient and loads the parameters after the step into the module,
+        in place. Returns the new step. With one rank, the gradient is what backward left in
+        .grad; with several, what each ``rank(r)`` block left. If it raises, the gradients are
+        untouched and the step may be retried (nothing is applied twice)."""
+        if len(self.ranks) == 1:
+            self._gather(0)
+        grads = [g.numpy() for g in self._grads]
+        if len(grads) == 1:
+            self._workers.workers[0].step(grads[0], self.timeout)
+        else:
+            self._workers.step(grads, self.timeout)
+        self._to_device()
+        return self.step_count
+
+    def load(self) -> int:
+        """Loads the job's current parameters into the module (as a late worker does); returns
+        their step."""
+        self._workers.fetch(self.timeout)
+        self._to_device()
+        return self.step_count
+
+    def _to_device(self) -> None:
+        if not self._cuda:
+            return
+        with torch.no_grad():
+            for t, (_, p) in zip(self.job.tensors, self._params):
+                p.copy_(self._flat[t.offset : t.offset + t.size].view(t.shape), non_blocking=False)
+                self.bytes_copied += 4 * t.size
+
+    def close(self) -> None:
+        """Leaves the job; the module keeps its parameters."""
+        self._workers.close()
+
+    def __enter__(self) -> "Module":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"fanin.torch.Module(job={self.job.id!r}, ranks={self.ranks}, step={self.step_count})"
