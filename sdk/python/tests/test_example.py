@@ -1,0 +1,32 @@
+"""The PyTorch example (examples/pytorch/train.py) runs a few steps against `fanin dev` with worker
+processes: its accuracy rises and its final parameters are fanin's reference, bit for bit."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+pytest.importorskip("torch")
+
+
+def test_pytorch_example(dev):
+    import fanin
+
+    pkg = os.path.dirname(os.path.dirname(fanin.__file__))  # importable by the worker processes too
+    env = dict(os.environ, FANIN_TOKEN=dev.token, PYTHONPATH=os.pathsep.join(filter(None, [pkg, os.environ.get("PYTHONPATH")])))
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "pytorch" / "train.py"), "--nats", dev.nats, "--http", dev.http,
+         "--workers", "3", "--steps", "40", "--every", "13"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    acc = [float(a) for a in re.findall(r"test accuracy (\d\.\d+)", out.stdout)]
+    assert len(acc) >= 3, out.stdout
+    assert acc[-1] > acc[0] + 0.2, f"accuracy did not rise: {acc}"
+    assert "bit-identical to fanin's reference (40 steps" in out.stdout, out.stdout
