@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -42,5 +43,32 @@ markdown report with the command that produced it.`,
 	cmd.Flags().StringVar(&only, "only", "", "comma-separated scenarios to run (default: all)")
 	cmd.Flags().StringVar(&out, "out", "", "write the markdown report to this file (default: standard output)")
 	cmd.Flags().StringVar(&redis, "redis", "", "redis-server binary for the Redis baseline (default: from PATH)")
+	return cmd
+}
+
+// benchWorkersCmd is the Go side of `fanin bench --only python`: a worker process that holds every
+// rank of a job and prints its figures as JSON. Hidden: only the bench runs it.
+func benchWorkersCmd() *cobra.Command {
+	var cfg bench.WorkersConfig
+	cmd := &cobra.Command{
+		Use:    "bench-workers",
+		Short:  "Run the Go SDK worker process of the python bench scenario",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			rep, err := bench.RunWorkers(cmd.Context(), cfg)
+			if err != nil {
+				return err
+			}
+			return json.NewEncoder(cmd.OutOrStdout()).Encode(rep)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.URL, "nats", "", "NATS URL")
+	f.StringVar(&cfg.CredsFile, "creds", "", "the job's credentials as the gateway returns them (JSON)")
+	f.StringVar(&cfg.Job, "job", "", "job id")
+	f.IntVar(&cfg.Ranks, "ranks", 8, "ranks")
+	f.IntVar(&cfg.Warmup, "warmup", 2, "warm-up steps")
+	f.IntVar(&cfg.Steps, "steps", 10, "timed steps")
 	return cmd
 }

@@ -77,7 +77,8 @@ def spec(
 class Module:
     """A ``torch.nn.Module`` attached to a fanin job as one or several logical ranks.
 
-    On creation it checks that the module's trainable parameters are the job's tensors (names,
+    ``client`` is the connection of every rank, or one connection per rank (for large models,
+    several connections carry more than one). On creation it checks that the module's trainable parameters are the job's tensors (names,
     order, shapes), uploads the module's weights if the job starts from an upload (from the
     process holding rank 0), and loads the job's current parameters into the module: a worker that
     joins late or restarts continues where the job is.
@@ -86,7 +87,7 @@ class Module:
     def __init__(
         self,
         module: torch.nn.Module,
-        client: "fanin.Client",
+        client: "fanin.Client | Sequence[fanin.Client]",
         job_id: str,
         rank: Optional[int] = None,
         ranks: Optional[Sequence[int]] = None,
@@ -102,6 +103,10 @@ class Module:
         if len(set(self.ranks)) != len(self.ranks):
             raise ValueError(f"ranks repeat: {self.ranks}")
         self.timeout = timeout
+        clients = [client] * len(self.ranks) if isinstance(client, fanin.Client) else list(client)
+        if len(clients) != len(self.ranks):
+            raise ValueError(f"{len(clients)} clients for {len(self.ranks)} ranks")
+        client = clients[0]
         self.job = client.job(job_id)
         self._params = _trainable(module)
         self._check_layout()
@@ -135,8 +140,8 @@ class Module:
         bufs = [self._flat.numpy()] + [np.empty(n, dtype=np.float32) for _ in self.ranks[1:]]
         workers = []
         try:
-            for r, buf in zip(self.ranks, bufs):
-                workers.append(client.worker(job_id, r, weight=weight, params=buf))
+            for r, buf, c in zip(self.ranks, bufs, clients):
+                workers.append(c.worker(job_id, r, weight=weight, params=buf))
         except BaseException:
             for w in workers:
                 w.close()
