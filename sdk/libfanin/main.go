@@ -83,19 +83,23 @@ func drop(h C.uint64_t) any {
 	return v
 }
 
-// worker is a worker handle's object: the SDK worker and the caller's parameter buffer.
+// worker is a worker handle's object: the SDK worker (writing into the caller's buffer).
 type worker struct {
 	*sdk.Worker
-	params []float32
-	busy   sync.Mutex // held by the call using the worker: a second one at once is refused
+	busy sync.Mutex // held by the call using the worker: a second one at once is refused
 }
 
-// acquire takes the worker for one call; an SDK worker is not safe for concurrent use.
-func (w *worker) acquire() error {
-	if !w.busy.TryLock() {
-		return fmt.Errorf("worker of rank %d is in use by another call", w.Rank())
+// acquire takes the worker of handle h for one call (an SDK worker is not safe for concurrent
+// use); the caller releases it with w.busy.Unlock.
+func acquire(h C.uint64_t) (*worker, error) {
+	w, err := get[*worker](h)
+	if err != nil {
+		return nil, err
 	}
-	return nil
+	if !w.busy.TryLock() {
+		return nil, fmt.Errorf("worker of rank %d is in use by another call", w.Rank())
+	}
+	return w, nil
 }
 
 // errDoc is the JSON of *err.
@@ -260,7 +264,7 @@ func fanin_worker(h C.uint64_t, id *C.char, rank C.int, weight C.double, params 
 	if e != nil {
 		return fail(err, e)
 	}
-	*out = put(&worker{Worker: w, params: p})
+	*out = put(&worker{Worker: w})
 	return ok(err)
 }
 
@@ -280,10 +284,7 @@ func fanin_worker_close(h C.uint64_t) {
 //
 //export fanin_params
 func fanin_params(h C.uint64_t, timeoutMs C.int64_t, step *C.int64_t, err **C.char) C.int {
-	w, e := get[*worker](h)
-	if e == nil {
-		e = w.acquire()
-	}
+	w, e := acquire(h)
 	if e != nil {
 		return fail(err, e)
 	}
@@ -303,10 +304,7 @@ func fanin_params(h C.uint64_t, timeoutMs C.int64_t, step *C.int64_t, err **C.ch
 //
 //export fanin_step
 func fanin_step(h C.uint64_t, grads *C.float, n C.int64_t, timeoutMs C.int64_t, step *C.int64_t, err **C.char) C.int {
-	w, e := get[*worker](h)
-	if e == nil {
-		e = w.acquire()
-	}
+	w, e := acquire(h)
 	if e != nil {
 		return fail(err, e)
 	}
@@ -339,10 +337,7 @@ func fanin_step_many(hs *C.uint64_t, grads **C.float, k C.int, n C.int64_t, time
 	gs := make([][]float32, k)
 	for i := range ws {
 		var e error
-		if ws[i], e = get[*worker](hl[i]); e == nil {
-			e = ws[i].acquire()
-		}
-		if e != nil {
+		if ws[i], e = acquire(hl[i]); e != nil {
 			return fail(err, e) // the workers acquired so far are released by their defers
 		}
 		defer ws[i].busy.Unlock()

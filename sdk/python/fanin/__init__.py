@@ -186,7 +186,27 @@ def _as_grads(grads: Any, n: int, what: str) -> tuple[np.ndarray, int]:
     return c, copied
 
 
-class Worker:
+class _Closing:
+    """A context manager over ``close``, which also runs when the object is collected: the
+    library's handle is never left open."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):  # type: ignore[no-untyped-def]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Worker(_Closing):
     """One logical rank of a job. ``params`` is the worker's parameter buffer (a float32 vector of
     every parameter, in layout order): ``fetch`` and ``step`` write the parameters into it and
     return it. A worker is used by one thread at a time (a second call at once is refused)."""
@@ -231,18 +251,6 @@ class Worker:
         if self._h:
             lib.fanin_worker_close(self._h)
             self._h = 0
-
-    def __enter__(self) -> "Worker":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         return f"Worker(job={self.job.id!r}, rank={self.rank}, step={self.step_count})"
@@ -305,7 +313,7 @@ class Ranks:
 Credentials = Union[Mapping[str, Any], str, None]
 
 
-class Client:
+class Client(_Closing):
     """A connection to fanin's data plane (NATS). ``credentials`` are the job's NATS credentials
     as the gateway returns them (the ``credentials`` of a created job, or of
     Gateway.credentials), as a dict or its JSON; None for a fanin without authentication.
@@ -394,25 +402,13 @@ class Client:
             lib.fanin_client_close(self._h)
             self._h = 0
 
-    def __enter__(self) -> "Client":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
-
 
 def connect(url: str, credentials: Credentials = None, timeout: Optional[float] = 30.0) -> Client:
     """Connects to fanin's NATS at ``url`` (see Client)."""
     return Client(url, credentials, timeout)
 
 
-class Reference:
+class Reference(_Closing):
     """fanin's single-process reference of a job (the Go ``functions.Reference``): what every
     deployment reproduces bit for bit. Feed it the gradients a run logged to check the run::
 
@@ -444,12 +440,6 @@ class Reference:
         if self._h:
             lib.fanin_reference_close(self._h)
             self._h = 0
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 class GatewayError(FaninError):
