@@ -181,6 +181,45 @@ func (nn *natsNodes) leaderOf(stream string) string {
 	return leader
 }
 
+// elected measures, in the background, how long after since every stream of streams has a leader
+// other than the dead node: the part of a node loss's gap that is nats-server's raft election
+// (4-9 s after a SIGKILL) and not fanin's. It reports 0 if that takes over a minute.
+func (nn *natsNodes) elected(since time.Time, dead string, streams ...string) <-chan time.Duration {
+	out := make(chan time.Duration, 1)
+	go func() {
+		for time.Since(since) < time.Minute {
+			if nn.ledElsewhere(dead, streams) {
+				out <- time.Since(since)
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		out <- 0
+	}()
+	return out
+}
+
+func (nn *natsNodes) ledElsewhere(dead string, streams []string) bool {
+	nc, err := nats.Connect(nn.url(), nats.Timeout(time.Second))
+	if err != nil {
+		return false
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	for _, name := range streams {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		st, err := js.Stream(ctx, name)
+		cancel()
+		if err != nil {
+			return false
+		}
+		if cl := st.CachedInfo().Cluster; cl == nil || cl.Leader == "" || cl.Leader == dead {
+			return false
+		}
+	}
+	return true
+}
+
 // dumpJob logs what each live node says of job's gradient and parameter streams and of their
 // consumers: run when a step stalls, it tells a stream without a leader or a replica that lags
 // from a consumer that stopped delivering. With FANIN_TEST_LOG set it also SIGQUITs the runtime

@@ -24,14 +24,17 @@ type ackItem struct {
 	done func(ok bool)
 }
 
-// ackRetryFor is how long a failed publish is retried, with a backoff from ackBackoff to a second
-// and each attempt bounded by ackAttempt: long enough to outlast a stream leader's election (a few
-// seconds), short enough that a shard whose stream is gone replays from its snapshot soon. The
-// message id makes a retry of a message JetStream did store a no-op.
+// ackRetryFor is how long a failed publish is retried, with a backoff from ackBackoff to
+// ackBackoffMax and each attempt bounded by ackAttempt: long enough to outlast a stream leader's
+// election (4-9 s after its node dies: nats-server's raft election timeout), short enough that a
+// shard whose stream is gone replays from its snapshot soon. An attempt sent during the election is
+// not answered, so the first one after it comes at most ackAttempt+ackBackoffMax later. The message
+// id makes a retry of a message JetStream did store a no-op.
 const (
-	ackRetryFor = 30 * time.Second
-	ackBackoff  = 50 * time.Millisecond
-	ackAttempt  = 2 * time.Second
+	ackRetryFor   = 30 * time.Second
+	ackBackoff    = 50 * time.Millisecond
+	ackBackoffMax = 250 * time.Millisecond
+	ackAttempt    = 2 * time.Second
 )
 
 func newAcker(js jetstream.JetStream, log *slog.Logger) *acker {
@@ -74,7 +77,7 @@ func (a *acker) wait(ctx context.Context, it ackItem) bool {
 		}
 	}
 	deadline := time.Now().Add(ackRetryFor)
-	for attempt, backoff := 1, ackBackoff; ctx.Err() == nil && time.Now().Before(deadline); attempt, backoff = attempt+1, min(2*backoff, time.Second) {
+	for attempt, backoff := 1, ackBackoff; ctx.Err() == nil && time.Now().Before(deadline); attempt, backoff = attempt+1, min(2*backoff, ackBackoffMax) {
 		a.log.Warn("publish not acknowledged; retrying", "subject", it.msg.Subject, "err", err, "attempt", attempt)
 		pctx, cancel := context.WithTimeout(ctx, ackAttempt)
 		_, err = a.js.PublishMsg(pctx, it.msg)

@@ -35,11 +35,13 @@ type gradConsumer struct {
 }
 
 // Timings of a shard's consumer: createTimeout bounds one creation attempt (a stream or meta
-// leader election takes a few seconds; a request sent during one is never answered), and
-// consumerHeartbeat is its idle heartbeat: a consumer lost with its server is noticed after two.
+// leader election takes 4-9 s after a node dies; a request sent during one is never answered),
+// createBackoff is the longest wait between two attempts, and consumerHeartbeat is its idle
+// heartbeat: a consumer lost with its server is noticed after two.
 const (
 	createTimeout     = 2 * time.Second
-	consumerHeartbeat = 2 * time.Second
+	createBackoff     = 500 * time.Millisecond
+	consumerHeartbeat = time.Second
 	// consumerInactive is how long the servers keep a consumer nobody pulls from (its runtime died).
 	consumerInactive = 30 * time.Second
 )
@@ -67,7 +69,7 @@ func (g *gradConsumer) run(ctx context.Context, log func(msg string, args ...any
 			case <-ctx.Done():
 			case <-time.After(backoff):
 			}
-			backoff = min(2*backoff, 2*time.Second)
+			backoff = min(2*backoff, createBackoff)
 			continue
 		}
 		backoff = 50 * time.Millisecond

@@ -240,5 +240,17 @@ func (c *Client) UploadParams(ctx context.Context, id string, params []float32) 
 // earlier upload (outside the de-duplication window, or of other values).
 var ErrUploaded = errors.New("the job's initial parameters are uploaded already (they are written once)")
 
-// ackTimeout bounds the wait for JetStream to acknowledge an asynchronous publish.
-const ackTimeout = 30 * time.Second
+// ackTimeout bounds the wait for JetStream to acknowledge an asynchronous publish. A publish that
+// reached a stream leader as it died is never answered: after ackTimeout it is sent again under the
+// same message id (Worker.publishRetrying), which JetStream drops should the first have landed. A
+// healthy acknowledgement takes milliseconds, a large one under load well under a second; 30 s here
+// once stalled training for 30 s after a node loss.
+const ackTimeout = 3 * time.Second
+
+// pubAttempt bounds one synchronous retry of a publish, and pubBackoff is the longest wait between
+// two: a retry sent during an election is not answered either, so the first retry after it ends
+// comes at most pubAttempt+pubBackoff later.
+const (
+	pubAttempt = 2 * time.Second
+	pubBackoff = 250 * time.Millisecond
+)

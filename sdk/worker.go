@@ -349,8 +349,8 @@ func (w *Worker) publish(ctx context.Context, t int64, grads []float32) error {
 // refusal is one that passes (transient); anything else is returned at once, as a rejection where
 // it has a reason.
 func (w *Worker) publishRetrying(ctx context.Context, s job.Shard, m *nats.Msg, first error) error {
-	_, err := w.c.js.PublishMsg(ctx, m)
-	for wait := 20 * time.Millisecond; err != nil; wait = min(2*wait, time.Second) {
+	err := w.publishOnce(ctx, m)
+	for wait := 20 * time.Millisecond; err != nil; wait = min(2*wait, pubBackoff) {
 		if ctx.Err() != nil || !w.transient(ctx, err) {
 			return w.pubError(s, errors.Join(first, err))
 		}
@@ -358,9 +358,17 @@ func (w *Worker) publishRetrying(ctx context.Context, s job.Shard, m *nats.Msg, 
 		case <-ctx.Done():
 		case <-time.After(wait):
 		}
-		_, err = w.c.js.PublishMsg(ctx, m)
+		err = w.publishOnce(ctx, m)
 	}
 	return nil
+}
+
+// publishOnce publishes m and waits for its acknowledgement for at most pubAttempt.
+func (w *Worker) publishOnce(ctx context.Context, m *nats.Msg) error {
+	ctx, cancel := context.WithTimeout(ctx, pubAttempt)
+	defer cancel()
+	_, err := w.c.js.PublishMsg(ctx, m)
+	return err
 }
 
 // transient reports whether a refused publish may pass if retried: the job exists but its account
