@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -93,6 +94,11 @@ func (nn *natsNodes) kill(i int) {
 	nn.procs[i].p.stop(syscall.SIGKILL)
 }
 
+// stop stops node i with SIGTERM: it hands over the leaderships it holds, then exits.
+func (nn *natsNodes) stop(i int) {
+	nn.procs[i].p.stop(syscall.SIGTERM)
+}
+
 // restart starts node i again and waits until JetStream answers.
 func (nn *natsNodes) restart(i int) {
 	nn.t.Helper()
@@ -181,9 +187,10 @@ func (nn *natsNodes) leaderOf(stream string) string {
 	return leader
 }
 
-// elected measures, in the background, how long after since every stream of streams has a leader
-// other than the dead node: the part of a node loss's gap that is nats-server's raft election
-// (4-9 s after a SIGKILL) and not fanin's. It reports 0 if that takes over a minute.
+// elected measures, in the background, how long after since the JetStream meta group and every
+// stream of streams have a leader other than the dead node: the part of a node loss's gap that is
+// nats-server's raft elections (4-9 s after a SIGKILL) and not fanin's. It reports 0 if that takes
+// over a minute.
 func (nn *natsNodes) elected(since time.Time, dead string, streams ...string) <-chan time.Duration {
 	out := make(chan time.Duration, 1)
 	go func() {
@@ -200,6 +207,9 @@ func (nn *natsNodes) elected(since time.Time, dead string, streams ...string) <-
 }
 
 func (nn *natsNodes) ledElsewhere(dead string, streams []string) bool {
+	if meta := nn.metaLeader(dead); meta == "" || meta == dead {
+		return false
+	}
 	nc, err := nats.Connect(nn.url(), nats.Timeout(time.Second))
 	if err != nil {
 		return false
@@ -218,6 +228,30 @@ func (nn *natsNodes) ledElsewhere(dead string, streams []string) bool {
 		}
 	}
 	return true
+}
+
+// metaLeader is the JetStream meta leader a live node other than dead knows of, from its /jsz.
+func (nn *natsNodes) metaLeader(dead string) string {
+	for i, mon := range nn.mon {
+		if fmt.Sprintf("n%d", i) == dead {
+			continue
+		}
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/jsz", mon))
+		if err != nil {
+			continue
+		}
+		var jsz struct {
+			Meta struct {
+				Leader string `json:"leader"`
+			} `json:"meta_cluster"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&jsz)
+		resp.Body.Close()
+		if err == nil {
+			return jsz.Meta.Leader
+		}
+	}
+	return ""
 }
 
 // dumpJob logs what each live node says of job's gradient and parameter streams and of their
