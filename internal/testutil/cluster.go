@@ -24,7 +24,6 @@ type Cluster struct {
 // nodes are shut down when the test ends.
 func StartCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
-	c := &Cluster{t: t, nodes: make([]*server.Server, n)}
 	clientPorts, routePorts := make([]int, n), make([]int, n)
 	for i := range n {
 		clientPorts[i], routePorts[i] = FreePort(t), FreePort(t)
@@ -34,26 +33,36 @@ func StartCluster(t testing.TB, n int) *Cluster {
 		routes = append(routes, &url.URL{Scheme: "nats", Host: fmt.Sprintf("127.0.0.1:%d", p)})
 	}
 	dir := t.TempDir()
+	var opts []*server.Options
 	for i := range n {
-		o := &server.Options{
+		opts = append(opts, &server.Options{
 			ServerName: fmt.Sprintf("n%d", i), Host: "127.0.0.1", Port: clientPorts[i],
 			JetStream: true, StoreDir: filepath.Join(dir, fmt.Sprintf("n%d", i)),
 			MaxPayload: 8 << 20, MaxPending: 256 << 20, NoLog: true, NoSigs: true,
 			Cluster: server.ClusterOpts{Name: "fanin-test", Host: "127.0.0.1", Port: routePorts[i]},
 			Routes:  routes,
-		}
-		c.opts = append(c.opts, o)
+		})
 	}
-	for i := range n {
-		c.Start(i)
-	}
-	t.Cleanup(func() {
+	return StartClusterOf(t, opts)
+}
+
+// StartClusterOf starts one embedded server per options, which must route them into one cluster
+// on loopback ports (a configuration file's, parsed with server.ProcessConfigFile and moved to
+// loopback, say), and waits until its JetStream has a meta leader. The nodes are shut down when
+// the test ends.
+func StartClusterOf(t testing.TB, opts []*server.Options) *Cluster {
+	t.Helper()
+	c := &Cluster{t: t, opts: opts, nodes: make([]*server.Server, len(opts))}
+	t.Cleanup(func() { // registered first: a node that failed to start stops those before it
 		for _, s := range c.nodes {
 			if s != nil {
 				s.Shutdown()
 			}
 		}
 	})
+	for i := range opts {
+		c.Start(i)
+	}
 	c.WaitReady()
 	return c
 }
