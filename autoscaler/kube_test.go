@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -21,14 +22,24 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/util/retry"
+	sigsyaml "sigs.k8s.io/yaml"
 
 	"github.com/fanin-ml/fanin/autoscaler"
+	"github.com/fanin-ml/fanin/internal/image"
 	"github.com/fanin-ml/fanin/internal/kubetest"
 	"github.com/fanin-ml/fanin/internal/testutil"
 )
@@ -47,17 +58,25 @@ var driverCalls = []struct{ group, resource, verb string }{
 	{"", "pods", "delete"},
 }
 
-// loadManifests decodes every object of deploy/kubernetes/*.yaml into its typed Go value.
-func loadManifests(t *testing.T) []runtime.Object {
+// manifest is one YAML document of deploy/kubernetes.
+type manifest struct {
+	file string
+	data []byte
+}
+
+// manifestDocs reads every document of deploy/kubernetes/*.yaml but the kustomization, the
+// namespace first.
+func manifestDocs(t *testing.T) []manifest {
 	t.Helper()
 	files, err := filepath.Glob(filepath.Join(manifestDir, "*.yaml"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no manifests in %s: %v", manifestDir, err)
 	}
+	files = slices.DeleteFunc(files, func(f string) bool { return filepath.Base(f) == "kustomization.yaml" })
 	sort.Slice(files, func(i, j int) bool { // the namespace first
 		return strings.HasSuffix(files[i], "namespace.yaml") && !strings.HasSuffix(files[j], "namespace.yaml")
 	})
-	var objs []runtime.Object
+	var docs []manifest
 	for _, f := range files {
 		data, err := os.ReadFile(f)
 		if err != nil {
@@ -75,15 +94,29 @@ func loadManifests(t *testing.T) []runtime.Object {
 			if len(bytes.TrimSpace(doc)) == 0 {
 				continue
 			}
-			obj, gvk, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
-			if err != nil {
-				t.Fatalf("%s: %v", f, err)
-			}
-			if m, ok := obj.(metav1.Object); ok && gvk.Kind != "Namespace" && m.GetNamespace() != "fanin" {
-				t.Errorf("%s: %s %s is in namespace %q, want fanin", f, gvk.Kind, m.GetName(), m.GetNamespace())
-			}
-			objs = append(objs, obj)
+			docs = append(docs, manifest{file: f, data: doc})
 		}
+	}
+	return docs
+}
+
+// strictDecoder decodes into client-go's typed objects and fails on a field the type does not
+// have or a field given twice, as the apiserver's strict field validation does.
+var strictDecoder = serializer.NewCodecFactory(scheme.Scheme, serializer.EnableStrict).UniversalDeserializer()
+
+// loadManifests decodes every object of deploy/kubernetes/*.yaml into its typed Go value.
+func loadManifests(t *testing.T) []runtime.Object {
+	t.Helper()
+	var objs []runtime.Object
+	for _, d := range manifestDocs(t) {
+		obj, gvk, err := strictDecoder.Decode(d.data, nil, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", d.file, err)
+		}
+		if m, ok := obj.(metav1.Object); ok && gvk.Kind != "Namespace" && m.GetNamespace() != "fanin" {
+			t.Errorf("%s: %s %s is in namespace %q, want fanin", d.file, gvk.Kind, m.GetName(), m.GetNamespace())
+		}
+		objs = append(objs, obj)
 	}
 	return objs
 }
@@ -100,10 +133,30 @@ func find[T runtime.Object](t *testing.T, objs []runtime.Object, name string) T 
 	return zero
 }
 
-// TestKubernetesManifests checks the manifests without a cluster: they decode, the runtime names
-// itself after its pod, and the autoscaler's Role grants exactly the driver's calls.
+// TestKubernetesManifests checks the manifests without a cluster: they decode strictly, the
+// kustomization lists them all and sets the image every fanin container names, the runtime names
+// itself after its pod, the autoscaler runs twice, and its Role grants exactly the driver's calls.
+// (kube_nats_test.go checks the NATS cluster.)
 func TestKubernetesManifests(t *testing.T) {
 	objs := loadManifests(t)
+
+	var deployments []string
+	for _, o := range objs {
+		d, ok := o.(*appsv1.Deployment)
+		if !ok {
+			continue
+		}
+		deployments = append(deployments, d.Name)
+		for _, c := range d.Spec.Template.Spec.Containers {
+			if c.Image != image.Name {
+				t.Errorf("Deployment %s container %s: image %q, want %q, the name kustomization.yaml and fanin-image use", d.Name, c.Name, c.Image, image.Name)
+			}
+		}
+	}
+	if want := []string{"fanin-autoscaler", "fanin-gateway", "fanin-runtime"}; !slices.Equal(slices.Sorted(slices.Values(deployments)), want) {
+		t.Errorf("Deployments %v, want %v", deployments, want)
+	}
+	checkKustomization(t)
 
 	rt := find[*appsv1.Deployment](t, objs, "fanin-runtime")
 	c := rt.Spec.Template.Spec.Containers[0]
@@ -124,6 +177,9 @@ func TestKubernetesManifests(t *testing.T) {
 	}
 
 	as := find[*appsv1.Deployment](t, objs, "fanin-autoscaler")
+	if r := as.Spec.Replicas; r == nil || *r != 2 {
+		t.Errorf("autoscaler replicas %v, want 2 (one leader, one standby)", r)
+	}
 	args := strings.Join(as.Spec.Template.Spec.Containers[0].Args, " ")
 	if !strings.Contains(args, "--driver kubernetes") || !strings.Contains(args, "--deployment fanin-runtime") {
 		t.Errorf("autoscaler args %q: want --driver kubernetes --deployment fanin-runtime", args)
@@ -159,36 +215,125 @@ func TestKubernetesManifests(t *testing.T) {
 	}
 }
 
-// apply creates the objects, as `kubectl create -f` would.
-func apply(t *testing.T, cs kubernetes.Interface, objs []runtime.Object) {
+// checkKustomization checks that kustomization.yaml lists every other manifest of the directory
+// and has an images: entry for image.Name; where kubectl is installed, that `kubectl kustomize`
+// sets the image every fanin container pulls from that entry.
+func checkKustomization(t *testing.T) {
 	t.Helper()
-	ctx := context.Background()
-	for _, o := range objs {
-		var err error
-		switch v := o.(type) {
-		case *corev1.Namespace:
-			_, err = cs.CoreV1().Namespaces().Create(ctx, v, metav1.CreateOptions{})
-		case *corev1.ServiceAccount:
-			_, err = cs.CoreV1().ServiceAccounts(v.Namespace).Create(ctx, v, metav1.CreateOptions{})
-		case *corev1.ConfigMap:
-			_, err = cs.CoreV1().ConfigMaps(v.Namespace).Create(ctx, v, metav1.CreateOptions{})
-		case *corev1.Service:
-			_, err = cs.CoreV1().Services(v.Namespace).Create(ctx, v, metav1.CreateOptions{})
-		case *rbacv1.Role:
-			_, err = cs.RbacV1().Roles(v.Namespace).Create(ctx, v, metav1.CreateOptions{})
-		case *rbacv1.RoleBinding:
-			_, err = cs.RbacV1().RoleBindings(v.Namespace).Create(ctx, v, metav1.CreateOptions{})
-		case *appsv1.Deployment:
-			_, err = cs.AppsV1().Deployments(v.Namespace).Create(ctx, v, metav1.CreateOptions{})
-		case *appsv1.StatefulSet:
-			_, err = cs.AppsV1().StatefulSets(v.Namespace).Create(ctx, v, metav1.CreateOptions{})
-		default:
-			t.Fatalf("apply: no case for %T", o)
-		}
-		if err != nil {
-			t.Fatalf("apply %T %s: %v", o, o.(metav1.Object).GetName(), err)
+	path := filepath.Join(manifestDir, "kustomization.yaml")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type kustomizeImage struct {
+		Name    string `json:"name"`
+		NewName string `json:"newName"`
+		Digest  string `json:"digest"`
+	}
+	var k struct {
+		APIVersion string           `json:"apiVersion"`
+		Kind       string           `json:"kind"`
+		Resources  []string         `json:"resources"`
+		Images     []kustomizeImage `json:"images"`
+	}
+	if err := sigsyaml.UnmarshalStrict(data, &k); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	if k.APIVersion != "kustomize.config.k8s.io/v1beta1" || k.Kind != "Kustomization" {
+		t.Errorf("%s: %s %s", path, k.APIVersion, k.Kind)
+	}
+	files, err := filepath.Glob(filepath.Join(manifestDir, "*.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, f := range files {
+		if b := filepath.Base(f); b != "kustomization.yaml" {
+			want = append(want, b)
 		}
 	}
+	if got := slices.Sorted(slices.Values(k.Resources)); !slices.Equal(got, want) {
+		t.Errorf("%s lists %v, want every manifest of the directory %v", path, got, want)
+	}
+	if !slices.ContainsFunc(k.Images, func(i kustomizeImage) bool { return i.Name == image.Name }) {
+		t.Errorf("%s has no images: entry named %q", path, image.Name)
+	}
+
+	kubectl, err := exec.LookPath("kubectl")
+	if err != nil {
+		t.Log("kubectl not installed: kustomization.yaml not rendered")
+		return
+	}
+	// A copy with the entry set as fanin-image --push prints it.
+	dir := t.TempDir()
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if filepath.Base(f) == "kustomization.yaml" {
+			b = append(b, "    newName: registry.example/fanin\n    digest: sha256:"+strings.Repeat("ab", 32)+"\n"...)
+		}
+		if err := os.WriteFile(filepath.Join(dir, filepath.Base(f)), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := exec.Command(kubectl, "kustomize", dir).CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl kustomize: %v\n%s", err, out)
+	}
+	pinned := "image: registry.example/fanin@sha256:" + strings.Repeat("ab", 32)
+	if n := strings.Count(string(out), pinned); n != 3 {
+		t.Errorf("kubectl kustomize with the image set: %d containers say %q, want 3:\n%s", n, pinned, out)
+	}
+}
+
+// applyStrict creates the objects of the manifests as they are written, with the apiserver's
+// strict field validation: a field the apiserver does not know, or one given twice, is an error
+// (`kubectl apply --validate=strict`), which decoding into client-go's types would hide.
+func applyStrict(t *testing.T, cfg *rest.Config, docs []manifest, dryRun bool) error {
+	t.Helper()
+	ctx := context.Background()
+	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	groups, err := restmapper.GetAPIGroupResources(dc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapper := restmapper.NewDiscoveryRESTMapper(groups)
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := metav1.CreateOptions{FieldValidation: metav1.FieldValidationStrict}
+	if dryRun {
+		opts.DryRun = []string{metav1.DryRunAll}
+	}
+	for _, d := range docs {
+		js, err := sigsyaml.YAMLToJSONStrict(d.data)
+		if err != nil {
+			return fmt.Errorf("%s: %w", d.file, err)
+		}
+		var u unstructured.Unstructured
+		if err := u.UnmarshalJSON(js); err != nil {
+			return fmt.Errorf("%s: %w", d.file, err)
+		}
+		gvk := u.GroupVersionKind()
+		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		if err != nil {
+			return fmt.Errorf("%s: %s: %w", d.file, gvk, err)
+		}
+		var ri dynamic.ResourceInterface = dyn.Resource(m.Resource)
+		if m.Scope.Name() == meta.RESTScopeNameNamespace {
+			ri = dyn.Resource(m.Resource).Namespace(u.GetNamespace())
+		}
+		if _, err := ri.Create(ctx, &u, opts); err != nil {
+			return fmt.Errorf("%s: create %s %s: %w", d.file, gvk.Kind, u.GetName(), err)
+		}
+	}
+	return nil
 }
 
 // activePods lists the runtime pods not being deleted, sorted by name.
@@ -277,8 +422,31 @@ func TestKubernetesDriver(t *testing.T) {
 		},
 	})
 	admin := cluster.Client(t, kubetest.AdminToken)
-	apply(t, admin, objs)
+	docs := manifestDocs(t)
+	if err := applyStrict(t, cluster.Config(kubetest.AdminToken), docs, false); err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
+
+	t.Run("StrictValidation", func(t *testing.T) {
+		// The apply above would have failed on a field the apiserver does not know: show it does,
+		// with a misspelt field in the runtime Deployment (dry run). Typed decoding drops such a
+		// field, and the apiserver's default validation only warns about it.
+		var bad []manifest
+		for _, d := range docs {
+			if strings.Contains(string(d.data), "kind: Deployment") && strings.Contains(string(d.data), "name: fanin-runtime\n") {
+				bad = append(bad, manifest{d.file, []byte(strings.Replace(string(d.data), "terminationGracePeriodSeconds:", "terminationGracePeriodSecond:", 1))})
+			}
+		}
+		if len(bad) != 1 || !strings.Contains(string(bad[0].data), "terminationGracePeriodSecond:") {
+			t.Fatal("no runtime Deployment with terminationGracePeriodSeconds to misspell")
+		}
+		err := applyStrict(t, cluster.Config(kubetest.AdminToken), bad, true)
+		if !apierrors.IsBadRequest(err) || !strings.Contains(err.Error(), `unknown field "spec.template.spec.terminationGracePeriodSecond"`) {
+			t.Fatalf("a misspelt field: %v, want the apiserver's 400 naming it", err)
+		}
+		t.Logf("refused: %v", err)
+	})
 
 	t.Run("ScaleAndRemoveAsServiceAccount", func(t *testing.T) {
 		d := newDriver(t, cluster.Client(t, saToken), "fanin")
