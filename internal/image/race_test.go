@@ -1,0 +1,5 @@
+//go:build race
+
+package image_test
+
+func init() { raceEnabled = true }
