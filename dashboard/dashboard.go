@@ -21,8 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanin-ml/fanin/autoscaler"
-	"github.com/fanin-ml/fanin/internal/rate"
-	"github.com/fanin-ml/fanin/internal/store"
+	"github.com/fanin-ml/fanin/internal/view"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/wire"
 )
@@ -43,30 +42,29 @@ const (
 	maxRejects   = 100
 )
 
-// Dashboard serves the web dashboard. It watches fanin's state in JetStream from New until Close.
+// Dashboard serves the web dashboard. It watches fanin's state in JetStream from New until Close:
+// jobs, placement, runtimes and load reports through a view.View (its own, or its caller's), the
+// autoscaler's decisions and the rejects by its own subscriptions.
 type Dashboard struct {
-	js    jetstream.JetStream
-	nc    *nats.Conn
-	log   *slog.Logger
-	now   func() time.Time
-	every time.Duration
-	mux   *http.ServeMux
+	js      jetstream.JetStream
+	nc      *nats.Conn
+	log     *slog.Logger
+	now     func() time.Time
+	every   time.Duration
+	mux     *http.ServeMux
+	view    *view.View
+	ownView bool // the dashboard opened view, and closes it
 
 	cancel context.CancelFunc
-	wg     sync.WaitGroup // the watchers and the sampler
+	wg     sync.WaitGroup // the sampler
 	subs   []*nats.Subscription
 
-	mu        sync.Mutex // guards everything below
-	jobs      map[string]job.Record
-	placement map[string]wire.Placement
-	runtimes  map[string]wire.RuntimeInfo
-	loads     map[string]wire.LoadReport
-	decisions []autoscaler.Decision  // oldest first
-	rejects   []wire.Reject          // oldest first
-	rejectAt  []time.Time            // when each of rejects arrived
-	counts    map[[2]string]int64    // {job, reason} -> rejects seen since start
-	history   []Sample               // oldest first
-	steps     map[string]*rate.Steps // job -> recent (time, step)
+	mu        sync.Mutex            // guards everything below
+	decisions []autoscaler.Decision // oldest first
+	rejects   []wire.Reject         // oldest first
+	rejectAt  []time.Time           // when each of rejects arrived
+	counts    map[[2]string]int64   // {job, reason} -> rejects seen since start
+	history   []Sample              // oldest first
 }
 
 // Option configures a Dashboard.
@@ -86,18 +84,21 @@ func WithSampleInterval(every time.Duration) Option {
 	}
 }
 
+// WithView reads jobs, placement, runtimes and load reports from v, which the caller opened and
+// closes after the dashboard (the gateway shares its own), instead of opening a view of its own.
+func WithView(v *view.View) Option { return func(d *Dashboard) error { d.view = v; return nil } }
+
 // New starts watching fanin's state over nc and returns the dashboard. ctx bounds the setup only
 // (opening the buckets, the first reads); the dashboard runs until Close. Options: WithLogger,
-// WithSampleInterval.
-func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Dashboard, error) {
+// WithSampleInterval, WithView.
+func New(ctx context.Context, nc *nats.Conn, opts ...Option) (_ *Dashboard, err error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
 	}
 	d := &Dashboard{
 		js: js, nc: nc, log: slog.Default(), now: time.Now, every: time.Second, mux: http.NewServeMux(),
-		jobs: map[string]job.Record{}, placement: map[string]wire.Placement{}, runtimes: map[string]wire.RuntimeInfo{},
-		loads: map[string]wire.LoadReport{}, counts: map[[2]string]int64{}, steps: map[string]*rate.Steps{},
+		counts: map[[2]string]int64{}, cancel: func() {},
 	}
 	for _, o := range opts {
 		if err := o(d); err != nil {
@@ -112,9 +113,11 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Dashboard, error)
 	d.mux.Handle("GET /dashboard/", http.StripPrefix("/dashboard/", http.FileServerFS(files)))
 	d.mux.HandleFunc("GET /dashboard/api/state", d.serveState)
 
-	b, err := store.OpenBuckets(ctx, js)
-	if err != nil {
-		return nil, fmt.Errorf("dashboard: %w", err)
+	if d.view == nil {
+		if d.view, err = view.Open(ctx, nc, view.WithLogger(d.log)); err != nil {
+			return nil, fmt.Errorf("dashboard: %w", err)
+		}
+		d.ownView = true
 	}
 	wctx, cancel := context.WithCancel(context.Background())
 	d.cancel = cancel
@@ -123,18 +126,8 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Dashboard, error)
 			d.Close()
 		}
 	}()
-	for _, w := range []struct {
-		kv jetstream.KeyValue
-		fn func(jetstream.KeyValueEntry)
-	}{{b.Jobs, d.onJob}, {b.Placement, d.onPlacement}, {b.Runtimes, d.onRuntime}} {
-		if _, werr := store.Follow(wctx, js, w.kv, ">", &d.wg, w.fn); werr != nil {
-			err = fmt.Errorf("dashboard: %w", werr)
-			return nil, err
-		}
-	}
 	d.loadDecisions(ctx)
 	for subj, fn := range map[string]nats.MsgHandler{
-		wire.LoadWildcard:         d.onLoad,
 		wire.DecisionsSubject:     d.onDecision,
 		wire.Prefix + "*.rejects": d.onReject,
 	} {
@@ -163,7 +156,8 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Dashboard, error)
 	return d, nil
 }
 
-// Close stops watching and waits for the watchers. The handler keeps serving the last state.
+// Close stops watching and waits for the sampler (and its own view's watchers). The handler
+// keeps serving the last state.
 func (d *Dashboard) Close() {
 	d.cancel()
 	d.mu.Lock()
@@ -174,6 +168,9 @@ func (d *Dashboard) Close() {
 		_ = s.Unsubscribe()
 	}
 	d.wg.Wait()
+	if d.ownView {
+		d.view.Close()
+	}
 }
 
 // ServeHTTP serves the page at /, its files under /dashboard/ and its JSON at /dashboard/api/state.
@@ -203,63 +200,6 @@ func (d *Dashboard) loadDecisions(ctx context.Context) {
 		}
 		d.addDecision(m.Data)
 	}
-}
-
-func (d *Dashboard) onJob(e jetstream.KeyValueEntry) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if e.Operation() != jetstream.KeyValuePut {
-		delete(d.jobs, e.Key())
-		delete(d.steps, e.Key())
-		return
-	}
-	var rec job.Record
-	if err := json.Unmarshal(e.Value(), &rec); err != nil {
-		return
-	}
-	if rec.Paused {
-		delete(d.jobs, e.Key())
-		delete(d.steps, e.Key())
-		return
-	}
-	d.jobs[e.Key()] = rec
-}
-
-func (d *Dashboard) onPlacement(e jetstream.KeyValueEntry) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if e.Operation() != jetstream.KeyValuePut {
-		delete(d.placement, e.Key())
-		return
-	}
-	var p wire.Placement
-	if err := json.Unmarshal(e.Value(), &p); err == nil {
-		d.placement[e.Key()] = p
-	}
-}
-
-func (d *Dashboard) onRuntime(e jetstream.KeyValueEntry) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if e.Operation() != jetstream.KeyValuePut {
-		delete(d.runtimes, e.Key())
-		delete(d.loads, e.Key())
-		return
-	}
-	var ri wire.RuntimeInfo
-	if err := json.Unmarshal(e.Value(), &ri); err == nil {
-		d.runtimes[e.Key()] = ri
-	}
-}
-
-func (d *Dashboard) onLoad(m *nats.Msg) {
-	var l wire.LoadReport
-	if json.Unmarshal(m.Data, &l) != nil || l.Runtime == "" {
-		return
-	}
-	d.mu.Lock()
-	d.loads[l.Runtime] = l
-	d.mu.Unlock()
 }
 
 func (d *Dashboard) onDecision(m *nats.Msg) { d.addDecision(m.Data) }
@@ -310,19 +250,20 @@ type Sample struct {
 	Busy         float64 `json:"busy"`   // cores busy on average: the shards' work per step over their period
 }
 
-// sample records the pool's size and load, and every job's step, for the history and rates.
+// sample records the pool's size and load for the history.
 func (d *Dashboard) sample() {
 	now := d.now()
+	snap := d.view.Snapshot()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	s := Sample{At: now.UnixMilli()}
-	for id, ri := range d.runtimes {
-		if !d.alive(ri, now) {
+	for id, rt := range snap.Runtimes {
+		if !rt.Alive(now) {
 			continue
 		}
 		s.Runtimes++
-		s.Cores += max(1, ri.Cores)
-		for _, sh := range d.loads[id].Shards {
+		s.Cores += max(1, rt.Cores)
+		for _, sh := range snap.Loads[id].Shards {
 			if sh.Period > 0 {
 				s.Busy += sh.Work / sh.Period.Seconds()
 			}
@@ -338,34 +279,13 @@ func (d *Dashboard) sample() {
 	if len(d.history) > historyLen {
 		d.history = d.history[len(d.history)-historyLen:]
 	}
-	for id := range d.jobs {
-		step, ok := d.jobStep(id)
-		if !ok {
-			continue
-		}
-		st := d.steps[id]
-		if st == nil {
-			st = &rate.Steps{}
-			d.steps[id] = st
-		}
-		st.Add(now, step)
-	}
-}
-
-func (d *Dashboard) alive(ri wire.RuntimeInfo, now time.Time) bool {
-	return store.RuntimeAlive(ri.Beat, now)
 }
 
 // jobStep is the last step applied to every shard of the job, from the runtimes' load reports.
-// d.mu is held.
-func (d *Dashboard) jobStep(id string) (int64, bool) {
-	rec, ok := d.jobs[id]
-	if !ok {
-		return 0, false
-	}
+func jobStep(id string, rec job.Record, loads map[string]view.Load) (int64, bool) {
 	seen := 0
 	step := int64(-1)
-	for _, l := range d.loads {
+	for _, l := range loads {
 		for _, sh := range l.Shards {
 			if sh.Job == id {
 				seen++
@@ -456,12 +376,19 @@ type RejectCount struct {
 // Snapshot is the current state, as served to the page.
 func (d *Dashboard) Snapshot() State {
 	now := d.now()
+	snap := d.view.Snapshot()
+	rates := map[string]float64{}
+	for id, rec := range snap.Jobs {
+		if !rec.Paused {
+			rates[id] = d.view.JobRate(id)
+		}
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	st := State{Now: now.UTC(), Connected: d.nc.IsConnected(), History: append([]Sample(nil), d.history...)}
 
 	shardLoad := map[string]wire.ShardLoad{}
-	for _, l := range d.loads {
+	for _, l := range snap.Loads {
 		for _, s := range l.Shards {
 			shardLoad[s.Key] = s
 		}
@@ -476,25 +403,25 @@ func (d *Dashboard) Snapshot() State {
 		return a.Job < b.Job || (a.Job == b.Job && a.Reason < b.Reason)
 	})
 
-	for id, rec := range d.jobs {
+	for id, rec := range snap.Jobs {
+		if rec.Paused { // the dashboard shows the jobs placed, or to be
+			continue
+		}
 		jv := JobView{ID: id, Function: rec.Spec.Function.Name, Sync: rec.Spec.Sync, Ranks: rec.Spec.Ranks,
 			Shards: rec.Layout.NumShards(), Bytes: 4 * int64(rec.Layout.Elements), Created: rec.Created.UTC().Format(time.RFC3339),
 			Step: -1, State: "waiting", Rejects: rejectsOf[id]}
 		for _, sh := range rec.Layout.Shards {
 			key := wire.PlacementKey(id, sh.ID)
-			if p, ok := d.placement[key]; ok && p.Runtime != "" {
+			if p, ok := snap.Placement[key]; ok && p.Runtime != "" {
 				jv.Placed++
 			}
 			jv.Pending += shardLoad[key].Pending
 		}
-		if step, ok := d.jobStep(id); ok {
+		if step, ok := jobStep(id, rec, snap.Loads); ok {
 			jv.Step, jv.State = step, "idle"
 		}
-		if steps := d.steps[id]; steps != nil {
-			jv.StepsPerSec = steps.Rate()
-			if jv.StepsPerSec > 0 && now.Sub(steps.LastAdvance()) < rate.Window {
-				jv.State = "running"
-			}
+		if jv.StepsPerSec = rates[id]; jv.StepsPerSec > 0 { // view.JobRate: the slowest shard reported fresh
+			jv.State = "running"
 		}
 		st.Jobs = append(st.Jobs, jv)
 	}
@@ -507,18 +434,18 @@ func (d *Dashboard) Snapshot() State {
 		}
 	}
 	views := map[string]*RuntimeView{}
-	for id, ri := range d.runtimes {
-		rv := &RuntimeView{ID: id, Cores: ri.Cores, Alive: d.alive(ri, now), Draining: draining[id],
-			Uptime: now.Sub(ri.Started).Truncate(time.Second).String(), Shards: []ShardView{}}
+	for id, rt := range snap.Runtimes {
+		rv := &RuntimeView{ID: id, Cores: rt.Cores, Alive: rt.Alive(now), Draining: draining[id],
+			Uptime: now.Sub(rt.Started).Truncate(time.Second).String(), Shards: []ShardView{}}
 		views[id] = rv
 	}
-	keys := make([]string, 0, len(d.placement))
-	for k := range d.placement {
+	keys := make([]string, 0, len(snap.Placement))
+	for k := range snap.Placement {
 		keys = append(keys, k)
 	}
 	sort.Slice(keys, func(i, j int) bool { return lessKey(keys[i], keys[j]) })
 	for _, key := range keys {
-		p := d.placement[key]
+		p := snap.Placement[key]
 		rv := views[p.Runtime]
 		if rv == nil { // placed on a runtime that is gone: show it, so that the shard is seen waiting
 			rv = &RuntimeView{ID: p.Runtime, Shards: []ShardView{}}
@@ -549,7 +476,7 @@ func (d *Dashboard) Snapshot() State {
 	return st
 }
 
-// lastAdvance is when the step last moved.
+// serveState serves the Snapshot as JSON.
 func (d *Dashboard) serveState(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
