@@ -19,6 +19,7 @@ import (
 	"github.com/fanin-ml/fanin/internal/auth"
 	"github.com/fanin-ml/fanin/internal/metrics"
 	"github.com/fanin-ml/fanin/internal/store"
+	"github.com/fanin-ml/fanin/internal/view"
 )
 
 // Limits of request bodies.
@@ -60,11 +61,10 @@ type Server struct {
 	govEvery    time.Duration     // the quota governor's tick; 0 disables it
 	burst       time.Duration     // the bytes/s quota's burst: how many seconds of quota a job may use at once
 
-	tokens    *tokenCache
-	loads     *loadCache
-	placement *placementCache
-	rejects   *rejectStore
-	gov       *governor
+	tokens  *tokenCache
+	view    *view.View // jobs, placement, runtimes and load reports; the dashboard reads it too
+	rejects *rejectStore
+	gov     *governor
 
 	mu    sync.Mutex        // guards users
 	users map[string]string // NATS user public key -> job, for attributing violations
@@ -191,8 +191,8 @@ func WithQuotaBurst(d time.Duration) Option {
 	}
 }
 
-// New opens the shared buckets and the gateway's own state and starts its background work (load
-// reports, placement watch, reject counting, the quota governor). Options: WithLogger,
+// New opens the shared buckets and the gateway's own state and starts its background work (the
+// view of the shared state, which its dashboard shares; reject counting; the quota governor). Options: WithLogger,
 // WithAdminToken, WithAuthority, WithCredentialsTTL, WithDefaultQuota, WithDefaultPolicy,
 // WithDrainTimeout, WithGovernorInterval, WithQuotaBurst.
 func New(ctx context.Context, nc *nats.Conn, opts ...Option) (_ *Server, err error) {
@@ -228,15 +228,12 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (_ *Server, err err
 	if s.tokens, err = newTokenCache(bg, js, s.state, &s.wg); err != nil {
 		return nil, err
 	}
-	if s.placement, err = newPlacementCache(bg, js, s.buckets.Placement, &s.wg); err != nil {
-		return nil, err
-	}
-	s.loads = newLoadCache(s.now)
-	sub, err := nc.Subscribe(loadWildcard, s.loads.onReport)
+	vctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	s.view, err = view.Open(vctx, nc, view.WithBuckets(s.buckets), view.WithClock(s.now), view.WithLogger(s.log))
+	cancel()
 	if err != nil {
 		return nil, err
 	}
-	s.subs = append(s.subs, sub)
 	if s.rejects, err = newRejectStore(ctx, s); err != nil {
 		return nil, err
 	}
@@ -256,7 +253,7 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (_ *Server, err err
 		s.wg.Add(1)
 		go func() { defer s.wg.Done(); s.gov.run(bg, s.govEvery) }()
 	}
-	if s.dash, err = dashboard.New(ctx, nc); err != nil {
+	if s.dash, err = dashboard.New(ctx, nc, dashboard.WithView(s.view)); err != nil {
 		return nil, err
 	}
 	s.register()
@@ -275,6 +272,9 @@ func (s *Server) Close() {
 		s.stop()
 	}
 	s.wg.Wait()
+	if s.view != nil {
+		s.view.Close()
+	}
 }
 
 // Handler is the gateway's HTTP handler. Without an admin token it warns, once, that the API it

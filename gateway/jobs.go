@@ -344,11 +344,10 @@ func (s *Server) Status(ctx context.Context, id string, detail bool) (*api.JobSt
 	}
 	st := &api.JobStatus{Record: *rec, State: m.State, Owner: m.Owner, Quota: m.Quota, Step: -1}
 	st.Rejects = s.rejects.total(ctx, id)
-	placed := s.placement.job(id)
+	placed := s.view.JobPlacement(id)
 	shards := make([]api.ShardStatus, len(rec.Layout.Shards))
 	var params jetstream.Stream
 	known, frontier := 0, int64(-1)
-	rate := -1.0
 	for i, sh := range rec.Layout.Shards {
 		key := wire.PlacementKey(id, sh.ID)
 		ss := api.ShardStatus{ID: sh.ID, Key: key, Bytes: sh.Bytes(), Step: -1}
@@ -356,18 +355,11 @@ func (s *Server) Status(ctx context.Context, id string, detail bool) (*api.JobSt
 			ss.Runtime, ss.Epoch = p.Runtime, p.Epoch
 			st.Placed++
 		}
-		if v, ok := s.loads.shard(key); ok && v.fresh && m.State == api.StateRunning {
-			ss.Step, ss.Pending = v.load.Step, v.load.Pending
-			ss.QueueWaitMs = ms(v.load.QueueWait)
-			ss.BurstMs, ss.PeriodMs = ms(v.load.Burst), ms(v.load.Period)
-			r := v.rate
-			if r == 0 && v.load.Period > 0 && v.load.Pending > 0 {
-				r = 1 / v.load.Period.Seconds()
-			}
-			if rate < 0 || r < rate {
-				rate = r
-			}
-			st.BytesPerSecond += r * float64(v.load.Bytes)
+		if v, ok := s.view.Shard(key); ok && v.Fresh && m.State == api.StateRunning {
+			ss.Step, ss.Pending = v.Step, v.Pending
+			ss.QueueWaitMs = ms(v.QueueWait)
+			ss.BurstMs, ss.PeriodMs = ms(v.Burst), ms(v.Period)
+			st.BytesPerSecond += v.Rate * float64(v.Bytes)
 		} else if detail || known < maxDirectGets {
 			// Not served now (paused, or between owners): its last published parameters say.
 			if params == nil {
@@ -393,8 +385,8 @@ func (s *Server) Status(ctx context.Context, id string, detail bool) (*api.JobSt
 	if known < len(shards) {
 		st.Step = -1 // the slowest shard is not known
 	}
-	if rate > 0 {
-		st.StepsPerSecond = rate
+	if m.State == api.StateRunning {
+		st.StepsPerSecond = s.view.JobRate(id) // the slowest of the shards summed above
 	}
 	for i := range shards {
 		if shards[i].Step >= 0 {
@@ -719,8 +711,8 @@ func (s *Server) DeleteJob(ctx context.Context, id string) error {
 	if err := store.DeleteJobStreams(ctx, s.js, id); err != nil {
 		return err
 	}
-	for key, p := range s.placement.job(id) { // left by an autoscaler that is not running
-		_ = s.buckets.Placement.Purge(ctx, key, jetstream.LastRevision(p.rev))
+	for key, p := range s.view.JobPlacement(id) { // left by an autoscaler that is not running
+		_ = s.buckets.Placement.Purge(ctx, key, jetstream.LastRevision(p.Revision))
 	}
 	s.clearHandover(ctx, rec)
 	if s.authz != nil {
@@ -748,13 +740,13 @@ func (s *Server) awaitDrain(ctx context.Context, id string) {
 	deadline := s.now().Add(s.drain)
 	var emptySince time.Time
 	for s.now().Before(deadline) && ctx.Err() == nil {
-		if len(s.placement.job(id)) > 0 {
+		if len(s.view.JobPlacement(id)) > 0 {
 			emptySince = time.Time{}
 		} else {
 			if emptySince.IsZero() {
 				emptySince = s.now()
 			}
-			if !s.loads.serves(id, emptySince) {
+			if !s.serves(id, emptySince) {
 				return
 			}
 		}

@@ -130,15 +130,15 @@ func (g *governor) used(m *jobMeta, mt *meter) float64 {
 	used := 0.0
 	for _, sh := range rec.Layout.Shards {
 		key := wire.PlacementKey(m.ID, sh.ID)
-		v, ok := g.s.loads.shard(key)
+		v, ok := g.s.view.Shard(key)
 		if !ok {
 			continue
 		}
-		if prev, seen := mt.steps[key]; seen && v.load.Step > prev {
-			used += float64(v.load.Step-prev) * float64(v.load.Bytes)
+		if prev, seen := mt.steps[key]; seen && v.Step > prev {
+			used += float64(v.Step-prev) * float64(v.Bytes)
 		}
-		if v.load.Step > mt.steps[key] || !hasKey(mt.steps, key) {
-			mt.steps[key] = v.load.Step
+		if v.Step > mt.steps[key] || !hasKey(mt.steps, key) {
+			mt.steps[key] = v.Step
 		}
 	}
 	return used
