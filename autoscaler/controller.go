@@ -20,7 +20,7 @@ import (
 	"github.com/fanin-ml/fanin/internal/metrics"
 	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/internal/telemetry"
-	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/internal/view"
 	"github.com/fanin-ml/fanin/wire"
 )
 
@@ -56,12 +56,13 @@ type Controller struct {
 	tracing  *telemetry.Provider        // nil: tracing off
 	met      *metrics.AutoscalerMetrics // nil: metrics off
 
+	// view is the shared state (jobs, placement, runtimes, load reports) that Run follows; the
+	// controller sees it through its own rules (observe): paused jobs and runtimes the driver
+	// reported dead are left out.
+	view *view.View
+
 	mu        sync.Mutex // guards everything below
 	policy    Policy
-	loads     map[string]wire.LoadReport // runtime -> latest report
-	jobs      map[string]job.Record
-	runtimes  map[string]time.Time // runtime -> last heartbeat
-	placement map[string]placed
 	draining  map[string]bool
 	leaderRev uint64
 	recent    []Decision           // newest last, at most maxRecent
@@ -74,11 +75,6 @@ type Controller struct {
 	registryCheck func(context.Context) bool // registryHealthy; tests replace it
 
 	ready chan struct{} // closed once Run follows the state (buckets set, current values in)
-}
-
-type placed struct {
-	wire.Placement
-	rev uint64
 }
 
 const maxRecent = 100
@@ -140,8 +136,7 @@ func NewController(nc *nats.Conn, driver PoolDriver, opts ...ControllerOption) (
 	c := &Controller{
 		js: js, nc: nc, driver: driver, log: slog.Default(), id: "as-" + uuid.NewString()[:8],
 		interval: time.Second, now: time.Now, decider: NewDecider(), loop: true, policy: DefaultPolicy(),
-		loads: map[string]wire.LoadReport{}, jobs: map[string]job.Record{}, runtimes: map[string]time.Time{},
-		placement: map[string]placed{}, draining: map[string]bool{}, dead: map[string]time.Time{},
+		draining: map[string]bool{}, dead: map[string]time.Time{},
 		wake: make(chan struct{}, 1), ready: make(chan struct{}),
 		tracing: telemetry.Default(), met: metrics.Default().Autoscaler(),
 	}
@@ -168,30 +163,30 @@ func (c *Controller) Run(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	sub, err := c.nc.Subscribe(wire.LoadWildcard, c.onLoad)
-	if err != nil {
-		return err
-	}
-	defer sub.Unsubscribe()
 	defer c.met.WatchConn("autoscaler "+c.id, c.nc)()
 
-	watches := []struct {
-		kv jetstream.KeyValue
-		fn func(jetstream.KeyValueEntry)
-	}{{b.Jobs, c.onJob}, {b.Runtimes, c.onRuntime}, {b.Placement, c.onPlacement}, {b.Policy, c.onPolicy}}
+	// Decide only on the whole state: a leader missing the placement would move everything. Open
+	// returns once the view holds every bucket's current values.
+	v, err := view.Open(ctx, c.nc, view.WithBuckets(b), view.WithClock(c.now), view.WithLogger(c.log))
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	defer v.Close()
+	c.view = v
 	var wg sync.WaitGroup
 	wctx, cancel := context.WithCancel(ctx)
 	defer func() { cancel(); wg.Wait() }()
-	for _, w := range watches {
-		ready, err := store.Follow(wctx, c.js, w.kv, ">", &wg, w.fn)
-		if err != nil {
-			return err
-		}
-		select { // decide only on the whole state: a leader missing the placement would move everything
-		case <-ready:
-		case <-ctx.Done():
-			return nil
-		}
+	ready, err := store.Follow(wctx, c.js, b.Policy, ">", &wg, c.onPolicy)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-ready:
+	case <-ctx.Done():
+		return nil
 	}
 	close(c.ready)
 	if !c.loop {
@@ -233,6 +228,7 @@ func (c *Controller) Step(ctx context.Context) (Decision, error) {
 	c.deregisterVanished(ctx)
 	healthy := c.registryCheck(ctx)
 	now := c.now()
+	snap := c.view.Snapshot()
 	c.mu.Lock()
 	switch {
 	case !healthy:
@@ -242,7 +238,7 @@ func (c *Controller) Step(ctx context.Context) (Decision, error) {
 	}
 	lapses := !c.registrySince.IsZero() && now.Sub(c.registrySince) >= store.RuntimeLapse
 	pol := c.policy
-	obs := c.observe(now, lapses)
+	obs := c.observe(snap, now, lapses)
 	c.mu.Unlock()
 	d := c.decider.Decide(pol, obs, now)
 	c.observeDecision(obs, d)
@@ -320,18 +316,26 @@ func (c *Controller) registryHealthy(ctx context.Context) bool {
 	return cl == nil || cl.Leader != ""
 }
 
-// observe builds the decider's inputs from the watched state; with lapses false a runtime whose
-// heartbeat lapsed still counts (the registry could not take heartbeats lately). c.mu is held.
-func (c *Controller) observe(now time.Time, lapses bool) Observations {
+// deadFor is how long a runtime the driver reported dead stays dead to the controller: a heartbeat
+// it sent before it died can come late, within the registry's TTL.
+const deadFor = 2 * store.RuntimeTTL
+
+// observe builds the decider's inputs from a snapshot of the view, through the controller's own
+// rules: paused jobs are left out (their placement is removed); so are the registration of a
+// runtime the driver reported dead, written before it did or until deadFor after, and its load
+// reports received before; with lapses false a runtime whose heartbeat lapsed still counts (the
+// registry could not take heartbeats lately). c.mu is held.
+func (c *Controller) observe(snap view.Snapshot, now time.Time, lapses bool) Observations {
 	var obs Observations
+	runtimes, loads := c.notDead(snap.Runtimes, snap.Loads)
 	live := map[string]bool{}
 	var rates []float64
-	for id, beat := range c.runtimes {
-		if lapses && !store.RuntimeAlive(beat, now) {
+	for id, rt := range runtimes {
+		if lapses && !rt.Alive(now) {
 			continue
 		}
 		live[id] = true
-		if l, ok := c.loads[id]; ok && l.NanosPerByte > 0 {
+		if l, ok := loads[id]; ok && l.NanosPerByte > 0 {
 			rates = append(rates, l.NanosPerByte)
 		}
 	}
@@ -342,34 +346,36 @@ func (c *Controller) observe(now time.Time, lapses bool) Observations {
 	}
 	for id := range live {
 		ro := RuntimeObs{ID: id, Cores: 1, Draining: c.draining[id]}
-		if l, ok := c.loads[id]; ok {
+		if l, ok := loads[id]; ok {
 			ro.Cores = max(1, l.Cores)
 			if l.NanosPerByte > 0 && median > 0 {
 				ro.Speed = median / l.NanosPerByte
 			}
 		}
-		ro.Since = c.runtimes[id] // refined below when the registration says when it started
+		ro.Since = runtimes[id].Beat // its registration's latest write, not when it started
 		obs.Runtimes = append(obs.Runtimes, ro)
 	}
 	slices.SortFunc(obs.Runtimes, func(a, b RuntimeObs) int { return strings.Compare(a.ID, b.ID) })
 
 	shardLoad := map[string]wire.ShardLoad{}
-	for _, l := range c.loads {
+	for _, l := range loads {
 		for _, s := range l.Shards {
 			shardLoad[s.Key] = s
 		}
 	}
-	ids := make([]string, 0, len(c.jobs))
-	for id := range c.jobs {
-		ids = append(ids, id)
+	ids := make([]string, 0, len(snap.Jobs))
+	for id, rec := range snap.Jobs {
+		if !rec.Paused { // placed nowhere: its placement is removed, and its shards stop
+			ids = append(ids, id)
+		}
 	}
 	sort.Strings(ids)
 	for _, id := range ids {
-		rec := c.jobs[id]
+		rec := snap.Jobs[id]
 		for _, sh := range rec.Layout.Shards {
 			key := wire.PlacementKey(id, sh.ID)
 			so := ShardObs{Key: key, Job: id, Bytes: int64(rec.Spec.Ranks) * int64(sh.Bytes())}
-			if p, ok := c.placement[key]; ok && live[p.Runtime] {
+			if p, ok := snap.Placement[key]; ok && live[p.Runtime] {
 				so.Runtime = p.Runtime
 			}
 			if l, ok := shardLoad[key]; ok {
@@ -385,6 +391,23 @@ func (c *Controller) observe(now time.Time, lapses bool) Observations {
 	return obs
 }
 
+// notDead removes from a snapshot's runtimes and loads what they hold of runtimes the driver
+// reported dead, by observe's rule. c.mu is held.
+func (c *Controller) notDead(runtimes map[string]view.Runtime, loads map[string]view.Load) (map[string]view.Runtime, map[string]view.Load) {
+	if len(c.dead) == 0 {
+		return runtimes, loads
+	}
+	for id, at := range c.dead {
+		if rt, ok := runtimes[id]; ok && rt.Beat.Before(at.Add(deadFor)) {
+			delete(runtimes, id)
+		}
+		if l, ok := loads[id]; ok && !l.Received.After(at) {
+			delete(loads, id)
+		}
+	}
+	return runtimes, loads
+}
+
 // estimatedBytesPerCoreSecond prices a shard's step before it has been measured.
 const estimatedBytesPerCoreSecond = 2e9
 
@@ -393,12 +416,7 @@ const estimatedBytesPerCoreSecond = 2e9
 // then the pool is grown to the size wanted.
 func (c *Controller) apply(ctx context.Context, obs Observations, d Decision) error {
 	var errs []error
-	c.mu.Lock()
-	current := make(map[string]placed, len(c.placement))
-	for k, v := range c.placement {
-		current[k] = v
-	}
-	c.mu.Unlock()
+	current := c.view.Placement()
 	owner := map[string]string{}
 	for _, s := range obs.Shards {
 		owner[s.Key] = s.Runtime
@@ -407,7 +425,7 @@ func (c *Controller) apply(ctx context.Context, obs Observations, d Decision) er
 		if _, ok := owner[key]; !ok {
 			// Purge, not Delete: the bucket keeps a few revisions per key, which a deleted job
 			// would otherwise leave behind for good.
-			if err := c.buckets.Placement.Purge(ctx, key, jetstream.LastRevision(p.rev)); err != nil {
+			if err := c.buckets.Placement.Purge(ctx, key, jetstream.LastRevision(p.Revision)); err != nil {
 				c.log.Debug("delete placement", "key", key, "err", err)
 			}
 		}
@@ -431,7 +449,7 @@ func (c *Controller) apply(ctx context.Context, obs Observations, d Decision) er
 		var rev uint64
 		var err error
 		if exists {
-			rev, err = c.buckets.Placement.Update(ctx, key, val, old.rev)
+			rev, err = c.buckets.Placement.Update(ctx, key, val, old.Revision)
 		} else {
 			rev, err = c.buckets.Placement.Create(ctx, key, val)
 		}
@@ -441,8 +459,9 @@ func (c *Controller) apply(ctx context.Context, obs Observations, d Decision) er
 		}
 		// Remember the write at once: the next decision may come before the watch delivers it,
 		// and would otherwise write the same key again from a stale revision.
-		c.remember(key, placed{Placement: p, rev: rev})
+		c.view.Remember(key, p, rev)
 	}
+	placement := c.view.Placement() // with the writes above
 	c.mu.Lock()
 	for _, id := range d.Drain {
 		c.draining[id] = true
@@ -450,7 +469,7 @@ func (c *Controller) apply(ctx context.Context, obs Observations, d Decision) er
 	var empty []string
 	for id := range c.draining {
 		busy := false
-		for _, p := range c.placement {
+		for _, p := range placement {
 			if p.Runtime == id {
 				busy = true
 				break
@@ -537,87 +556,27 @@ func (c *Controller) deregisterVanished(ctx context.Context) {
 	c.vanished = nil
 	now := c.now()
 	for _, id := range ids {
-		delete(c.runtimes, id)
-		delete(c.loads, id)
 		c.dead[id] = now
 	}
 	for id, at := range c.dead { // a late heartbeat of a dead runtime comes within its TTL
-		if now.Sub(at) > 2*store.RuntimeTTL {
-			delete(c.dead, id)
+		if now.Sub(at) <= deadFor {
+			continue
 		}
+		// Forgotten once the view holds nothing of it that observe leaves out: its registration
+		// and reports from before it died are deleted (an expired key is never deleted).
+		if rt, ok := c.view.Runtime(id); ok && rt.Beat.Before(at.Add(deadFor)) {
+			continue
+		}
+		if l, ok := c.view.Load(id); ok && !l.Received.After(at) {
+			continue
+		}
+		delete(c.dead, id)
 	}
 	c.mu.Unlock()
 	for _, id := range ids {
 		if err := c.buckets.Runtimes.Delete(ctx, id); err != nil {
 			c.log.Warn("deregister a vanished runtime", "runtime", id, "err", err)
 		}
-	}
-}
-
-func (c *Controller) onLoad(m *nats.Msg) {
-	var l wire.LoadReport
-	if json.Unmarshal(m.Data, &l) != nil || l.Runtime == "" {
-		return
-	}
-	c.mu.Lock()
-	c.loads[l.Runtime] = l
-	c.mu.Unlock()
-}
-
-func (c *Controller) onJob(e jetstream.KeyValueEntry) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if e.Operation() != jetstream.KeyValuePut {
-		delete(c.jobs, e.Key())
-		return
-	}
-	var rec job.Record
-	if err := json.Unmarshal(e.Value(), &rec); err != nil {
-		c.log.Warn("undecodable job record", "job", e.Key(), "err", err)
-		return
-	}
-	if rec.Paused { // placed nowhere: its placement is removed, and its shards stop
-		delete(c.jobs, e.Key())
-		return
-	}
-	c.jobs[e.Key()] = rec
-}
-
-func (c *Controller) onRuntime(e jetstream.KeyValueEntry) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if e.Operation() != jetstream.KeyValuePut {
-		delete(c.runtimes, e.Key())
-		delete(c.loads, e.Key())
-		return
-	}
-	if _, dead := c.dead[e.Key()]; !dead {
-		c.runtimes[e.Key()] = e.Created()
-	}
-}
-
-func (c *Controller) onPlacement(e jetstream.KeyValueEntry) {
-	if e.Operation() != jetstream.KeyValuePut {
-		c.mu.Lock()
-		if cur, ok := c.placement[e.Key()]; ok && cur.rev < e.Revision() {
-			delete(c.placement, e.Key())
-		}
-		c.mu.Unlock()
-		return
-	}
-	var p wire.Placement
-	if json.Unmarshal(e.Value(), &p) == nil {
-		c.remember(e.Key(), placed{Placement: p, rev: e.Revision()})
-	}
-}
-
-// remember caches a placement entry unless a later revision of it is cached already: the
-// controller's own writes are cached before the watch delivers them.
-func (c *Controller) remember(key string, p placed) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if cur, ok := c.placement[key]; !ok || cur.rev < p.rev {
-		c.placement[key] = p
 	}
 }
 

@@ -198,6 +198,34 @@ func TestControllerVanishedRuntimeReplacedAtOnce(t *testing.T) {
 	}
 }
 
+// A paused job is placed nowhere: the controller purges its placement, and places it again once
+// it is resumed.
+func TestControllerPausedJobUnplaced(t *testing.T) {
+	e := newCtlEnv(t)
+	e.beat("rt-a")
+	c := e.controller(&fakePool{size: 1})
+	e.stepUntil(c, allOn("rt-a"))
+	paused := e.rec
+	paused.Paused = true
+	for _, rec := range []job.Record{paused, e.rec} {
+		data, _ := json.Marshal(rec)
+		if _, err := e.b.Jobs.Put(context.Background(), "j", data); err != nil {
+			t.Fatal(err)
+		}
+		want := allOn("rt-a")
+		if rec.Paused {
+			want = func(p map[string]string) error {
+				if len(p) != 0 {
+					return fmt.Errorf("the paused job is still placed: %v", p)
+				}
+				return nil
+			}
+		}
+		e.beat("rt-a")
+		e.stepUntil(c, want)
+	}
+}
+
 // A runtime whose heartbeat lapsed (store.RuntimeLapse) is dead to the controller: its shards move
 // in the first decision after the lapse.
 func TestControllerLapsedRuntime(t *testing.T) {
