@@ -204,9 +204,6 @@ func (v *View) Close() {
 	})
 }
 
-// Buckets are the shared buckets the view follows.
-func (v *View) Buckets() *store.Buckets { return v.buckets }
-
 // Now is the view's clock.
 func (v *View) Now() time.Time { return v.now() }
 
