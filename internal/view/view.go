@@ -26,6 +26,14 @@ const FreshLoad = store.RuntimeLapse
 // forgetShard is how long a shard's track is kept after its last report.
 const forgetShard = time.Minute
 
+// ForgetRuntime is how long the view keeps a registration after its last heartbeat. The bucket
+// drops it after store.RuntimeTTL, but its watch is not told, so without this a runtime killed
+// before it could deregister stayed in every view for good (ids are never reused: one more each
+// crash). It is long past the TTL because the autoscaler counts expired registrations while the
+// registry cannot take heartbeats (a NATS restart, an election), and short enough that a crashed
+// runtime leaves the dashboard within minutes.
+const ForgetRuntime = 10 * time.Minute
+
 // Runtime is a runtime's registration.
 type Runtime struct {
 	wire.RuntimeInfo
@@ -39,8 +47,9 @@ type Runtime struct {
 func (r Runtime) Alive(now time.Time) bool { return store.RuntimeAlive(r.Beat, now) }
 
 // Expired reports whether the bucket has dropped the registration at now by its TTL
-// (store.RuntimeTTL). The watch is not told when a key expires, so the view keeps it: the
-// autoscaler still counts such a runtime while the registry cannot take heartbeats.
+// (store.RuntimeTTL). The watch is not told when a key expires, so the view keeps it until
+// ForgetRuntime: the autoscaler still counts such a runtime while the registry cannot take
+// heartbeats.
 func (r Runtime) Expired(now time.Time) bool { return now.Sub(r.Beat) >= store.RuntimeTTL }
 
 // Placed is a shard's placement entry and its revision in the bucket.
@@ -94,7 +103,7 @@ type View struct {
 	runtimes  map[string]Runtime
 	loads     map[string]Load
 	shards    map[string]*track // <job>.<shard> -> its latest report and recent steps
-	pruned    time.Time         // when shards was last pruned
+	pruned    time.Time         // when shards and runtimes were last pruned
 }
 
 // track is a shard's latest load, who reported it and when, and its recent steps.
@@ -375,6 +384,7 @@ func (v *View) onPlacement(e jetstream.KeyValueEntry) {
 func (v *View) onRuntime(e jetstream.KeyValueEntry) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	v.prune(v.now())
 	if e.Operation() != jetstream.KeyValuePut {
 		delete(v.runtimes, e.Key())
 		delete(v.loads, e.Key())
@@ -407,12 +417,26 @@ func (v *View) onLoad(m *nats.Msg) {
 		t.load, t.runtime, t.at = sl, rep.Runtime, now
 		t.steps.Add(now, sl.Step)
 	}
-	if now.Sub(v.pruned) >= time.Second { // forget the shards no runtime has named for a while
-		v.pruned = now
-		for k, t := range v.shards {
-			if now.Sub(t.at) > forgetShard {
-				delete(v.shards, k)
-			}
+	v.prune(now)
+}
+
+// prune forgets, at most once a second, the shards no runtime has named for forgetShard and the
+// registrations without a heartbeat for ForgetRuntime, with their load reports. It runs on the
+// registrations' and the reports' arrivals (once a second each per live runtime). v.mu is held.
+func (v *View) prune(now time.Time) {
+	if now.Sub(v.pruned) < time.Second {
+		return
+	}
+	v.pruned = now
+	for k, t := range v.shards {
+		if now.Sub(t.at) > forgetShard {
+			delete(v.shards, k)
+		}
+	}
+	for id, r := range v.runtimes {
+		if now.Sub(r.Beat) > ForgetRuntime {
+			delete(v.runtimes, id)
+			delete(v.loads, id)
 		}
 	}
 }

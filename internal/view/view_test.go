@@ -234,6 +234,63 @@ func TestLivenessLapses(t *testing.T) {
 	})
 }
 
+// A registration without a heartbeat for view.ForgetRuntime leaves the view with its load report
+// (the bucket's TTL expiry is not delivered to watchers) when the next registration or report
+// arrives; a heartbeat brings a runtime back. (The server stamps the entries' times, so both
+// registrations here are as old by the view's fake clock.)
+func TestForgetsLongExpiredRuntimes(t *testing.T) {
+	e := newEnv(t)
+	c := &clock{t: time.Now()}
+	v := e.open(view.WithClock(c.now))
+	registered := func(id string) bool { _, ok := v.Runtime(id); return ok }
+	reported := func(id string) bool { _, ok := v.Load(id); return ok }
+	for _, id := range []string{"rt-dead", "rt-live"} {
+		e.put(e.b.Runtimes, id, wire.RuntimeInfo{ID: id, Cores: 1})
+		testutil.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+			if !registered(id) {
+				return fmt.Errorf("%s not registered", id)
+			}
+			return nil
+		})
+	}
+	dead, _ := v.Runtime("rt-dead")
+	c.set(dead.Beat)
+	e.report(v, wire.LoadReport{Runtime: "rt-dead", Cores: 1})
+
+	// Within ForgetRuntime of the heartbeats: kept, however many arrivals prune.
+	c.set(dead.Beat.Add(view.ForgetRuntime))
+	e.report(v, wire.LoadReport{Runtime: "rt-live", Cores: 1})
+	if !registered("rt-dead") || !reported("rt-dead") {
+		t.Fatal("rt-dead forgotten before view.ForgetRuntime")
+	}
+
+	// Past it: the next arrival prunes both registrations and their reports.
+	c.add(2 * time.Second)
+	if err := e.nc.Publish(wire.LoadSubject("rt-live"), []byte(`{"runtime":"rt-live"}`)); err != nil {
+		t.Fatal(err)
+	}
+	testutil.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if registered("rt-dead") || reported("rt-dead") || registered("rt-live") {
+			return fmt.Errorf("%v without a heartbeat: rt-dead registered %v, load %v; rt-live registered %v; want none",
+				view.ForgetRuntime+2*time.Second, registered("rt-dead"), reported("rt-dead"), registered("rt-live"))
+		}
+		return nil
+	})
+
+	// A heartbeat of rt-live brings it back (the fake clock stands still: no prune runs within a
+	// second of the last); rt-dead stays gone.
+	e.put(e.b.Runtimes, "rt-live", wire.RuntimeInfo{ID: "rt-live", Cores: 1})
+	testutil.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if !registered("rt-live") {
+			return fmt.Errorf("rt-live's heartbeat did not bring it back")
+		}
+		return nil
+	})
+	if registered("rt-dead") {
+		t.Error("rt-dead came back without a heartbeat")
+	}
+}
+
 // A job's steps/s is its slowest shard's, each from the steps of the reports as received; a
 // shard not measured yet counts one step per period while it has gradients pending.
 func TestJobRateIsTheSlowestShards(t *testing.T) {
