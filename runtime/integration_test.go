@@ -254,3 +254,92 @@ func TestLateWorkerGetsCurrentParams(t *testing.T) {
 	}
 	trainWithWorkers(t, workers, ref, params, 20, 30)
 }
+
+// TestLogicalRanksOverChangingWorkers trains a job of 4 logical ranks on 4 worker connections of
+// one rank each, then 2 of two ranks, then 1 holding all four, then 3 ({0}, {1, 2}, {3}): at each
+// change the old workers close and the new ones resume from the stream (Params). Every step's
+// parameters are byte-identical to the reference's, as on 4 fixed workers (who publishes which
+// rank changes nothing), and the runtimes applied exactly one update per shard and step.
+func TestLogicalRanksOverChangingWorkers(t *testing.T) {
+	st := testutil.Stack(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rec, err := st.Gateway.CreateJob(ctx, testSpec("elastic", "adam", map[string]float64{"lr": 0.01}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ref *functions.Reference
+	var params []float32
+	step := int64(0)
+	grads := make([][]float32, rec.Spec.Ranks)
+	for _, phase := range []struct {
+		groups [][]int
+		steps  int64
+	}{
+		{[][]int{{0}, {1}, {2}, {3}}, 5},
+		{[][]int{{0, 1}, {2, 3}}, 5},
+		{[][]int{{3, 1, 0, 2}}, 5}, // any order: each gradient is published as its rank
+		{[][]int{{0}, {1, 2}, {3}}, 5},
+	} {
+		workers := make([]*sdk.Worker, len(phase.groups))
+		for i, ranks := range phase.groups {
+			c, err := sdk.Connect(ctx, st.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if workers[i], err = c.WorkerRanks(ctx, rec.Spec.ID, ranks); err != nil {
+				t.Fatal(err)
+			}
+			got, p, err := workers[i].Params(ctx)
+			if err != nil || got != step {
+				t.Fatalf("ranks %v joining at step %d: Params gave step %d, %v", ranks, step, got, err)
+			}
+			if ref == nil {
+				fn, _ := rec.Spec.NewFunc()
+				ref = functions.NewReference(fn, rec.Spec.Ranks, rec.Layout.Ranges(), p)
+				params = append([]float32(nil), p...)
+				for r := range grads {
+					grads[r] = make([]float32, len(p))
+				}
+			}
+		}
+		for range phase.steps {
+			step++
+			for r := range grads {
+				testutil.Gradient(grads[r], params, step, r)
+			}
+			results := make([][]float32, len(workers))
+			errs := make([]error, len(workers))
+			var wg sync.WaitGroup
+			for i, w := range workers {
+				mine := make([][]float32, len(phase.groups[i]))
+				for j, r := range phase.groups[i] {
+					mine[j] = grads[r]
+				}
+				wg.Go(func() { results[i], errs[i] = w.StepRanks(ctx, mine) })
+			}
+			wg.Wait()
+			if err := errors.Join(errs...); err != nil {
+				t.Fatalf("ranks %v, step %d: %v", phase.groups, step, err)
+			}
+			ref.Step(grads, nil)
+			for i := range workers {
+				if !bytes.Equal(f32bytes(results[i]), f32bytes(ref.Params())) {
+					t.Fatalf("ranks %v, step %d: the worker of ranks %v received parameters that differ from the reference", phase.groups, step, phase.groups[i])
+				}
+			}
+			params = append(params[:0], results[0]...)
+		}
+		for _, w := range workers {
+			w.Close()
+		}
+	}
+	want := step * int64(rec.Layout.NumShards())
+	testutil.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if got := invocations(st); got != want {
+			return fmt.Errorf("runtimes applied %d updates, want exactly %d", got, want)
+		}
+		return nil
+	})
+}

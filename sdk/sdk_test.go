@@ -206,7 +206,18 @@ func TestWorkerErrors(t *testing.T) {
 	if _, err := c.Worker(ctx, rec.Spec.ID, 1); !errors.Is(err, wire.ErrReason(wire.ReasonRankRange)) {
 		t.Fatalf("rank 1 of a 1-rank job: %v", err)
 	}
+	if _, err := c.WorkerRanks(ctx, rec.Spec.ID, []int{0, 1}); !errors.Is(err, wire.ErrReason(wire.ReasonRankRange)) {
+		t.Fatalf("ranks 0 and 1 of a 1-rank job: %v", err)
+	}
+	for _, ranks := range [][]int{nil, {0, 0}} {
+		if _, err := c.WorkerRanks(ctx, rec.Spec.ID, ranks); err == nil {
+			t.Fatalf("a worker of ranks %v was made", ranks)
+		}
+	}
 	w, _ := c.Worker(ctx, rec.Spec.ID, 0)
+	if _, err := w.StepRanks(ctx, [][]float32{make([]float32, 3000), make([]float32, 3000)}); err == nil {
+		t.Fatal("StepRanks with two gradients for one rank succeeded")
+	}
 	if _, err := w.Step(ctx, make([]float32, 10)); err == nil {
 		t.Fatal("Step with 10 gradients for 3000 parameters succeeded")
 	}

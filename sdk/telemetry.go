@@ -2,6 +2,7 @@ package sdk
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -61,7 +62,7 @@ func (w *Worker) traceStep(ctx context.Context, t int64) *stepTrace {
 	st := &stepTrace{tr: tr}
 	attrs := trace.WithAttributes(telemetry.AttrJob.String(id), telemetry.AttrStep.Int64(t),
 		telemetry.AttrRanks.Int(w.rec.Spec.Ranks), telemetry.AttrShards.Int(w.rec.Layout.NumShards()))
-	if w.rank == 0 && p.OwnsStepRoot() {
+	if slices.Contains(w.ranks, 0) && p.OwnsStepRoot() {
 		ctx, st.root = tr.Start(telemetry.WithStepRoot(ctx, id, created, t), telemetry.SpanStep, trace.WithNewRoot(), attrs)
 	} else {
 		ctx = trace.ContextWithRemoteSpanContext(ctx, telemetry.StepParent(id, created, t, true))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,20 +20,24 @@ import (
 	"github.com/fanin-ml/fanin/wire"
 )
 
-// Worker acts as one logical rank of a job: Step publishes the rank's gradients for the next step and
-// returns the parameters after it. A Worker is not safe for concurrent use.
+// Worker acts as one logical rank of a job, or several (Client.WorkerRanks): Step publishes the
+// rank's gradients for the next step and returns the parameters after it; StepRanks publishes
+// each of its ranks' gradients and receives the parameters once. Which process holds which ranks
+// does not change a bit of the result: the runtimes sum the gradients of a step in rank order. A
+// Worker is not safe for concurrent use.
 type Worker struct {
 	c      *Client
 	rec    *job.Record
-	rank   int
+	rank   int    // ranks[0]
+	ranks  []int  // the logical ranks it publishes for, in the order of StepRanks' gradients
 	weight string // HdrWeight value, or "" for unweighted
 	fetch  time.Duration
 
 	step    int64 // step of the parameters held in w.vec; -1 before the first fetch
 	vec     []float32
-	attempt int // Step calls for the same step after a failure: makes the message ids new
-	msgs    []*nats.Msg
-	enc     []byte // encoding buffer on big-endian machines
+	attempt int         // Step calls for the same step after a failure: makes the message ids new
+	msgs    []*nats.Msg // the gradient messages: rank ranks[j]'s of shard i at j*shards+i
+	enc     []byte      // encoding buffer on big-endian machines
 	inbox   string
 	psub    *nats.Subscription
 	rsub    *nats.Subscription
@@ -86,21 +91,41 @@ func WithParamsBuffer(buf []float32) WorkerOption {
 
 // Worker joins job id as rank. Options: WithWeight, WithFetchAfter, WithParamsBuffer.
 func (c *Client) Worker(ctx context.Context, id string, rank int, opts ...WorkerOption) (*Worker, error) {
+	return c.WorkerRanks(ctx, id, []int{rank}, opts...)
+}
+
+// WorkerRanks joins job id as the logical ranks given, in one worker: StepRanks publishes a
+// gradient for each of them and receives the parameters once, so a process can serve any number
+// of a job's ranks, and the ranks can move between processes from one step to the next (close the
+// worker that had them; the next one resumes with Params). A weight (WithWeight) applies to every
+// rank of the worker. The worker's metrics and traces name its first rank.
+func (c *Client) WorkerRanks(ctx context.Context, id string, ranks []int, opts ...WorkerOption) (*Worker, error) {
 	rec, err := c.Job(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	if rank < 0 || rank >= rec.Spec.Ranks {
-		return nil, fmt.Errorf("job %q: %w", id, wire.Rejectf(wire.ReasonRankRange, "rank %d is not in 0..%d", rank, rec.Spec.Ranks-1))
+	if len(ranks) == 0 {
+		return nil, fmt.Errorf("job %q: a worker needs at least one rank", id)
 	}
+	seen := map[int]bool{}
+	for _, rank := range ranks {
+		if rank < 0 || rank >= rec.Spec.Ranks {
+			return nil, fmt.Errorf("job %q: %w", id, wire.Rejectf(wire.ReasonRankRange, "rank %d is not in 0..%d", rank, rec.Spec.Ranks-1))
+		}
+		if seen[rank] {
+			return nil, fmt.Errorf("job %q: rank %d given twice", id, rank)
+		}
+		seen[rank] = true
+	}
+	n := rec.Layout.NumShards()
 	w := &Worker{
-		c: c, rec: rec, rank: rank, fetch: time.Second, step: -1,
-		got:     make([]int64, rec.Layout.NumShards()),
-		ahead:   make([]bool, rec.Layout.NumShards()),
-		msgs:    make([]*nats.Msg, rec.Layout.NumShards()),
+		c: c, rec: rec, rank: ranks[0], ranks: slices.Clone(ranks), fetch: time.Second, step: -1,
+		got:     make([]int64, n),
+		ahead:   make([]bool, n),
+		msgs:    make([]*nats.Msg, len(ranks)*n),
 		inbox:   wire.InboxPrefix(id) + "." + nuid.Next(), // rejections are sent only inside the job's reply namespace
 		rejects: make(chan *wire.Reject, 64),
-		met:     c.met.worker(id, rank),
+		met:     c.met.worker(id, ranks[0]),
 	}
 	for _, o := range opts {
 		if err := o(w); err != nil {
@@ -110,15 +135,17 @@ func (c *Client) Worker(ctx context.Context, id string, rank int, opts ...Worker
 	if w.vec == nil {
 		w.vec = make([]float32, rec.Layout.Elements)
 	}
-	for i, s := range rec.Layout.Shards {
-		m := nats.NewMsg(wire.GradSubject(id, s.ID))
-		m.Header.Set(wire.HdrRank, strconv.Itoa(rank))
-		m.Header.Set(wire.HdrDtype, wire.DtypeF32)
-		m.Header.Set(wire.HdrReplyTo, w.inbox)
-		if w.weight != "" {
-			m.Header.Set(wire.HdrWeight, w.weight)
+	for j, rank := range ranks {
+		for i, s := range rec.Layout.Shards {
+			m := nats.NewMsg(wire.GradSubject(id, s.ID))
+			m.Header.Set(wire.HdrRank, strconv.Itoa(rank))
+			m.Header.Set(wire.HdrDtype, wire.DtypeF32)
+			m.Header.Set(wire.HdrReplyTo, w.inbox)
+			if w.weight != "" {
+				m.Header.Set(wire.HdrWeight, w.weight)
+			}
+			w.msgs[j*n+i] = m
 		}
-		w.msgs[i] = m
 	}
 	if w.psub, err = c.nc.Subscribe(wire.ParamsWildcard(id), w.onParams); err != nil {
 		return nil, err
@@ -135,8 +162,11 @@ func (c *Client) Worker(ctx context.Context, id string, rank int, opts ...Worker
 // Job is the job's record.
 func (w *Worker) Job() *job.Record { return w.rec }
 
-// Rank is the worker's logical rank.
+// Rank is the worker's logical rank (its first, if it holds several).
 func (w *Worker) Rank() int { return w.rank }
+
+// Ranks are the worker's logical ranks, in the order StepRanks takes their gradients.
+func (w *Worker) Ranks() []int { return slices.Clone(w.ranks) }
 
 // StepCount is the step of the parameters the worker holds (0 = initial), -1 before it has any.
 func (w *Worker) StepCount() int64 { return w.step }
@@ -261,8 +291,22 @@ func (w *Worker) copyShard(s job.Shard, m *nats.Msg, want int64) (int64, error) 
 // A retry cannot apply anything twice: each message carries an id that JetStream de-duplicates,
 // and the runtime refuses a second gradient from the same rank for the same step.
 func (w *Worker) Step(ctx context.Context, grads []float32) ([]float32, error) {
-	if len(grads) != w.rec.Layout.Elements {
-		return nil, fmt.Errorf("step: %d gradients, job %q has %d parameters", len(grads), w.rec.Spec.ID, w.rec.Layout.Elements)
+	if len(w.ranks) != 1 {
+		return nil, fmt.Errorf("step: the worker holds ranks %v: give each its gradient with StepRanks", w.ranks)
+	}
+	return w.StepRanks(ctx, [][]float32{grads})
+}
+
+// StepRanks is Step for a worker of several ranks: grads[j] is the gradient of rank Ranks()[j].
+// Every rank's gradient is published before the parameters are awaited, once for all of them.
+func (w *Worker) StepRanks(ctx context.Context, grads [][]float32) ([]float32, error) {
+	if len(grads) != len(w.ranks) {
+		return nil, fmt.Errorf("step: %d gradients for the %d ranks %v", len(grads), len(w.ranks), w.ranks)
+	}
+	for j, g := range grads {
+		if len(g) != w.rec.Layout.Elements {
+			return nil, fmt.Errorf("step: %d gradients for rank %d, job %q has %d parameters", len(g), w.ranks[j], w.rec.Spec.ID, w.rec.Layout.Elements)
+		}
 	}
 	if w.step < 0 {
 		if _, _, err := w.Params(ctx); err != nil {
@@ -277,7 +321,7 @@ func (w *Worker) Step(ctx context.Context, grads []float32) ([]float32, error) {
 	err := w.publish(ctx, t, grads)
 	w.trace.published(err)
 	if err == nil {
-		w.met.published(start, 4*len(grads))
+		w.met.published(start, 4*len(grads)*w.rec.Layout.Elements)
 		err = w.await(ctx, t)
 	}
 	w.trace.done(err)
@@ -311,30 +355,33 @@ func (w *Worker) expect(t int64) {
 	}
 }
 
-func (w *Worker) publish(ctx context.Context, t int64, grads []float32) error {
+func (w *Worker) publish(ctx context.Context, t int64, grads [][]float32) error {
 	stepStr := strconv.FormatInt(t, 10)
+	n := w.rec.Layout.NumShards()
 	futs := make([]jetstream.PubAckFuture, len(w.msgs))
-	for i, s := range w.rec.Layout.Shards {
-		m := w.msgs[i]
-		m.Header.Set(wire.HdrStep, stepStr)
-		id := wire.GradMsgID(w.rec.Spec.ID, s.ID, t, w.rank)
-		if w.attempt > 0 {
-			id += ".a" + strconv.Itoa(w.attempt)
+	for j, rank := range w.ranks {
+		for i, s := range w.rec.Layout.Shards {
+			m := w.msgs[j*n+i]
+			m.Header.Set(wire.HdrStep, stepStr)
+			id := wire.GradMsgID(w.rec.Spec.ID, s.ID, t, rank)
+			if w.attempt > 0 {
+				id += ".a" + strconv.Itoa(w.attempt)
+			}
+			m.Header.Set(wire.HdrMsgID, id)
+			m.Data = w.bytesOf(grads[j][s.Off:s.Off+s.Len], j*w.rec.Layout.Elements+s.Off)
+			f, err := w.c.js.PublishMsgAsync(m)
+			if err != nil {
+				return w.pubError(s, rank, err)
+			}
+			futs[j*n+i] = f
 		}
-		m.Header.Set(wire.HdrMsgID, id)
-		m.Data = w.bytesOf(grads[s.Off:s.Off+s.Len], s.Off)
-		f, err := w.c.js.PublishMsgAsync(m)
-		if err != nil {
-			return w.pubError(s, err)
-		}
-		futs[i] = f
 	}
-	for i, f := range futs {
+	for k, f := range futs {
 		select {
 		case <-f.Ok():
 		case err := <-f.Err():
 			// Retry synchronously with the same id: JetStream drops it if the first one landed.
-			if err := w.publishRetrying(ctx, w.rec.Layout.Shards[i], w.msgs[i], err); err != nil {
+			if err := w.publishRetrying(ctx, w.rec.Layout.Shards[k%n], w.ranks[k/n], w.msgs[k], err); err != nil {
 				return err
 			}
 		case <-ctx.Done():
@@ -348,11 +395,11 @@ func (w *Worker) publish(ctx context.Context, t int64, grads []float32) error {
 // JetStream stores it or ctx ends. It retries at once, then, with a backoff, for as long as the
 // refusal is one that passes (transient); anything else is returned at once, as a rejection where
 // it has a reason.
-func (w *Worker) publishRetrying(ctx context.Context, s job.Shard, m *nats.Msg, first error) error {
+func (w *Worker) publishRetrying(ctx context.Context, s job.Shard, rank int, m *nats.Msg, first error) error {
 	err := w.publishOnce(ctx, m)
 	for wait := 20 * time.Millisecond; err != nil; wait = min(2*wait, pubBackoff) {
 		if ctx.Err() != nil || !w.transient(ctx, err) {
-			return w.pubError(s, errors.Join(first, err))
+			return w.pubError(s, rank, errors.Join(first, err))
 		}
 		select {
 		case <-ctx.Done():
@@ -391,7 +438,7 @@ func (w *Worker) transient(ctx context.Context, err error) bool {
 }
 
 // pubError names why NATS or JetStream refused a gradient.
-func (w *Worker) pubError(s job.Shard, err error) error {
+func (w *Worker) pubError(s job.Shard, rank int, err error) error {
 	var rej *wire.Reject
 	switch {
 	case errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse):
@@ -405,7 +452,7 @@ func (w *Worker) pubError(s job.Shard, err error) error {
 		}
 	}
 	if rej != nil {
-		rej.Job, rej.Shard, rej.Rank = w.rec.Spec.ID, s.ID, w.rank
+		rej.Job, rej.Shard, rej.Rank = w.rec.Spec.ID, s.ID, rank
 		return rej
 	}
 	return fmt.Errorf("publish gradient of shard %d: %w", s.ID, err)
@@ -547,7 +594,8 @@ func (w *Worker) onReject(m *nats.Msg) {
 	}
 }
 
-// bytesOf returns the little-endian bytes of v: the memory itself on little-endian machines.
+// bytesOf returns the little-endian bytes of v: the memory itself on little-endian machines; on
+// others, an encoding at element off of the worker's buffer (rank j's gradient at j*elements).
 func (w *Worker) bytesOf(v []float32, off int) []byte {
 	if len(v) == 0 {
 		return nil
@@ -555,8 +603,8 @@ func (w *Worker) bytesOf(v []float32, off int) []byte {
 	if littleEndian {
 		return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v))
 	}
-	if len(w.enc) < 4*len(w.vec) {
-		w.enc = make([]byte, 4*len(w.vec))
+	if len(w.enc) < 4*len(w.vec)*len(w.ranks) {
+		w.enc = make([]byte, 4*len(w.vec)*len(w.ranks))
 	}
 	b := w.enc[4*off : 4*off+4*len(v)]
 	functions.EncodeLE(b, v)
