@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -80,10 +81,14 @@ type Snapshot struct {
 	Placement map[string]Placed     // <job>.<shard> -> its entry
 	Runtimes  map[string]Runtime    // registrations, dead ones included: see Runtime.Alive
 	Loads     map[string]Load       // runtime -> its latest report, until its registration is deleted
+	// Assignments are the elastic workers' assignments by job (wire.AssignBucket), as the
+	// autoscaler leader last wrote them; a job none of whose elastic workers ever beat has none.
+	// Their slices are shared with the view, which never writes into them: read, don't modify.
+	Assignments map[string]wire.Assignment
 }
 
-// View follows the jobs, placement and runtimes buckets (store.Follow: the watches heal) and the
-// runtimes' load reports (wire.LoadWildcard), from Open until Close. Its methods are safe for
+// View follows the jobs, placement, runtimes and assignment buckets (store.Follow: the watches
+// heal) and the runtimes' load reports (wire.LoadWildcard), from Open until Close. Its methods are safe for
 // concurrent use and return copies.
 type View struct {
 	nc      *nats.Conn
@@ -102,8 +107,9 @@ type View struct {
 	placement map[string]Placed
 	runtimes  map[string]Runtime
 	loads     map[string]Load
-	shards    map[string]*track // <job>.<shard> -> its latest report and recent steps
-	pruned    time.Time         // when shards and runtimes were last pruned
+	assigns   map[string]wire.Assignment // job -> its elastic workers' assignment
+	shards    map[string]*track          // <job>.<shard> -> its latest report and recent steps
+	pruned    time.Time                  // when shards and runtimes were last pruned
 }
 
 // track is a shard's latest load, who reported it and when, and its recent steps.
@@ -140,7 +146,7 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (_ *View, err erro
 	}
 	v := &View{nc: nc, js: js, log: slog.Default(), now: time.Now,
 		jobs: map[string]job.Record{}, placement: map[string]Placed{}, runtimes: map[string]Runtime{},
-		loads: map[string]Load{}, shards: map[string]*track{}}
+		loads: map[string]Load{}, assigns: map[string]wire.Assignment{}, shards: map[string]*track{}}
 	for _, o := range opts {
 		if err := o(v); err != nil {
 			return nil, err
@@ -184,7 +190,11 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (_ *View, err erro
 	for _, w := range []struct {
 		kv jetstream.KeyValue
 		fn func(jetstream.KeyValueEntry)
-	}{{v.buckets.Jobs, v.onJob}, {v.buckets.Placement, v.onPlacement}, {v.buckets.Runtimes, v.onRuntime}} {
+	}{{v.buckets.Jobs, v.onJob}, {v.buckets.Placement, v.onPlacement}, {v.buckets.Runtimes, v.onRuntime},
+		{v.buckets.Assign, v.onAssign}} {
+		if w.kv == nil {
+			continue // buckets a caller opened without store.OpenBuckets
+		}
 		ready, err := store.Follow(life, js, w.kv, ">", &v.wg, w.fn)
 		if err != nil {
 			return nil, err
@@ -221,7 +231,24 @@ func (v *View) Snapshot() Snapshot {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return Snapshot{Now: v.now(), Jobs: maps.Clone(v.jobs), Placement: maps.Clone(v.placement),
-		Runtimes: maps.Clone(v.runtimes), Loads: maps.Clone(v.loads)}
+		Runtimes: maps.Clone(v.runtimes), Loads: maps.Clone(v.loads), Assignments: maps.Clone(v.assigns)}
+}
+
+// Assignment returns a job's elastic workers' assignment as the autoscaler leader last wrote it
+// (a copy); false if it has none: none of its elastic workers ever beat, or it was deleted.
+func (v *View) Assignment(id string) (wire.Assignment, bool) {
+	v.mu.Lock()
+	a, ok := v.assigns[id]
+	v.mu.Unlock()
+	if !ok {
+		return a, false
+	}
+	a.Workers = slices.Clone(a.Workers)
+	for i := range a.Workers {
+		a.Workers[i].Ranks = slices.Clone(a.Workers[i].Ranks)
+	}
+	a.Unassigned = slices.Clone(a.Unassigned)
+	return a, true
 }
 
 // Job returns a job's record (a paused job's has Paused set).
@@ -361,6 +388,23 @@ func (v *View) onJob(e jetstream.KeyValueEntry) {
 	}
 	v.mu.Lock()
 	v.jobs[e.Key()] = rec
+	v.mu.Unlock()
+}
+
+func (v *View) onAssign(e jetstream.KeyValueEntry) {
+	if e.Operation() != jetstream.KeyValuePut {
+		v.mu.Lock()
+		delete(v.assigns, e.Key())
+		v.mu.Unlock()
+		return
+	}
+	var a wire.Assignment
+	if err := json.Unmarshal(e.Value(), &a); err != nil {
+		v.log.Warn("undecodable assignment; keeping the last one", "job", e.Key(), "err", err)
+		return
+	}
+	v.mu.Lock()
+	v.assigns[e.Key()] = a
 	v.mu.Unlock()
 }
 

@@ -448,3 +448,47 @@ func TestOpenBoundedByItsContext(t *testing.T) {
 		return nil
 	})
 }
+
+// The elastic workers' assignments follow their bucket: the current ones are in at Open, later
+// writes and deletes follow, and what Assignment returns is the caller's to change.
+func TestAssignmentsFollowTheBucket(t *testing.T) {
+	e := newEnv(t)
+	at := time.Now().UTC().Truncate(time.Millisecond)
+	e.put(e.b.Assign, "a", wire.Assignment{Job: "a", Epoch: 3, Updated: at,
+		Workers: []wire.AssignedWorker{{ID: "w1", Host: "h1", Ranks: []int{0, 1}, Step: 7, LastBeat: at}}})
+	v := e.open()
+	s := v.Snapshot()
+	if a := s.Assignments["a"]; len(s.Assignments) != 1 || a.Epoch != 3 || len(a.Workers) != 1 ||
+		a.Workers[0].ID != "w1" || fmt.Sprint(a.Workers[0].Ranks) != "[0 1]" || !a.Workers[0].LastBeat.Equal(at) {
+		t.Fatalf("assignments at Open: %+v", s.Assignments)
+	}
+	a, ok := v.Assignment("a")
+	if !ok {
+		t.Fatal("no assignment of a")
+	}
+	a.Workers[0].Ranks[0] = 99
+	if b, _ := v.Assignment("a"); b.Workers[0].Ranks[0] != 0 {
+		t.Fatalf("changing a returned assignment changed the view's: %+v", b)
+	}
+
+	e.put(e.b.Assign, "a", wire.Assignment{Job: "a", Epoch: 4, Target: 1, Unassigned: []int{1},
+		Workers: []wire.AssignedWorker{{ID: "w1", Ranks: []int{0}}, {ID: "w2", Standby: true}}})
+	testutil.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if a, ok := v.Assignment("a"); !ok || a.Epoch != 4 || len(a.Workers) != 2 || !a.Workers[1].Standby || a.Target != 1 {
+			return fmt.Errorf("assignment %+v, want epoch 4", a)
+		}
+		return nil
+	})
+	if err := e.b.Assign.Delete(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	testutil.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if _, ok := v.Assignment("a"); ok {
+			return fmt.Errorf("the deleted assignment is still in the view")
+		}
+		return nil
+	})
+	if _, ok := v.Assignment("nope"); ok {
+		t.Fatal("an assignment of a job that has none")
+	}
+}
