@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fanin-ml/fanin/internal/members"
 	"github.com/fanin-ml/fanin/internal/metrics"
 	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/internal/telemetry"
@@ -193,6 +194,15 @@ func (c *Controller) Run(ctx context.Context) error {
 		<-ctx.Done()
 		return nil
 	}
+	// Elastic workers' membership: every replica follows the beats, the leader assigns ranks.
+	assigner := members.New(c.nc, b.Assign, v.Jobs, c.IsLeader, c.log.With("part", "members"))
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := assigner.Run(wctx); err != nil {
+			c.log.Error("elastic workers' membership stopped", "err", err)
+		}
+	}()
 	t := time.NewTicker(c.interval)
 	defer t.Stop()
 	for {

@@ -11,6 +11,9 @@ type Record struct {
 	// Paused: the job stays known (workers may join and publish; their gradients queue in its
 	// stream) but the autoscaler places none of its shards, so no runtime serves it.
 	Paused bool `json:"paused,omitempty"`
+	// Workers is the target count of the job's elastic workers (0: every live worker holds ranks);
+	// live workers beyond it stand by (wire.Assignment).
+	Workers int `json:"workers,omitempty"`
 }
 
 // NewRecord derives the record of a validated spec.

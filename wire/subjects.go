@@ -200,3 +200,9 @@ func DirectGet(stream string) string { return "$JS.API.DIRECT.GET." + stream }
 func JobRecordGet(job string) string {
 	return DirectGetLast("KV_"+JobsBucket, "$KV."+JobsBucket+"."+job)
 }
+
+// AssignmentGet is the direct-get subject that answers with a job's Assignment, the newest value
+// of key <job> in AssignBucket.
+func AssignmentGet(job string) string {
+	return DirectGetLast("KV_"+AssignBucket, "$KV."+AssignBucket+"."+job)
+}

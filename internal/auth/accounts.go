@@ -26,6 +26,8 @@ import (
 //	service  $JS.API.DIRECT.GET.FANIN_PARAMS_<job>.fanin.v1.<job>.params.*   the latest parameters of a shard
 //	service  $JS.API.DIRECT.GET.FANIN_PARAMS_<job>                   direct gets with a request body, same stream
 //	service  $JS.API.DIRECT.GET.KV_fanin-jobs.$KV.fanin-jobs.<job>   the job's record
+//	service  $JS.API.DIRECT.GET.KV_fanin-assign.$KV.fanin-assign.<job>   the elastic workers' assignment
+//	service  fanin.v1.<job>.workers                                  elastic workers' beats, to the autoscaler
 //	stream   fanin.v1.<job>.params.*                                 parameters, pushed after every step
 //	stream   fanin.v1.<job>.rejects                                  the job's rejections
 //	stream   fanin.v1.<job>.inbox.>                                  rejections sent to a Fanin-Reply-To
@@ -54,6 +56,7 @@ func exportsOfFanin() jwt.Exports {
 	return jwt.Exports{
 		svc(wire.GradWildcard(job)),
 		svc(wire.InitWildcard(job)),
+		svc(wire.WorkersSubject(job)),
 		svc("$JS.API.DIRECT.GET.*"),
 		svc("$JS.API.DIRECT.GET.*.>"),
 		str(wire.ParamsWildcard(job)),
@@ -82,6 +85,8 @@ func jobImports(j JobAccount) []jobImport {
 		{wire.DirectGetLast(params, wire.ParamsWildcard(job)), jwt.Service},
 		{wire.DirectGet(params), jwt.Service},
 		{wire.JobRecordGet(job), jwt.Service},
+		{wire.AssignmentGet(job), jwt.Service},
+		{wire.WorkersSubject(job), jwt.Service},
 		{wire.ParamsWildcard(job), jwt.Stream},
 		{wire.RejectsSubject(job), jwt.Stream},
 		{wire.InboxWildcard(job), jwt.Stream},

@@ -19,6 +19,8 @@ func JobTag(job string) string { return jobTagPrefix + job }
 //	          fanin.v1.<job>.init.*                        step-0 parameters, only for init "upload"
 //	          $JS.API.DIRECT.GET.FANIN_PARAMS_<job>[.fanin.v1.<job>.params.*]   fetch parameters
 //	          $JS.API.DIRECT.GET.KV_fanin-jobs.$KV.fanin-jobs.<job>             read the job's record
+//	          $JS.API.DIRECT.GET.KV_fanin-assign.$KV.fanin-assign.<job>         read the workers' assignment
+//	          fanin.v1.<job>.workers                       elastic workers' beats (core NATS)
 //	subscribe fanin.v1.<job>.params.*                      pushed parameters
 //	          fanin.v1.<job>.rejects                       the job's rejections
 //	          fanin.v1.<job>.inbox.>, _INBOX.>             replies (wire.InboxPrefix; _INBOX for clients
@@ -34,6 +36,8 @@ func JobPermissions(job string, upload bool) jwt.Permissions {
 		wire.DirectGet(params),
 		wire.DirectGetLast(params, wire.ParamsWildcard(job)),
 		wire.JobRecordGet(job),
+		wire.AssignmentGet(job),
+		wire.WorkersSubject(job),
 	)
 	if upload {
 		p.Pub.Allow.Add(wire.InitWildcard(job))

@@ -26,6 +26,7 @@ type Buckets struct {
 	Handover  jetstream.KeyValue
 	Leader    jetstream.KeyValue
 	Policy    jetstream.KeyValue
+	Assign    jetstream.KeyValue // key <job>: which elastic worker holds which ranks (wire.Assignment)
 }
 
 // LeaderTTL is how long the autoscaler's leader lock lives without renewal.
@@ -69,6 +70,7 @@ func OpenBuckets(ctx context.Context, js jetstream.JetStream) (*Buckets, error) 
 		{&b.Handover, jetstream.KeyValueConfig{Bucket: wire.HandoverBucket, Description: "fanin shard releases on migration", History: 1}},
 		{&b.Leader, jetstream.KeyValueConfig{Bucket: wire.LeaderBucket, Description: "fanin autoscaler leader lock", History: 1, TTL: LeaderTTL}},
 		{&b.Policy, jetstream.KeyValueConfig{Bucket: wire.PolicyBucket, Description: "fanin autoscaler policy and its history", History: 64}},
+		{&b.Assign, jetstream.KeyValueConfig{Bucket: wire.AssignBucket, Description: "fanin elastic workers' rank assignment", History: 1}},
 	} {
 		o.cfg.Storage, o.cfg.Replicas = jetstream.FileStorage, r
 		kv, err := EnsureKV(ctx, js, o.cfg)

@@ -251,6 +251,13 @@ func (v *View) Assignment(id string) (wire.Assignment, bool) {
 	return a, true
 }
 
+// Jobs returns every job's record (a copy).
+func (v *View) Jobs() map[string]job.Record {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return maps.Clone(v.jobs)
+}
+
 // Job returns a job's record (a paused job's has Paused set).
 func (v *View) Job(id string) (job.Record, bool) {
 	v.mu.Lock()

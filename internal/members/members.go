@@ -1,0 +1,304 @@
+package members
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// Timing of the leader's loop: it looks at the beats every Interval and rewrites an unchanged
+// assignment every Refresh, so that readers see the workers' steps and beats move.
+const (
+	Interval = 200 * time.Millisecond
+	Refresh  = 2 * time.Second
+)
+
+// MaxWorkersPerJob bounds the workers kept for one job: beats of further ids are dropped, so that
+// one job's credentials cannot grow the leader's memory without bound.
+const MaxWorkersPerJob = 4096
+
+// Assigner follows every elastic worker's beats and, while its leader function says so, writes
+// every job's assignment. Every autoscaler replica runs one, so a new leader knows the workers at
+// once; only the leader writes.
+type Assigner struct {
+	nc     *nats.Conn
+	kv     jetstream.KeyValue
+	jobs   func() map[string]job.Record
+	leader func() bool
+	now    func() time.Time
+	log    *slog.Logger
+
+	mu      sync.Mutex
+	beats   map[string]map[string]*Member // job -> worker id -> member
+	started time.Time                     // when beats began to be followed
+	written map[string]*written           // the leader's last write per job; nil while not leader
+}
+
+type written struct {
+	a   *wire.Assignment
+	rev uint64
+	at  time.Time
+}
+
+// New returns an Assigner over the assignment bucket kv; jobs lists the jobs, leader says whether
+// this replica may write.
+func New(nc *nats.Conn, kv jetstream.KeyValue, jobs func() map[string]job.Record, leader func() bool, log *slog.Logger) *Assigner {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Assigner{nc: nc, kv: kv, jobs: jobs, leader: leader, now: time.Now, log: log, beats: map[string]map[string]*Member{}}
+}
+
+// WithClock sets the clock (tests).
+func (a *Assigner) WithClock(now func() time.Time) *Assigner { a.now = now; return a }
+
+// Run follows the beats and, while leader, assigns every Interval until ctx ends.
+func (a *Assigner) Run(ctx context.Context) error {
+	sub, err := a.nc.Subscribe(wire.WorkersWildcard, func(m *nats.Msg) { a.Observe(m.Subject, m.Data) })
+	if err != nil {
+		return err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	_ = sub.SetPendingLimits(64<<10, 64<<20)
+	a.mu.Lock()
+	a.started = a.now()
+	a.mu.Unlock()
+	t := time.NewTicker(Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			a.Tick(ctx)
+		}
+	}
+}
+
+// Observe takes one beat published on subject (wire.WorkersSubject of a job).
+func (a *Assigner) Observe(subject string, data []byte) {
+	jobID, ok := strings.CutPrefix(subject, wire.Prefix)
+	if ok {
+		jobID, ok = strings.CutSuffix(jobID, ".workers")
+	}
+	if !ok || strings.Contains(jobID, ".") || len(data) > wire.MaxBeatBytes {
+		return
+	}
+	var b wire.WorkerBeat
+	if err := json.Unmarshal(data, &b); err != nil || !wire.ValidWorkerID(b.ID) {
+		return
+	}
+	now := a.now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ws := a.beats[jobID]
+	if b.Leaving {
+		delete(ws, b.ID)
+		return
+	}
+	if ws == nil {
+		ws = map[string]*Member{}
+		a.beats[jobID] = ws
+	}
+	m := ws[b.ID]
+	if m == nil {
+		if len(ws) >= MaxWorkersPerJob {
+			return
+		}
+		m = &Member{Joined: now}
+		ws[b.ID] = m
+	}
+	m.Beat, m.Last = b, now
+}
+
+// Live returns a job's live workers: beats within wire.WorkerLapse.
+func (a *Assigner) Live(jobID string) []Member {
+	now := a.now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.liveLocked(jobID, now)
+}
+
+func (a *Assigner) liveLocked(jobID string, now time.Time) []Member {
+	var out []Member
+	for id, m := range a.beats[jobID] {
+		if now.Sub(m.Last) >= wire.WorkerLapse {
+			delete(a.beats[jobID], id)
+			continue
+		}
+		out = append(out, *m)
+	}
+	return out
+}
+
+// Tick writes the assignment of every job whose workers changed, or whose assignment is older
+// than Refresh, if this replica is the leader.
+func (a *Assigner) Tick(ctx context.Context) {
+	if !a.leader() {
+		a.mu.Lock()
+		a.written = nil
+		a.mu.Unlock()
+		return
+	}
+	jobs := a.jobs()
+	now := a.now()
+	a.mu.Lock()
+	if a.written == nil {
+		a.written = map[string]*written{}
+		a.mu.Unlock()
+		a.load(ctx, jobs)
+		a.mu.Lock()
+	}
+	type todo struct {
+		id   string
+		prev *written
+		next *wire.Assignment
+	}
+	var writes []todo
+	for id, rec := range jobs {
+		live := a.liveLocked(id, now)
+		prev := a.written[id]
+		if prev == nil && len(live) == 0 {
+			continue
+		}
+		if prev != nil && now.Sub(a.started) < wire.WorkerLapse {
+			// Just started following beats: a worker of the stored assignment may be alive and
+			// not have beaten yet. Keep it until a whole lapse has passed.
+			live = keepUnheard(live, prev.a)
+		}
+		var pa *wire.Assignment
+		if prev != nil {
+			pa = prev.a
+		}
+		next := Assign(id, rec.Spec.Ranks, rec.Workers, live, pa, now)
+		if prev != nil && next.Epoch == prev.a.Epoch && now.Sub(prev.at) < Refresh && sameMembers(prev.a, next) {
+			continue
+		}
+		writes = append(writes, todo{id, prev, next})
+	}
+	var gone []string
+	for id := range a.written {
+		if _, ok := jobs[id]; !ok {
+			gone = append(gone, id)
+		}
+	}
+	a.mu.Unlock()
+	for _, w := range writes {
+		a.write(ctx, w.id, w.prev, w.next, now)
+	}
+	for _, id := range gone {
+		if err := a.kv.Delete(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+			a.log.Warn("delete the assignment of a deleted job", "job", id, "err", err)
+			continue
+		}
+		a.mu.Lock()
+		delete(a.written, id)
+		a.mu.Unlock()
+	}
+}
+
+// load reads the stored assignments when this replica becomes the leader: epochs go on, and the
+// ranks stay where they are.
+func (a *Assigner) load(ctx context.Context, jobs map[string]job.Record) {
+	keys, err := a.kv.ListKeys(ctx)
+	if err != nil {
+		a.log.Warn("list assignments", "err", err)
+		return
+	}
+	for k := range keys.Keys() {
+		e, err := a.kv.Get(ctx, k)
+		if err != nil {
+			continue
+		}
+		var as wire.Assignment
+		if json.Unmarshal(e.Value(), &as) != nil {
+			continue
+		}
+		a.mu.Lock()
+		if a.written != nil {
+			a.written[k] = &written{a: &as, rev: e.Revision(), at: e.Created()}
+		}
+		a.mu.Unlock()
+	}
+}
+
+func (a *Assigner) write(ctx context.Context, id string, prev *written, next *wire.Assignment, now time.Time) {
+	data, err := json.Marshal(next)
+	if err != nil {
+		return
+	}
+	var rev uint64
+	if prev != nil && prev.rev != 0 {
+		rev, err = a.kv.Update(ctx, id, data, prev.rev)
+	} else {
+		rev, err = a.kv.Create(ctx, id, data)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.written == nil {
+		return
+	}
+	if err != nil {
+		// Another writer (a previous leader) or a stale cache: read the stored value next time.
+		a.log.Debug("write assignment", "job", id, "err", err)
+		if e, gerr := a.kv.Get(ctx, id); gerr == nil {
+			var as wire.Assignment
+			if json.Unmarshal(e.Value(), &as) == nil {
+				a.written[id] = &written{a: &as, rev: e.Revision(), at: time.Time{}}
+			}
+		}
+		return
+	}
+	if prev == nil || prev.a.Epoch != next.Epoch {
+		a.log.Info("assignment", "job", id, "epoch", next.Epoch, "workers", summary(next))
+	}
+	a.written[id] = &written{a: next, rev: rev, at: now}
+}
+
+// keepUnheard adds to live the workers of prev not heard from yet, as they were.
+func keepUnheard(live []Member, prev *wire.Assignment) []Member {
+	seen := map[string]bool{}
+	for _, m := range live {
+		seen[m.Beat.ID] = true
+	}
+	for _, w := range prev.Workers {
+		if !seen[w.ID] {
+			live = append(live, Member{
+				Beat:   wire.WorkerBeat{ID: w.ID, Host: w.Host, PID: w.PID, Step: w.Step, Ranks: w.Ranks},
+				Joined: w.Joined, Last: w.LastBeat,
+			})
+		}
+	}
+	return live
+}
+
+// sameMembers reports whether a and b list the same workers in the same state of standby.
+func sameMembers(a, b *wire.Assignment) bool {
+	if len(a.Workers) != len(b.Workers) || a.Target != b.Target {
+		return false
+	}
+	for i := range a.Workers {
+		if a.Workers[i].ID != b.Workers[i].ID || a.Workers[i].Standby != b.Workers[i].Standby {
+			return false
+		}
+	}
+	return true
+}
+
+func summary(a *wire.Assignment) map[string][]int {
+	m := map[string][]int{}
+	for _, w := range a.Workers {
+		m[w.ID] = w.Ranks
+	}
+	return m
+}
