@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -37,6 +38,7 @@ type Worker struct {
 	vec     []float32
 	attempt int         // Step calls for the same step after a failure: makes the message ids new
 	msgs    []*nats.Msg // the gradient messages: rank ranks[j]'s of shard i at j*shards+i
+	all     []int       // 0..len(ranks)-1: publish every rank
 	enc     []byte      // encoding buffer on big-endian machines
 	inbox   string
 	psub    *nats.Subscription
@@ -44,6 +46,13 @@ type Worker struct {
 	rejects chan *wire.Reject // written by the reject subscription, read by Step
 	trace   *stepTrace        // the open Step's tracing; nil when not traced
 	met     workerMeters      // this worker's metrics; no-ops when off
+
+	// Elastic workers (elastic.go): waitHook runs every reconnectPoll while Step waits for step
+	// t, and a duplicate of this step's gradient is no failure (its rank's new owner and its old
+	// one may both have published it). newest is the newest step of any parameters pushed.
+	waitHook func(ctx context.Context, t int64) error
+	elastic  bool
+	newest   atomic.Int64
 
 	mu      sync.Mutex // guards the fields below, written by the parameter subscription
 	want    int64      // the step Step waits for; 0 when not waiting
@@ -134,6 +143,9 @@ func (c *Client) WorkerRanks(ctx context.Context, id string, ranks []int, opts .
 	}
 	if w.vec == nil {
 		w.vec = make([]float32, rec.Layout.Elements)
+	}
+	for j := range ranks {
+		w.all = append(w.all, j)
 	}
 	for j, rank := range ranks {
 		for i, s := range rec.Layout.Shards {
@@ -318,7 +330,7 @@ func (w *Worker) StepRanks(ctx context.Context, grads [][]float32) ([]float32, e
 	defer w.expect(0)
 	w.trace = w.traceStep(ctx, t)
 	start := time.Now()
-	err := w.publish(ctx, t, grads)
+	err := w.publish(ctx, t, w.all, grads)
 	w.trace.published(err)
 	if err == nil {
 		w.met.published(start, 4*len(grads)*w.rec.Layout.Elements)
@@ -355,11 +367,13 @@ func (w *Worker) expect(t int64) {
 	}
 }
 
-func (w *Worker) publish(ctx context.Context, t int64, grads [][]float32) error {
+// publish publishes the gradients of the ranks w.ranks[which[k]], grads[k] each, for step t.
+func (w *Worker) publish(ctx context.Context, t int64, which []int, grads [][]float32) error {
 	stepStr := strconv.FormatInt(t, 10)
 	n := w.rec.Layout.NumShards()
 	futs := make([]jetstream.PubAckFuture, len(w.msgs))
-	for j, rank := range w.ranks {
+	for k, j := range which {
+		rank := w.ranks[j]
 		for i, s := range w.rec.Layout.Shards {
 			m := w.msgs[j*n+i]
 			m.Header.Set(wire.HdrStep, stepStr)
@@ -368,7 +382,7 @@ func (w *Worker) publish(ctx context.Context, t int64, grads [][]float32) error 
 				id += ".a" + strconv.Itoa(w.attempt)
 			}
 			m.Header.Set(wire.HdrMsgID, id)
-			m.Data = w.bytesOf(grads[j][s.Off:s.Off+s.Len], j*w.rec.Layout.Elements+s.Off)
+			m.Data = w.bytesOf(grads[k][s.Off:s.Off+s.Len], j*w.rec.Layout.Elements+s.Off)
 			f, err := w.c.js.PublishMsgAsync(m)
 			if err != nil {
 				return w.pubError(s, rank, err)
@@ -377,6 +391,9 @@ func (w *Worker) publish(ctx context.Context, t int64, grads [][]float32) error 
 		}
 	}
 	for k, f := range futs {
+		if f == nil { // a rank not published this time
+			continue
+		}
 		select {
 		case <-f.Ok():
 		case err := <-f.Err():
@@ -493,6 +510,11 @@ func (w *Worker) await(ctx context.Context, t int64) error {
 	for {
 		select {
 		case <-poll.C:
+			if w.waitHook != nil {
+				if err := w.waitHook(ctx, t); err != nil {
+					return err
+				}
+			}
 			if n := w.c.nc.Stats().Reconnects; n != reconnects {
 				reconnects = n
 				wait = w.fetch
@@ -502,7 +524,8 @@ func (w *Worker) await(ctx context.Context, t int64) error {
 			return nil
 		case rej := <-w.rejects:
 			if rej.Step != t || wire.GradAttempt(rej.MsgID) != w.attempt ||
-				(w.attempt > 0 && (rej.Reason == wire.ReasonDuplicate || rej.Reason == wire.ReasonStaleStep)) {
+				(w.attempt > 0 && (rej.Reason == wire.ReasonDuplicate || rej.Reason == wire.ReasonStaleStep)) ||
+				(w.elastic && rej.Reason == wire.ReasonDuplicate) {
 				// An old step's or an earlier attempt's report, or the echo of a retry: a shard that
 				// took our earlier message answers duplicate (step still open) or stale (applied).
 				continue
@@ -570,6 +593,7 @@ func (w *Worker) onParams(m *nats.Msg) {
 		return
 	}
 	s := w.rec.Layout.Shards[id]
+	storeMax(&w.newest, step)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.want == 0 || step != w.want || w.got[id] >= step || len(m.Data) != s.Bytes() {
@@ -612,3 +636,12 @@ func (w *Worker) bytesOf(v []float32, off int) []byte {
 }
 
 var littleEndian = func() bool { x := uint16(1); return *(*byte)(unsafe.Pointer(&x)) == 1 }()
+
+func storeMax(a *atomic.Int64, v int64) {
+	for {
+		old := a.Load()
+		if v <= old || a.CompareAndSwap(old, v) {
+			return
+		}
+	}
+}

@@ -1,0 +1,188 @@
+package sdk_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fanin-ml/fanin/functions"
+	"github.com/fanin-ml/fanin/internal/testutil"
+	"github.com/fanin-ml/fanin/sdk"
+)
+
+// elasticRun is a set of elastic workers of one job in this process, each on its own connection,
+// recording the parameters every step returned.
+type elasticRun struct {
+	t   *testing.T
+	url string
+	job string
+
+	mu    sync.Mutex
+	steps map[int64][]byte // step -> the parameters' bits (every worker must agree)
+	held  map[string]int   // worker -> the most ranks it held after a step
+	end   int64            // the last step: 5 after e and f both held ranks
+	errs  []error
+	wg    sync.WaitGroup
+}
+
+func (r *elasticRun) record(id string, step int64, p []float32) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b := bits(p)
+	if old, ok := r.steps[step]; ok && !bytes.Equal(old, b) {
+		r.errs = append(r.errs, fmt.Errorf("worker %s: step %d differs from another worker's", id, step))
+	}
+	r.steps[step] = b
+}
+
+// grad is every rank's gradient: a function of rank, step and parameters only.
+func grad(_ context.Context, rank int, step int64, params, g []float32) error {
+	testutil.Gradient(g, params, step, rank)
+	time.Sleep(2 * time.Millisecond) // a little compute: membership changes land between steps
+	return nil
+}
+
+// start runs worker id until stop returns true after a step; then it leaves (graceful) or, with
+// kill, closes its connection without a word, as a process killed would.
+func (r *elasticRun) start(id string, stop func(step int64) bool, kill bool) {
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		c, err := sdk.Connect(ctx, r.url)
+		if err != nil {
+			r.fail(err)
+			return
+		}
+		defer c.Close()
+		e, err := c.Elastic(ctx, r.job, sdk.WithWorkerID(id))
+		if err != nil {
+			r.fail(err)
+			return
+		}
+		for {
+			p, err := e.Step(ctx, grad)
+			if err != nil {
+				r.fail(fmt.Errorf("worker %s: %w", id, err))
+				return
+			}
+			r.record(id, e.StepCount(), p)
+			r.mu.Lock()
+			r.held[id] = max(r.held[id], len(e.Ranks()))
+			r.mu.Unlock()
+			if stop(e.StepCount()) {
+				break
+			}
+		}
+		if kill {
+			c.Close() // no Leave: the beats stop, the assignment moves the ranks after the lapse
+			return
+		}
+		if err := e.Leave(ctx); err != nil {
+			r.fail(err)
+		}
+	}()
+}
+
+// untilEnd stops a worker at the last step, set once e and f (the late joiners) hold ranks.
+func (r *elasticRun) untilEnd(step int64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.end == 0 && r.held["e"] > 0 && r.held["f"] > 0 {
+		r.end = step + 5
+	}
+	return r.end != 0 && step >= r.end
+}
+
+func (r *elasticRun) fail(err error) {
+	r.mu.Lock()
+	r.errs = append(r.errs, err)
+	r.mu.Unlock()
+}
+
+func (r *elasticRun) reached(step int64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.steps[step]
+	return ok
+}
+
+// TestElasticWorkersComeAndGo trains a job of 4 logical ranks on elastic workers: 4, then 3 (one
+// leaves), then 2 (one dies), then 1 (one leaves), then 3 (two join). Every step's parameters,
+// whichever worker returned them, are byte-identical to the reference of 4 fixed ranks.
+func TestElasticWorkersComeAndGo(t *testing.T) {
+	st := testutil.Stack(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s := spec("elastic", "adam", 4)
+	s.Function.Hyper["lr"] = 0.01
+	rec, err := sdk.NewAdmin(st.HTTPURL).CreateJob(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &elasticRun{t: t, url: st.URL, job: rec.Spec.ID, steps: map[int64][]byte{}, held: map[string]int{}}
+	r.start("a", r.untilEnd, false)
+	r.start("b", func(t int64) bool { return t >= 30 }, false)
+	r.start("c", func(t int64) bool { return t >= 20 }, true)
+	r.start("d", func(t int64) bool { return t >= 10 }, false)
+	for !r.reached(38) {
+		if ctx.Err() != nil {
+			t.Fatalf("step 38 not reached: %v", r.errs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	r.start("e", r.untilEnd, false)
+	r.start("f", r.untilEnd, false)
+	r.wg.Wait()
+	for _, err := range r.errs {
+		t.Error(err)
+	}
+	// a held one rank among four workers, and all four once alone; e and f held some after joining.
+	if r.held["a"] != 4 || r.held["e"] == 0 || r.held["f"] == 0 {
+		t.Errorf("most ranks held: %v, want a 4 (alone from step 30) and e, f some", r.held)
+	}
+
+	c, err := sdk.Connect(ctx, st.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	w, err := c.Worker(ctx, rec.Spec.ID, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	fn, _ := rec.Spec.NewFunc()
+	p0 := make([]float32, rec.Layout.Elements)
+	rec.Spec.InitShard(0, p0)
+	ref := functions.NewReference(fn, 4, rec.Layout.Ranges(), p0)
+	grads := make([][]float32, 4)
+	for i := range grads {
+		grads[i] = make([]float32, len(p0))
+	}
+	last := r.end
+	for step := int64(1); step <= last; step++ {
+		for rank := range grads {
+			testutil.Gradient(grads[rank], ref.Params(), step, rank)
+		}
+		ref.Step(grads, nil)
+		got, ok := r.steps[step]
+		if !ok {
+			continue // no worker returned this step (a worker that joined late skips to the newest)
+		}
+		if !bytes.Equal(got, bits(ref.Params())) {
+			t.Fatalf("step %d differs from the reference", step)
+		}
+	}
+	step, final, err := w.Params(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if step != last || !bytes.Equal(bits(final), bits(ref.Params())) {
+		t.Fatalf("final parameters at step %d (want %d) differ from the reference", step, last)
+	}
+}
