@@ -307,6 +307,8 @@ func (s *Server) register() {
 		{"POST /v1/jobs/{id}/pause", JobUser, s.pauseJob},
 		{"POST /v1/jobs/{id}/resume", JobUser, s.resumeJob},
 		{"GET /v1/jobs/{id}/shards", JobUser, s.jobShards},
+		{"GET /v1/jobs/{id}/workers", JobUser, s.jobWorkers},
+		{"PUT /v1/jobs/{id}/workers", JobUser, s.setJobWorkers},
 		{"GET /v1/jobs/{id}/rejects", JobUser, s.jobRejects},
 		{"POST /v1/jobs/{id}/credentials", JobUser, s.jobCredentials},
 		{"GET /v1/placement", Admin, s.listPlacement},

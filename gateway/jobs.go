@@ -344,6 +344,7 @@ func (s *Server) Status(ctx context.Context, id string, detail bool) (*api.JobSt
 	}
 	st := &api.JobStatus{Record: *rec, State: m.State, Owner: m.Owner, Quota: m.Quota, Step: -1}
 	st.Rejects = s.rejects.total(ctx, id)
+	st.LiveWorkers = s.liveWorkers(id)
 	placed := s.view.JobPlacement(id)
 	shards := make([]api.ShardStatus, len(rec.Layout.Shards))
 	var params jetstream.Stream
@@ -715,6 +716,11 @@ func (s *Server) DeleteJob(ctx context.Context, id string) error {
 		_ = s.buckets.Placement.Purge(ctx, key, jetstream.LastRevision(p.Revision))
 	}
 	s.clearHandover(ctx, rec)
+	// The leader deletes the assignment of a job it sees gone; this one may be left by an
+	// autoscaler that is not running, and a job created again under the id must not inherit it.
+	if err := s.buckets.Assign.Delete(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		s.log.Warn("delete the job's elastic workers' assignment", "job", id, "err", err)
+	}
 	if s.authz != nil {
 		if err := s.pushJobAccount(ctx, rec, accountClosed); err != nil {
 			s.log.Error("close the job's NATS account: its credentials still connect", "job", id, "err", err)

@@ -63,6 +63,9 @@ type JobStatus struct {
 	BytesPerSecond float64 `json:"bytes_per_second"`
 	Placed         int     `json:"placed"`  // shards placed on a runtime
 	Rejects        int64   `json:"rejects"` // inputs rejected so far
+	// LiveWorkers is how many elastic workers the job's latest assignment lists (standby ones
+	// included); the record's Workers is their target. GET /v1/jobs/{id}/workers has the detail.
+	LiveWorkers int `json:"live_workers"`
 	// Shards is per-shard detail (GET /v1/jobs/{id} and /shards; not in listings).
 	Shards []ShardStatus `json:"shards,omitempty"`
 }
@@ -81,6 +84,42 @@ type ShardStatus struct {
 	QueueWaitMs float64 `json:"queue_wait_ms"`
 	BurstMs     float64 `json:"burst_ms"`
 	PeriodMs    float64 `json:"period_ms"`
+}
+
+// JobWorkers answers GET and PUT /v1/jobs/{id}/workers: the job's elastic workers and the logical
+// ranks each holds, as the autoscaler leader last assigned them (wire.Assignment), and the target
+// the job's record sets.
+type JobWorkers struct {
+	Job   string `json:"job"`
+	Ranks int    `json:"ranks"` // the job's logical ranks
+	// Target is the job's target worker count (job.Record.Workers): 0, every live worker holds
+	// ranks; n, the first n to join do and the others stand by.
+	Target int `json:"target"`
+	// Epoch is the assignment's: it grows with every change of the ranks' owners. 0 when no
+	// elastic worker of the job ever beat.
+	Epoch   uint64 `json:"epoch"`
+	Live    int    `json:"live"`    // workers listed, standby included
+	Standby int    `json:"standby"` // of which standing by
+	// Workers are the live workers in the order they joined; empty when no elastic worker of the
+	// job ever beat.
+	Workers []WorkerStatus `json:"workers"`
+	// Unassigned are the ranks no live worker holds (the job has no live elastic worker).
+	Unassigned []int `json:"unassigned"`
+	// Updated is when the leader last wrote the assignment (it rewrites it every few seconds while
+	// workers beat); absent when there is none.
+	Updated *time.Time `json:"updated,omitempty"`
+}
+
+// WorkerStatus is one elastic worker: its ranks, step, last beat and how long ago that was.
+type WorkerStatus struct {
+	wire.AssignedWorker
+	BeatAgeMs float64 `json:"beat_age_ms"` // milliseconds between its last beat and the answer
+}
+
+// WorkersRequest is the body of PUT /v1/jobs/{id}/workers.
+type WorkersRequest struct {
+	// Target is the job's new target worker count: 0 (every live worker holds ranks) to its ranks.
+	Target *int `json:"target"`
 }
 
 // JobList answers GET /v1/jobs.

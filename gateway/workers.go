@@ -1,0 +1,158 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fanin-ml/fanin/gateway/api"
+	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// A job's elastic workers (wire.Assignment): who holds which logical ranks, as the autoscaler
+// leader assigns them, and the job's target worker count (job.Record.Workers), which steers it.
+
+// ErrBadTarget is a target worker count out of range: 0 (every live worker) to the job's ranks.
+var ErrBadTarget = errors.New("bad target worker count")
+
+// Workers returns a job's elastic workers as the view last saw their assignment; a job none of
+// whose elastic workers ever beat has none listed.
+func (s *Server) Workers(ctx context.Context, id string) (*api.JobWorkers, error) {
+	rec, _, err := s.record(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return s.workersOf(rec), nil
+}
+
+// workersOf builds a job's workers document from its record and the view's assignment.
+func (s *Server) workersOf(rec *job.Record) *api.JobWorkers {
+	out := &api.JobWorkers{Job: rec.Spec.ID, Ranks: rec.Spec.Ranks, Target: rec.Workers,
+		Workers: []api.WorkerStatus{}, Unassigned: []int{}}
+	a, ok := s.view.Assignment(rec.Spec.ID)
+	if !ok {
+		return out
+	}
+	now := s.now()
+	updated := a.Updated
+	out.Epoch, out.Updated = a.Epoch, &updated
+	if a.Unassigned != nil {
+		out.Unassigned = a.Unassigned
+	}
+	for _, w := range a.Workers {
+		if w.Ranks == nil {
+			w.Ranks = []int{}
+		}
+		out.Workers = append(out.Workers, api.WorkerStatus{AssignedWorker: w, BeatAgeMs: max(0, ms(now.Sub(w.LastBeat)))})
+		if w.Standby {
+			out.Standby++
+		}
+	}
+	out.Live = len(out.Workers)
+	return out
+}
+
+// liveWorkers is how many elastic workers a job's latest assignment lists.
+func (s *Server) liveWorkers(id string) int {
+	a, _ := s.view.Assignment(id)
+	return len(a.Workers)
+}
+
+// SetWorkers sets a job's target worker count (job.Record.Workers): 0, every live elastic worker
+// holds ranks; n (at most the job's ranks), the first n to join do and the others stand by. The
+// autoscaler leader reassigns the ranks within a fraction of a second. The record in the jobs
+// bucket is changed by compare-and-set, and a paused job's kept record too, so that its resume
+// keeps the target.
+func (s *Server) SetWorkers(ctx context.Context, id string, target int) (*job.Record, error) {
+	unlock := s.lockJob(id) // one change at a time with pause, resume and delete
+	defer unlock()
+	rec, m, err := s.record(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if target < 0 || target > rec.Spec.Ranks {
+		return nil, fmt.Errorf("%w: target %d: job %q has %d ranks; give 0 (every live worker holds ranks) to %d",
+			ErrBadTarget, target, id, rec.Spec.Ranks, rec.Spec.Ranks)
+	}
+	if m.Record != nil { // paused or throttled: resume puts this record back
+		if _, err := s.updateMeta(ctx, id, func(m *jobMeta) error {
+			if m.Record == nil {
+				return fmt.Errorf("job %q is %s: %w", id, m.State, ErrBadState) // resumed meanwhile (another replica)
+			}
+			m.Record.Workers = target
+			return nil
+		}); err != nil {
+			return nil, err
+		}
+	}
+	for range 10 {
+		e, err := s.buckets.Jobs.Get(ctx, id)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil, fmt.Errorf("job %q: %w", id, ErrJobNotFound)
+		}
+		if err != nil {
+			return nil, err
+		}
+		var cur job.Record
+		if err := json.Unmarshal(e.Value(), &cur); err != nil {
+			return nil, fmt.Errorf("decode job %q: %w", id, err)
+		}
+		if cur.Workers == target {
+			rec.Workers = target
+			return rec, nil
+		}
+		cur.Workers = target
+		val, _ := json.Marshal(cur)
+		if _, err := s.buckets.Jobs.Update(ctx, id, val, e.Revision()); err == nil {
+			s.log.Info("job's target worker count set", "job", id, "workers", target)
+			rec.Workers = target
+			return rec, nil
+		} else if !isWrongSeq(err) {
+			return nil, fmt.Errorf("set the workers of job %q: %w", id, err)
+		}
+	}
+	return nil, fmt.Errorf("job %q: its record changed concurrently too often", id)
+}
+
+func (s *Server) jobWorkers(w http.ResponseWriter, r *http.Request) {
+	ws, err := s.Workers(r.Context(), r.PathValue("id"))
+	if s.jobErr(w, err) {
+		return
+	}
+	writeJSON(w, http.StatusOK, ws)
+}
+
+func (s *Server) setJobWorkers(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	body, reason, detail := readBody(w, r, jsonTypes, wire.ReasonBadParameter)
+	if reason != "" {
+		s.reject(w, reason, detail, id)
+		return
+	}
+	var req api.WorkersRequest
+	dec := json.NewDecoder(strings.NewReader(string(body)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		s.reject(w, wire.ReasonBadParameter, `workers request: `+err.Error()+`: send {"target": n}`, id)
+		return
+	}
+	if req.Target == nil {
+		s.reject(w, wire.ReasonBadParameter, `workers request: no target: send {"target": n}, n from 0 (every live worker holds ranks) to the job's ranks`, id)
+		return
+	}
+	rec, err := s.SetWorkers(r.Context(), id, *req.Target)
+	if errors.Is(err, ErrBadTarget) {
+		s.reject(w, wire.ReasonBadParameter, err.Error(), id)
+		return
+	}
+	if s.jobErr(w, err) {
+		return
+	}
+	writeJSON(w, http.StatusOK, s.workersOf(rec))
+}
