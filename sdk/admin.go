@@ -170,6 +170,24 @@ func (a *Admin) ResumeJob(ctx context.Context, id string) (*api.JobStatus, error
 	return &st, a.do(ctx, http.MethodPost, jobPath(id, "/resume"), "", nil, &st)
 }
 
+// Workers returns a job's elastic workers: the logical ranks each holds, its step and last beat,
+// which stand by, and the assignment's epoch and the job's target worker count. A job none of
+// whose elastic workers ever beat lists none.
+func (a *Admin) Workers(ctx context.Context, id string) (*api.JobWorkers, error) {
+	var ws api.JobWorkers
+	return &ws, a.do(ctx, http.MethodGet, jobPath(id, "/workers"), "", nil, &ws)
+}
+
+// SetWorkers sets a job's target worker count: 0, every live elastic worker holds ranks; n (at most
+// the job's ranks), the first n workers to join do and the others stand by. The answer has the new
+// target and the workers as last assigned; the autoscaler reassigns the ranks within a second. A
+// target out of range is an *APIError with reason wire.ReasonBadParameter.
+func (a *Admin) SetWorkers(ctx context.Context, id string, n int) (*api.JobWorkers, error) {
+	body, _ := json.Marshal(api.WorkersRequest{Target: &n})
+	var ws api.JobWorkers
+	return &ws, a.do(ctx, http.MethodPut, jobPath(id, "/workers"), "application/json", body, &ws)
+}
+
 // Shards returns a job's shards: placement, step, lag.
 func (a *Admin) Shards(ctx context.Context, id string) ([]api.ShardStatus, error) {
 	var out struct {

@@ -7,6 +7,8 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	"github.com/fanin-ml/fanin/internal/testutil"
+	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/sdk"
 	"github.com/fanin-ml/fanin/wire"
 )
@@ -51,5 +53,33 @@ func TestAdminErrors(t *testing.T) {
 	_, err = a.JobStatus(ctx, "x")
 	if !sdk.IsNotFound(err) || !errors.As(err, &ae) || ae.Reason() != "" {
 		t.Fatalf("job: %v", err)
+	}
+}
+
+// Admin.Workers and SetWorkers against a gateway: an empty list before any elastic worker beat,
+// the target set and validated.
+func TestAdminWorkers(t *testing.T) {
+	st := testutil.Stack(t, 1)
+	a := sdk.NewAdmin(st.HTTPURL)
+	ctx := context.Background()
+	if _, err := a.CreateJob(ctx, job.Spec{ID: "el", Ranks: 3, Tensors: []job.Tensor{{Name: "w", Shape: []int{8}}},
+		Function: job.Function{Name: "sgd", Hyper: map[string]float64{"lr": 0.1}}}); err != nil {
+		t.Fatal(err)
+	}
+	ws, err := a.Workers(ctx, "el")
+	if err != nil || ws.Job != "el" || ws.Ranks != 3 || ws.Target != 0 || ws.Workers == nil || len(ws.Workers) != 0 {
+		t.Fatalf("workers: %+v %v", ws, err)
+	}
+	if ws, err = a.SetWorkers(ctx, "el", 2); err != nil || ws.Target != 2 {
+		t.Fatalf("set workers 2: %+v %v", ws, err)
+	}
+	if rec, err := a.Job(ctx, "el"); err != nil || rec.Workers != 2 {
+		t.Fatalf("the record after set workers 2: %+v %v", rec, err)
+	}
+	if _, err := a.SetWorkers(ctx, "el", 4); !errors.Is(err, wire.ErrReason(wire.ReasonBadParameter)) {
+		t.Fatalf("set workers 4 of 3 ranks: %v", err)
+	}
+	if _, err := a.Workers(ctx, "nope"); !sdk.IsNotFound(err) {
+		t.Fatalf("workers of an unknown job: %v", err)
 	}
 }
