@@ -12,12 +12,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
 	"github.com/fanin-ml/fanin/gateway/api"
 	"github.com/fanin-ml/fanin/internal/devstack"
 	"github.com/fanin-ml/fanin/internal/testutil"
 	"github.com/fanin-ml/fanin/sdk"
+	"github.com/fanin-ml/fanin/wire"
 )
 
 // cli runs one client command against the stack and returns its output.
@@ -109,6 +111,49 @@ func TestCLI(t *testing.T) {
 		t.Fatalf("jobs creds:\n%s", out)
 	}
 
+	// Elastic workers: none yet; the target is validated and set; an assignment is shown.
+	out = mustCLI(t, st, jobsCmd, "workers", "tiny")
+	if !strings.Contains(out, "job tiny: 1 ranks, target all; 0 live workers") || !strings.Contains(out, "no elastic worker") {
+		t.Fatalf("jobs workers:\n%s", out)
+	}
+	if _, err := cli(t, st, jobsCmd, "scale", "tiny", "--workers", "2"); err == nil || !strings.Contains(err.Error(), "bad_parameter") {
+		t.Fatalf("jobs scale beyond the ranks: %v", err)
+	}
+	if _, err := cli(t, st, jobsCmd, "scale", "tiny"); err == nil || !strings.Contains(err.Error(), "workers") {
+		t.Fatalf("jobs scale without --workers: %v", err)
+	}
+	if out = mustCLI(t, st, jobsCmd, "scale", "tiny", "--workers", "1"); !strings.Contains(out, "tiny: target 1;") {
+		t.Fatalf("jobs scale:\n%s", out)
+	}
+	putAssignment(t, st, wire.Assignment{Job: "tiny", Epoch: 2, Target: 1, Updated: time.Now(), Workers: []wire.AssignedWorker{
+		{ID: "w1", Host: "gpu-1", PID: 42, Ranks: []int{0}, Step: 7, LastBeat: time.Now().Add(-time.Second)},
+		{ID: "w2", Host: "gpu-2", Ranks: []int{}, Step: 7, LastBeat: time.Now(), Standby: true},
+	}})
+	admin := sdk.NewAdmin(st.HTTPURL, sdk.WithToken(st.AdminToken))
+	testutil.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		if ws, err := admin.Workers(context.Background(), "tiny"); err != nil || ws.Epoch != 2 {
+			return fmt.Errorf("assignment not seen yet: %+v %v", ws, err)
+		}
+		return nil
+	})
+	out = mustCLI(t, st, jobsCmd, "workers", "tiny")
+	for _, re := range []string{`target 1; 2 live workers, 1 standing by; assignment epoch 2`,
+		`(?m)^w1\s+gpu-1\s+42\s+0\s+7\s+1(\.\d)?s ago\s+-$`, `(?m)^w2\s+gpu-2\s+-\s+-\s+7\s+\S+ ago\s+yes$`} {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Fatalf("jobs workers lacks %s:\n%s", re, out)
+		}
+	}
+	var ws api.JobWorkers
+	if err := json.Unmarshal([]byte(mustCLI(t, st, jobsCmd, "workers", "tiny", "-o", "json")), &ws); err != nil || len(ws.Workers) != 2 || ws.Target != 1 {
+		t.Fatalf("jobs workers -o json: %v %+v", err, ws)
+	}
+	if out = mustCLI(t, st, jobsCmd, "ls"); !regexp.MustCompile(`(?m)^tiny\s+running\s+\S+\s+\S+\s+1\s+2/1\s`).MatchString(out) {
+		t.Fatalf("jobs ls lacks the workers 2/1:\n%s", out)
+	}
+	if out = mustCLI(t, st, jobsCmd, "get", "tiny"); !strings.Contains(out, "elastic workers: 2 live, target 1") {
+		t.Fatalf("jobs get lacks the workers:\n%s", out)
+	}
+
 	out = mustCLI(t, st, poolCmd)
 	if !strings.Contains(out, "2 runtimes") || !strings.Contains(out, "rt-0") {
 		t.Fatalf("pool:\n%s", out)
@@ -141,8 +186,7 @@ func TestCLI(t *testing.T) {
 		t.Fatalf("tokens ls:\n%s", out)
 	}
 
-	// top: two redraws of jobs, pool and the autoscaler's latest decision.
-	admin := sdk.NewAdmin(st.HTTPURL, sdk.WithToken(st.AdminToken))
+	// top: two redraws of jobs, their workers, pool and the autoscaler's latest decision.
 	testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
 		ds, err := admin.Decisions(context.Background(), 1)
 		if err != nil || len(ds) == 0 {
@@ -157,7 +201,7 @@ func TestCLI(t *testing.T) {
 	if n := strings.Count(out, "\x1b[H\x1b[2J"); n != 2 {
 		t.Fatalf("top redrew %d times:\n%s", n, out)
 	}
-	for _, want := range []string{"JOBS  1 (1 running)", "tiny", "POOL  2 runtimes", "rt-1", "AUTOSCALER"} {
+	for _, want := range []string{"JOBS  1 (1 running)", "tiny", "WORKERS\n", "2/1", "POOL  2 runtimes", "rt-1", "AUTOSCALER"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("top lacks %q:\n%s", want, out)
 		}
@@ -173,6 +217,9 @@ func TestCLI(t *testing.T) {
 	if !strings.Contains(buf.String(), "JOBS  0") || strings.Contains(buf.String(), "POOL") {
 		t.Fatalf("top with a team token:\n%s", buf.String())
 	}
+	if !regexp.MustCompile(`(?m)^tiny\s+w1\s+gpu-1\s+0\s+7\s`).MatchString(out) {
+		t.Fatalf("top lacks worker w1 of tiny with its rank:\n%s", out)
+	}
 
 	if out = mustCLI(t, st, jobsCmd, "rm", "tiny"); !strings.Contains(out, "deleted tiny") {
 		t.Fatalf("jobs rm:\n%s", out)
@@ -187,6 +234,25 @@ func TestCLI(t *testing.T) {
 	cmd.SilenceUsage, cmd.SilenceErrors = true, true
 	if err := cmd.ExecuteContext(context.Background()); err == nil || !strings.Contains(err.Error(), "401 unauthorized") {
 		t.Fatalf("a wrong token: %v", err)
+	}
+}
+
+// putAssignment writes a job's elastic workers' assignment as the autoscaler leader would.
+func putAssignment(t *testing.T, st *devstack.Stack, a wire.Assignment) {
+	t.Helper()
+	nc, err := st.Connect("test-assign")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	kv, err := js.KeyValue(context.Background(), wire.AssignBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	val, _ := json.Marshal(a)
+	if _, err := kv.Put(context.Background(), a.Job, val); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -5,7 +5,9 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -16,7 +18,7 @@ import (
 
 func jobsCmd() *cobra.Command {
 	var f apiFlags
-	cmd := &cobra.Command{Use: "jobs", Short: "Create, list, inspect, pause and delete jobs through the gateway"}
+	cmd := &cobra.Command{Use: "jobs", Short: "Create, list, inspect, pause, scale and delete jobs through the gateway"}
 	f.register(cmd)
 
 	var file, credsDir string
@@ -131,6 +133,48 @@ credentials; they are shown once. With --creds-dir the credentials are written t
 			return printState(cmd.OutOrStdout(), f.output, st, err)
 		},
 	}
+	workers := &cobra.Command{
+		Use:   "workers ID",
+		Short: "Show a job's elastic workers: the ranks each holds, its step and last beat, standby",
+		Long: `Show a job's elastic workers as the autoscaler last assigned them: every live worker with the
+logical ranks it holds, the step of its parameters, how long ago it last beat, and whether it stands
+by (beyond the job's target worker count); the assignment's epoch, the target, and ranks no worker
+holds. Set the target with 'fanin jobs scale'.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ws, err := f.admin().Workers(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if f.output == "json" {
+				return printJSON(cmd.OutOrStdout(), ws)
+			}
+			return printWorkers(cmd.OutOrStdout(), ws)
+		},
+	}
+	var target int
+	scale := &cobra.Command{
+		Use:   "scale ID --workers N",
+		Short: "Set a job's target count of elastic workers (0: every live worker holds ranks)",
+		Long: `Set how many of a job's elastic workers hold its logical ranks: the first N to join do, the
+others stand by and take over when one leaves. 0 lets every live worker hold ranks (at most one
+per rank). N is at most the job's ranks. The autoscaler reassigns the ranks within a second.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ws, err := f.admin().SetWorkers(cmd.Context(), args[0], target)
+			if err != nil {
+				return err
+			}
+			if f.output == "json" {
+				return printJSON(cmd.OutOrStdout(), ws)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: target %s; %d live workers as last assigned (fanin jobs workers %s)\n",
+				ws.Job, targetText(ws.Target), ws.Live, ws.Job)
+			return nil
+		},
+	}
+	scale.Flags().IntVar(&target, "workers", 0, "target worker count, 0 to the job's ranks (0: every live worker)")
+	_ = scale.MarkFlagRequired("workers")
 	var limit int
 	rejects := &cobra.Command{
 		Use: "rejects ID", Short: "Show a job's rejected inputs: counts by reason and the latest ones", Args: cobra.ExactArgs(1),
@@ -169,7 +213,7 @@ credentials; they are shown once. With --creds-dir the credentials are written t
 		},
 	}
 	creds.Flags().StringVar(&credsOut, "out", "", "write the .creds file here (mode 0600) instead of printing it")
-	cmd.AddCommand(create, ls, get, rm, pause, resume, rejects, creds)
+	cmd.AddCommand(create, ls, get, rm, pause, resume, workers, scale, rejects, creds)
 	return f.checked(cmd)
 }
 
@@ -203,10 +247,10 @@ func printState(w io.Writer, output string, st *api.JobStatus, err error) error 
 
 func printJobs(w io.Writer, sts []api.JobStatus) error {
 	tw := newTable(w)
-	fmt.Fprintln(tw, "ID\tSTATE\tSTEP\tSTEPS/S\tRANKS\tFUNCTION\tSHARDS\tPLACED\tGRAD/S\tREJECTS\tOWNER\tCREATED")
+	fmt.Fprintln(tw, "ID\tSTATE\tSTEP\tSTEPS/S\tRANKS\tWORKERS\tFUNCTION\tSHARDS\tPLACED\tGRAD/S\tREJECTS\tOWNER\tCREATED")
 	for _, st := range sts {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f\t%d\t%s\t%d\t%d\t%s\t%d\t%s\t%s\n", st.Spec.ID, st.State, stepText(st.Step),
-			st.StepsPerSecond, st.Spec.Ranks, st.Spec.Function.Name, st.Layout.NumShards(), st.Placed,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f\t%d\t%s\t%s\t%d\t%d\t%s\t%d\t%s\t%s\n", st.Spec.ID, st.State, stepText(st.Step),
+			st.StepsPerSecond, st.Spec.Ranks, workersText(st), st.Spec.Function.Name, st.Layout.NumShards(), st.Placed,
 			human(st.BytesPerSecond), st.Rejects, orDash(st.Owner), st.Created.Local().Format("2006-01-02 15:04:05"))
 	}
 	return tw.Flush()
@@ -220,6 +264,9 @@ func printJob(w io.Writer, st *api.JobStatus) error {
 	if q := st.Quota; q != (api.Quota{}) {
 		fmt.Fprintf(w, "  quota: %d shards, %s/s\n", q.Shards, human(float64(q.BytesPerSecond)))
 	}
+	if st.LiveWorkers > 0 || st.Workers > 0 {
+		fmt.Fprintf(w, "  elastic workers: %d live, target %s (fanin jobs workers %s)\n", st.LiveWorkers, targetText(st.Workers), st.Spec.ID)
+	}
 	tw := newTable(w)
 	fmt.Fprintln(tw, "SHARD\tBYTES\tRUNTIME\tEPOCH\tSTEP\tLAG\tPENDING\tQUEUE_MS\tPERIOD_MS")
 	for _, s := range st.Shards {
@@ -228,6 +275,82 @@ func printJob(w io.Writer, st *api.JobStatus) error {
 	}
 	return tw.Flush()
 }
+
+// printWorkers prints a job's elastic workers.
+func printWorkers(w io.Writer, ws *api.JobWorkers) error {
+	fmt.Fprintf(w, "job %s: %d ranks, target %s; %d live workers, %d standing by; assignment epoch %d",
+		ws.Job, ws.Ranks, targetText(ws.Target), ws.Live, ws.Standby, ws.Epoch)
+	if ws.Updated != nil {
+		fmt.Fprintf(w, ", written %s ago", ago(time.Since(*ws.Updated)))
+	}
+	fmt.Fprintln(w)
+	if len(ws.Unassigned) > 0 {
+		fmt.Fprintf(w, "  ranks no worker holds: %s\n", rankList(ws.Unassigned))
+	}
+	if len(ws.Workers) == 0 {
+		fmt.Fprintln(w, "  no elastic worker")
+		return nil
+	}
+	tw := newTable(w)
+	fmt.Fprintln(tw, "WORKER\tHOST\tPID\tRANKS\tSTEP\tLAST BEAT\tSTANDBY")
+	for _, x := range ws.Workers {
+		pid, standby := "-", "-"
+		if x.PID > 0 {
+			pid = fmt.Sprint(x.PID)
+		}
+		if x.Standby {
+			standby = "yes"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s ago\t%s\n", x.ID, orDash(x.Host), pid, rankList(x.Ranks), x.Step,
+			ago(time.Duration(x.BeatAgeMs*float64(time.Millisecond))), standby)
+	}
+	return tw.Flush()
+}
+
+// targetText prints a target worker count; 0 is every live worker.
+func targetText(n int) string {
+	if n == 0 {
+		return "all"
+	}
+	return fmt.Sprint(n)
+}
+
+// workersText is a job's elastic workers as live/target ("2/all", "3/4"), "-" for a job with none
+// and no target.
+func workersText(st api.JobStatus) string {
+	if st.LiveWorkers == 0 && st.Workers == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%d/%s", st.LiveWorkers, targetText(st.Workers))
+}
+
+// rankList prints ranks with runs collapsed: 0-3,6,8-9; "-" for none.
+func rankList(ranks []int) string {
+	if len(ranks) == 0 {
+		return "-"
+	}
+	rs := slices.Sorted(slices.Values(ranks))
+	var b strings.Builder
+	for i := 0; i < len(rs); {
+		j := i
+		for j+1 < len(rs) && rs[j+1] == rs[j]+1 {
+			j++
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		if j > i {
+			fmt.Fprintf(&b, "%d-%d", rs[i], rs[j])
+		} else {
+			fmt.Fprint(&b, rs[i])
+		}
+		i = j + 1
+	}
+	return b.String()
+}
+
+// ago prints a duration to a tenth of a second.
+func ago(d time.Duration) string { return max(0, d).Round(100 * time.Millisecond).String() }
 
 func printRejects(w io.Writer, rj *api.Rejects) error {
 	fmt.Fprintf(w, "job %s: %d rejected inputs\n", rj.Job, rj.Total)

@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/fanin-ml/fanin/gateway/api"
 	"github.com/fanin-ml/fanin/sdk"
 )
 
@@ -22,8 +24,9 @@ func topCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "top",
 		Short: "A live view of jobs and the runtime pool, redrawn every second",
-		Long: `top redraws, every --interval, the jobs (state, step, speed, gradient throughput, rejections),
-the runtimes of the pool (shards, how busy) and the autoscaler's latest decision. Ctrl-C stops it.
+		Long: `top redraws, every --interval, the jobs (state, step, recent speed, gradient throughput, elastic
+workers live/target, rejections), each elastic worker with the ranks it holds, the runtimes of the
+pool (shards, how busy) and the autoscaler's latest decision. Ctrl-C stops it.
 The pool and decisions need the admin token; with another token top shows its jobs only.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -82,12 +85,16 @@ func topFrame(ctx context.Context, a *sdk.Admin, api string, now time.Time) ([]b
 	}
 	fmt.Fprintf(&b, "JOBS  %d (%d running)\n", len(sts), running)
 	tw := newTable(&b)
-	fmt.Fprintln(tw, "ID\tSTATE\tSTEP\tSTEPS/S\tGRAD/S\tSHARDS\tPLACED\tREJECTS\tFUNCTION")
+	fmt.Fprintln(tw, "ID\tSTATE\tSTEP\tSTEPS/S\tGRAD/S\tSHARDS\tPLACED\tWORKERS\tREJECTS\tFUNCTION")
 	for _, st := range sts {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f\t%s\t%d\t%d\t%d\t%s\n", st.Spec.ID, st.State, stepText(st.Step), st.StepsPerSecond,
-			human(st.BytesPerSecond), st.Layout.NumShards(), st.Placed, st.Rejects, st.Spec.Function.Name)
+		// StepsPerSecond is recent (view.JobRate: over the last rate.Window), so a change of speed shows.
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f\t%s\t%d\t%d\t%s\t%d\t%s\n", st.Spec.ID, st.State, stepText(st.Step), st.StepsPerSecond,
+			human(st.BytesPerSecond), st.Layout.NumShards(), st.Placed, workersText(st), st.Rejects, st.Spec.Function.Name)
 	}
 	_ = tw.Flush()
+	if err := topWorkers(ctx, &b, a, sts); err != nil {
+		return b.Bytes(), err
+	}
 
 	pool, err := a.Pool(ctx)
 	if sdk.IsForbidden(err) {
@@ -115,6 +122,44 @@ func topFrame(ctx context.Context, a *sdk.Admin, api string, now time.Time) ([]b
 		}
 	}
 	return b.Bytes(), nil
+}
+
+// topWorkers lists the elastic workers of the jobs that have some: per worker, its ranks, step and
+// last beat.
+func topWorkers(ctx context.Context, b *bytes.Buffer, a *sdk.Admin, sts []api.JobStatus) error {
+	var tw *tabwriter.Writer
+	for _, st := range sts {
+		if st.LiveWorkers == 0 {
+			continue
+		}
+		ws, err := a.Workers(ctx, st.Spec.ID)
+		if sdk.IsNotFound(err) {
+			continue // deleted meanwhile
+		}
+		if err != nil {
+			return err
+		}
+		if tw == nil {
+			fmt.Fprintf(b, "\nWORKERS\n")
+			tw = newTable(b)
+			fmt.Fprintln(tw, "JOB\tWORKER\tHOST\tRANKS\tSTEP\tLAST BEAT\tSTANDBY")
+		}
+		for _, w := range ws.Workers {
+			standby := "-"
+			if w.Standby {
+				standby = "yes"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s ago\t%s\n", ws.Job, w.ID, orDash(w.Host), rankList(w.Ranks), w.Step,
+				ago(time.Duration(w.BeatAgeMs*float64(time.Millisecond))), standby)
+		}
+		if len(ws.Unassigned) > 0 {
+			fmt.Fprintf(tw, "%s\t(unassigned)\t-\t%s\t-\t-\t-\n", ws.Job, rankList(ws.Unassigned))
+		}
+	}
+	if tw != nil {
+		return tw.Flush()
+	}
+	return nil
 }
 
 // bar draws a fraction as a bar of width cells.
