@@ -13,6 +13,7 @@ import (
 	"github.com/fanin-ml/fanin/internal/demo"
 	"github.com/fanin-ml/fanin/internal/devstack"
 	"github.com/fanin-ml/fanin/internal/metrics"
+	"github.com/fanin-ml/fanin/internal/rate"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/sdk"
 )
@@ -123,6 +124,11 @@ func runDemo(ctx context.Context, st *devstack.Stack, cfg demoConfig, out io.Wri
 	go func() { _ = g.Wait(); close(reports) }()
 
 	start := time.Now()
+	// steps/s of a line is recent (over rate.Window, fanin's one estimator, as view.JobRate uses it
+	// for the dashboard, top and a job's status), not the mean since the start: a change of speed
+	// shows. Until it spans half a second, the mean since the start stands in.
+	var recent rate.Steps
+	recent.Add(start, 0)
 	losses := map[int64][]float32{}
 	var last []float32
 	var firstLoss, lastLoss float32
@@ -146,12 +152,17 @@ func runDemo(ctx context.Context, st *devstack.Stack, cfg demoConfig, out io.Wri
 			firstLoss = mean
 		}
 		lastLoss, done = mean, max(done, rep.step)
+		now := time.Now()
+		recent.Add(now, done)
 		if p, ok := pending[rep.step]; ok {
 			delete(pending, rep.step)
 			last = p
 			tl, acc := eval.Evaluate(p)
-			rate := float64(rep.step) / time.Since(start).Seconds()
-			fmt.Fprintf(out, "%6d  %10.4f  %9.4f  %9.3f  %8.1f\n", rep.step, mean, tl, acc, rate)
+			speed := recent.Rate()
+			if speed == 0 {
+				speed = float64(done) / now.Sub(start).Seconds()
+			}
+			fmt.Fprintf(out, "%6d  %10.4f  %9.4f  %9.3f  %8.1f\n", rep.step, mean, tl, acc, speed)
 		}
 	}
 	err = g.Wait()
