@@ -1,6 +1,6 @@
 // Package dashboard is fanin's live web dashboard: an http.Handler that serves a page from embedded
 // static files and the JSON it polls, built from what fanin's components publish in JetStream (jobs,
-// runtimes, placement, load reports, autoscaler decisions, rejects).
+// their elastic workers, runtimes, placement, load reports, autoscaler decisions, rejects).
 package dashboard
 
 import (
@@ -325,6 +325,23 @@ type JobView struct {
 	Placed      int     `json:"placed"`
 	Pending     uint64  `json:"pending"`
 	Rejects     int64   `json:"rejects"`
+	// The job's elastic workers, as the autoscaler leader last assigned them (wire.Assignment):
+	// the target count from its record (0: every live worker), the assignment's epoch, the live
+	// workers with their ranks, and the ranks none holds.
+	TargetWorkers int          `json:"target_workers"`
+	Epoch         uint64       `json:"epoch,omitempty"`
+	Workers       []WorkerView `json:"workers"`
+	Unassigned    []int        `json:"unassigned,omitempty"`
+}
+
+// WorkerView is one elastic worker of a job.
+type WorkerView struct {
+	ID        string  `json:"id"`
+	Host      string  `json:"host,omitempty"`
+	Ranks     []int   `json:"ranks"`
+	Step      int64   `json:"step"`
+	BeatAgeMs float64 `json:"beat_age_ms"` // since its last beat
+	Standby   bool    `json:"standby,omitempty"`
 }
 
 // RuntimeView is one runtime with the shards placed on it.
@@ -409,7 +426,18 @@ func (d *Dashboard) Snapshot() State {
 		}
 		jv := JobView{ID: id, Function: rec.Spec.Function.Name, Sync: rec.Spec.Sync, Ranks: rec.Spec.Ranks,
 			Shards: rec.Layout.NumShards(), Bytes: 4 * int64(rec.Layout.Elements), Created: rec.Created.UTC().Format(time.RFC3339),
-			Step: -1, State: "waiting", Rejects: rejectsOf[id]}
+			Step: -1, State: "waiting", Rejects: rejectsOf[id], TargetWorkers: rec.Workers, Workers: []WorkerView{}}
+		if a, ok := snap.Assignments[id]; ok {
+			jv.Epoch, jv.Unassigned = a.Epoch, a.Unassigned
+			for _, w := range a.Workers {
+				ranks := w.Ranks
+				if ranks == nil {
+					ranks = []int{}
+				}
+				jv.Workers = append(jv.Workers, WorkerView{ID: w.ID, Host: w.Host, Ranks: ranks, Step: w.Step,
+					BeatAgeMs: max(0, float64(now.Sub(w.LastBeat))/float64(time.Millisecond)), Standby: w.Standby})
+			}
+		}
 		for _, sh := range rec.Layout.Shards {
 			key := wire.PlacementKey(id, sh.ID)
 			if p, ok := snap.Placement[key]; ok && p.Runtime != "" {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanin-ml/fanin/dashboard"
 	"github.com/fanin-ml/fanin/internal/testutil"
@@ -107,4 +108,71 @@ func get(t *testing.T, url string) (body, contentType string) {
 		t.Fatalf("GET %s: %s: %s", url, res.Status, b)
 	}
 	return string(b), res.Header.Get("Content-Type")
+}
+
+// A job's elastic workers are in its row: the target from its record, and each worker of its
+// assignment with the ranks it holds; the page has a section that draws them.
+func TestDashboardShowsElasticWorkers(t *testing.T) {
+	st := testutil.Stack(t, 1)
+	ctx := context.Background()
+	nc, err := nats.Connect(st.URL, nats.Name("dashboard"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	d, err := dashboard.New(ctx, nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	srv := httptest.NewServer(d)
+	defer srv.Close()
+	if body, _ := get(t, srv.URL+"/dashboard/app.js"); !strings.Contains(body, "renderWorkers(st.jobs") {
+		t.Fatal("app.js does not draw the workers")
+	}
+	if body, _ := get(t, srv.URL+"/"); !strings.Contains(body, `id="workers"`) {
+		t.Fatal("the page has no workers section")
+	}
+
+	if _, err := st.Gateway.CreateJob(ctx, job.Spec{ID: "el", Tensors: []job.Tensor{{Name: "w", Shape: []int{8}}},
+		Ranks: 3, Function: job.Function{Name: "sgd", Hyper: map[string]float64{"lr": 0.1}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Gateway.SetWorkers(ctx, "el", 2); err != nil {
+		t.Fatal(err)
+	}
+	js, _ := jetstream.New(nc)
+	kv, err := js.KeyValue(ctx, wire.AssignBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	val, _ := json.Marshal(wire.Assignment{Job: "el", Epoch: 4, Target: 2, Updated: now, Workers: []wire.AssignedWorker{
+		{ID: "w1", Host: "h1", Ranks: []int{0, 1}, Step: 5, LastBeat: now.Add(-time.Second)},
+		{ID: "w2", Host: "h2", Ranks: []int{2}, Step: 5, LastBeat: now},
+		{ID: "w3", Host: "h3", Step: 5, LastBeat: now, Standby: true},
+	}})
+	if _, err := kv.Put(ctx, "el", val); err != nil {
+		t.Fatal(err)
+	}
+	testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		var s dashboard.State
+		body, _ := get(t, srv.URL+"/dashboard/api/state")
+		if err := json.Unmarshal([]byte(body), &s); err != nil {
+			return err
+		}
+		if len(s.Jobs) != 1 {
+			return fmt.Errorf("jobs: %+v", s.Jobs)
+		}
+		j := s.Jobs[0]
+		if j.TargetWorkers != 2 || j.Epoch != 4 || len(j.Workers) != 3 {
+			return fmt.Errorf("job's workers: %+v", j)
+		}
+		w1, w3 := j.Workers[0], j.Workers[2]
+		if w1.ID != "w1" || fmt.Sprint(w1.Ranks) != "[0 1]" || w1.Step != 5 || w1.BeatAgeMs < 1000 || w1.Standby ||
+			!w3.Standby || w3.Ranks == nil || len(w3.Ranks) != 0 {
+			return fmt.Errorf("workers: %+v", j.Workers)
+		}
+		return nil
+	})
 }

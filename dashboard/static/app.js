@@ -43,7 +43,7 @@ function renderJobs(jobs) {
   const body = document.querySelector("#jobs tbody");
   body.replaceChildren();
   if (!jobs.length) {
-    body.append(el("tr", { class: "empty" }, el("td", { colspan: 10 }, "no jobs yet")));
+    body.append(el("tr", { class: "empty" }, el("td", { colspan: 11 }, "no jobs yet")));
     return;
   }
   for (const j of jobs) {
@@ -54,11 +54,65 @@ function renderJobs(jobs) {
       el("td", { class: "num" }, j.step < 0 ? "–" : j.step),
       el("td", { class: "num", "data-rate": j.steps_per_sec }, fixed(j.steps_per_sec, 2)),
       el("td", { class: "num" }, j.ranks),
+      el("td", { class: "num", "data-workers": (j.workers || []).length }, workerCount(j)),
       el("td", { class: "num" }, j.placed + " / " + j.shards),
       el("td", {}, j.function + (j.sync ? " · " + j.sync : "")),
       el("td", { class: "num" }, bytes(j.bytes)),
       el("td", { class: "num" }, j.pending),
       el("td", { class: "num" }, j.rejects)));
+  }
+}
+
+// workerCount is a job's elastic workers as live / target ("all": every live worker holds ranks).
+function workerCount(j) {
+  const live = (j.workers || []).length;
+  if (!live && !j.target_workers) return "–";
+  return live + " / " + (j.target_workers || "all");
+}
+
+// rankList prints ranks with runs collapsed: 0-3, 6, 8-9.
+function rankList(ranks) {
+  if (!ranks || !ranks.length) return "–";
+  const rs = [...ranks].sort((a, b) => a - b), out = [];
+  for (let i = 0; i < rs.length;) {
+    let j = i;
+    while (j + 1 < rs.length && rs[j + 1] === rs[j] + 1) j++;
+    out.push(j > i ? rs[i] + "-" + rs[j] : String(rs[i]));
+    i = j + 1;
+  }
+  return out.join(", ");
+}
+
+// renderWorkers shows, per job with elastic workers, each worker and the ranks it holds.
+function renderWorkers(jobs) {
+  const box = document.getElementById("workers");
+  box.replaceChildren();
+  const elastic = jobs.filter(j => (j.workers || []).length || (j.unassigned || []).length || j.target_workers);
+  if (!elastic.length) {
+    box.append(el("p", { class: "empty" }, "no elastic workers"));
+    return;
+  }
+  for (const j of elastic) {
+    const ws = j.workers || [];
+    const standby = ws.filter(w => w.standby).length;
+    const head = el("div", { class: "head" },
+      el("span", { class: "id" }, el("span", { class: "swatch", style: "background:" + colorOf(j.id) }), j.id),
+      el("span", { class: "meta" }, `${ws.length} live · target ${j.target_workers || "all"}` +
+        (standby ? ` · ${standby} standing by` : "") + ` · ${j.ranks} ranks · epoch ${j.epoch || 0}` +
+        ((j.unassigned || []).length ? ` · unassigned ${rankList(j.unassigned)}` : "")));
+    const table = el("table", {}, el("thead", {}, el("tr", {},
+      el("th", {}, "worker"), el("th", {}, "host"), el("th", {}, "ranks"), el("th", { class: "num" }, "step"),
+      el("th", { class: "num" }, "last beat"), el("th", {}, ""))));
+    const body = el("tbody");
+    if (!ws.length) body.append(el("tr", { class: "empty" }, el("td", { colspan: 6 }, "no live worker")));
+    for (const w of ws) {
+      body.append(el("tr", { "data-worker": w.id, class: w.standby ? "standby" : "" },
+        el("td", {}, w.id), el("td", {}, w.host || "–"), el("td", { "data-ranks": (w.ranks || []).join(",") }, rankList(w.ranks)),
+        el("td", { class: "num" }, w.step), el("td", { class: "num" }, fixed(w.beat_age_ms / 1000, 1) + " s ago"),
+        el("td", {}, w.standby ? el("span", { class: "badge waiting" }, "standby") : "")));
+    }
+    table.append(body);
+    box.append(el("div", { class: "elastic", "data-job": j.id }, head, table));
   }
 }
 
@@ -189,6 +243,7 @@ async function poll() {
     if (!res.ok) throw new Error(res.status + " " + res.statusText);
     const st = await res.json();
     renderJobs(st.jobs || []);
+    renderWorkers(st.jobs || []);
     renderChart(st.history || []);
     renderPlacement(st.runtimes || []);
     renderDecisions(st.decisions || []);
