@@ -132,6 +132,8 @@ func TestAttacks(t *testing.T) {
 			"$KV." + wire.HandoverBucket + "." + wire.PlacementKey(v1.rec.Spec.ID, 0),
 			"$KV." + wire.LeaderBucket + ".leader",
 			"$KV." + wire.PolicyBucket + ".policy",
+			"$KV." + wire.AssignBucket + "." + v1.rec.Spec.ID,
+			wire.WorkersSubject(v1.rec.Spec.ID),
 			"$JS.API.STREAM.DELETE." + wire.GradStream(v1.rec.Spec.ID),
 			"$JS.API.STREAM.PURGE." + wire.ParamsStream(v2.rec.Spec.ID),
 			"$JS.API.STREAM.MSG.DELETE." + wire.ParamsStream(v1.rec.Spec.ID),
@@ -151,6 +153,8 @@ func TestAttacks(t *testing.T) {
 			{wire.DirectGetLast(wire.ParamsStream(id), wire.ParamsSubject(id, 0)), nil},
 			{wire.DirectGet(wire.ParamsStream(id)), []byte(`{"last_by_subj":"` + wire.ParamsSubject(id, 0) + `"}`)},
 			{wire.JobRecordGet(id), nil},
+			{wire.AssignmentGet(id), nil},
+			{wire.WorkersSubject(id), []byte(`{"id":"spy"}`)},
 		}
 		for _, target := range targets {
 			for _, rq := range requests {
@@ -391,6 +395,9 @@ func TestAttacks(t *testing.T) {
 		v := v1.rec.Spec.ID
 		_ = ac.nc.Publish(wire.GradSubject(v, 0), make([]byte, 16))
 		ac.awaitViolation(t, `Publish to "`+wire.GradSubject(v, 0)+`"`)
+		// A beat into another job's membership would take its ranks away from its workers.
+		_ = ac.nc.Publish(wire.WorkersSubject(v), []byte(`{"id":"usurper","ranks":[]}`))
+		ac.awaitViolation(t, `Publish to "`+wire.WorkersSubject(v)+`"`)
 		if _, err := ac.nc.SubscribeSync(wire.ParamsWildcard(v)); err != nil {
 			t.Fatal(err)
 		}
@@ -398,6 +405,7 @@ func TestAttacks(t *testing.T) {
 		for _, subj := range []string{
 			wire.DirectGetLast(wire.ParamsStream(v), wire.ParamsSubject(v, 0)),
 			wire.JobRecordGet(v),
+			wire.AssignmentGet(v),
 			"$JS.API.INFO",
 			"$JS.API.STREAM.LIST",
 			"$JS.API.STREAM.INFO." + wire.GradStream(attacker.Record.Spec.ID),
