@@ -1,0 +1,9 @@
+package members_test
+
+import (
+	"testing"
+
+	"github.com/fanin-ml/fanin/internal/testutil"
+)
+
+func TestMain(m *testing.M) { testutil.VerifyNoLeaks(m) }

@@ -1,0 +1,115 @@
+package members_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fanin-ml/fanin/internal/members"
+	"github.com/fanin-ml/fanin/internal/store"
+	"github.com/fanin-ml/fanin/internal/testutil"
+	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// Two replicas follow the beats; the leader writes. When the leadership moves, the new leader
+// carries on from the stored assignment: same owners, same epoch; a worker that stops beating
+// loses its ranks to the other after the lapse, and a deleted job's assignment is deleted.
+func TestLeaderHandoverKeepsTheAssignment(t *testing.T) {
+	url := testutil.NATS(t)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := store.OpenBuckets(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var jobs atomic.Value
+	jobs.Store(map[string]job.Record{"j": {Spec: job.Spec{ID: "j", Ranks: 4}}})
+	list := func() map[string]job.Record { return jobs.Load().(map[string]job.Record) }
+	var leaderA, leaderB atomic.Bool
+	leaderA.Store(true)
+	a := members.New(nc, b.Assign, list, leaderA.Load, testutil.Logger())
+	bb := members.New(nc, b.Assign, list, leaderB.Load, testutil.Logger())
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{}, 2)
+	for _, x := range []*members.Assigner{a, bb} {
+		go func() { _ = x.Run(rctx); done <- struct{}{} }()
+	}
+	defer func() { stop(); <-done; <-done }()
+
+	var w1Beats atomic.Bool
+	w1Beats.Store(true)
+	go func() {
+		for rctx.Err() == nil {
+			for _, id := range []string{"w0", "w1"} {
+				if id == "w1" && !w1Beats.Load() {
+					continue
+				}
+				data, _ := json.Marshal(wire.WorkerBeat{ID: id})
+				_ = nc.Publish(wire.WorkersSubject("j"), data)
+				time.Sleep(10 * time.Millisecond) // w0 joins first
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}()
+	read := func() (wire.Assignment, uint64) {
+		e, err := b.Assign.Get(ctx, "j")
+		if err != nil {
+			return wire.Assignment{}, 0
+		}
+		var as wire.Assignment
+		_ = json.Unmarshal(e.Value(), &as)
+		return as, e.Revision()
+	}
+	expect := func(want string, epoch uint64) wire.Assignment {
+		t.Helper()
+		var as wire.Assignment
+		testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+			as, _ = read()
+			got := map[string][]int{}
+			for _, w := range as.Workers {
+				got[w.ID] = w.Ranks
+			}
+			if fmt.Sprint(got) != want || as.Epoch != epoch {
+				return fmt.Errorf("assignment %v epoch %d, want %s epoch %d", got, as.Epoch, want, epoch)
+			}
+			return nil
+		})
+		return as
+	}
+	first := expect("map[w0:[0 1] w1:[2 3]]", 1)
+
+	leaderA.Store(false)
+	leaderB.Store(true)
+	// The new leader refreshes the stored value (Refresh) without changing owners or epoch.
+	testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if as, _ := read(); !as.Updated.After(first.Updated.Add(members.Refresh)) {
+			return fmt.Errorf("not refreshed by the new leader yet")
+		}
+		return nil
+	})
+	expect("map[w0:[0 1] w1:[2 3]]", 1)
+
+	w1Beats.Store(false)
+	expect("map[w0:[0 1 2 3]]", 2)
+
+	jobs.Store(map[string]job.Record{})
+	testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if _, rev := read(); rev != 0 {
+			return fmt.Errorf("the deleted job's assignment is still there")
+		}
+		return nil
+	})
+}
