@@ -82,7 +82,7 @@ func (c *Client) Elastic(ctx context.Context, id string, opts ...ElasticOption) 
 	for r := range all {
 		all[r] = r
 	}
-	w, err := c.WorkerRanks(ctx, id, all)
+	w, err := c.workerRanks(ctx, id, all)
 	if err != nil {
 		return nil, err
 	}

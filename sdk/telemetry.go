@@ -54,7 +54,9 @@ func (w *Worker) traceStep(ctx context.Context, t int64) *stepTrace {
 	tid, _ := telemetry.StepIDs(id, created, t)
 	if !p.SampleStep(tid) {
 		for _, m := range w.msgs {
-			delete(m.Header, wire.HdrTraceparent)
+			if m != nil {
+				delete(m.Header, wire.HdrTraceparent)
+			}
 		}
 		return nil
 	}
@@ -80,7 +82,9 @@ func (w *Worker) traceStep(ctx context.Context, t int64) *stepTrace {
 func (w *Worker) setTraceparent(sc trace.SpanContext) {
 	v := []string{telemetry.FormatTraceparent(sc)}
 	for _, m := range w.msgs {
-		m.Header[wire.HdrTraceparent] = v
+		if m != nil {
+			m.Header[wire.HdrTraceparent] = v
+		}
 	}
 }
 

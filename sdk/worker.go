@@ -109,6 +109,21 @@ func (c *Client) Worker(ctx context.Context, id string, rank int, opts ...Worker
 // worker that had them; the next one resumes with Params). A weight (WithWeight) applies to every
 // rank of the worker. The worker's metrics and traces name its first rank.
 func (c *Client) WorkerRanks(ctx context.Context, id string, ranks []int, opts ...WorkerOption) (*Worker, error) {
+	w, err := c.workerRanks(ctx, id, ranks, opts...)
+	if err != nil {
+		return nil, err
+	}
+	for j := range w.ranks { // every message now: the step's traceparent is set on all of them
+		for i := range w.rec.Layout.Shards {
+			w.msg(j, i)
+		}
+	}
+	return w, nil
+}
+
+// workerRanks is WorkerRanks making the gradient messages on first use (an elastic worker holds
+// every rank of its job and publishes a few).
+func (c *Client) workerRanks(ctx context.Context, id string, ranks []int, opts ...WorkerOption) (*Worker, error) {
 	rec, err := c.Job(ctx, id)
 	if err != nil {
 		return nil, err
@@ -146,18 +161,6 @@ func (c *Client) WorkerRanks(ctx context.Context, id string, ranks []int, opts .
 	}
 	for j := range ranks {
 		w.all = append(w.all, j)
-	}
-	for j, rank := range ranks {
-		for i, s := range rec.Layout.Shards {
-			m := nats.NewMsg(wire.GradSubject(id, s.ID))
-			m.Header.Set(wire.HdrRank, strconv.Itoa(rank))
-			m.Header.Set(wire.HdrDtype, wire.DtypeF32)
-			m.Header.Set(wire.HdrReplyTo, w.inbox)
-			if w.weight != "" {
-				m.Header.Set(wire.HdrWeight, w.weight)
-			}
-			w.msgs[j*n+i] = m
-		}
 	}
 	if w.psub, err = c.nc.Subscribe(wire.ParamsWildcard(id), w.onParams); err != nil {
 		return nil, err
@@ -367,6 +370,24 @@ func (w *Worker) expect(t int64) {
 	}
 }
 
+// msg is the gradient message of rank w.ranks[j] for shard i, made on first use: an elastic
+// worker holds every rank of the job and publishes few of them.
+func (w *Worker) msg(j, i int) *nats.Msg {
+	k := j*w.rec.Layout.NumShards() + i
+	if m := w.msgs[k]; m != nil {
+		return m
+	}
+	m := nats.NewMsg(wire.GradSubject(w.rec.Spec.ID, w.rec.Layout.Shards[i].ID))
+	m.Header.Set(wire.HdrRank, strconv.Itoa(w.ranks[j]))
+	m.Header.Set(wire.HdrDtype, wire.DtypeF32)
+	m.Header.Set(wire.HdrReplyTo, w.inbox)
+	if w.weight != "" {
+		m.Header.Set(wire.HdrWeight, w.weight)
+	}
+	w.msgs[k] = m
+	return m
+}
+
 // publish publishes the gradients of the ranks w.ranks[which[k]], grads[k] each, for step t.
 func (w *Worker) publish(ctx context.Context, t int64, which []int, grads [][]float32) error {
 	stepStr := strconv.FormatInt(t, 10)
@@ -375,7 +396,7 @@ func (w *Worker) publish(ctx context.Context, t int64, which []int, grads [][]fl
 	for k, j := range which {
 		rank := w.ranks[j]
 		for i, s := range w.rec.Layout.Shards {
-			m := w.msgs[j*n+i]
+			m := w.msg(j, i)
 			m.Header.Set(wire.HdrStep, stepStr)
 			id := wire.GradMsgID(w.rec.Spec.ID, s.ID, t, rank)
 			if w.attempt > 0 {
