@@ -22,6 +22,7 @@ type Reference struct {
 	state    [][][]float32 // per shard, Slots() vectors
 	scratch  []float32     // the sum of one shard
 	step     int64
+	updates  []int64 // per shard, ApplyRank's updates
 }
 
 // NewReference returns the reference for fn with ranks logical ranks, parameters init (copied)
@@ -108,6 +109,36 @@ func (r *Reference) Step(grads [][]float32, weights []float64) {
 			Step: r.step, Ranks: r.ranks, WeightSum: weightSum,
 		})
 	}
+}
+
+// ApplyRank applies one rank's gradient to one shard on its own, as an asp job's runtime does:
+// Update.Step is the shard's count of updates (ApplyRank's, not Step's), Ranks 1, and the input
+// is the rank's gradient (weighted functions: scaled by float32(weight), WeightSum weight). grad
+// is the full flattened gradient; only the shard's slice is read.
+func (r *Reference) ApplyRank(shard int, grad []float32, weight float64) {
+	if shard < 0 || shard >= len(r.shards) {
+		panic("functions: Reference.ApplyRank: no shard " + strconv.Itoa(shard))
+	}
+	if len(grad) != len(r.params) {
+		panic("functions: Reference.ApplyRank: gradient has " + strconv.Itoa(len(grad)) + " elements, want " + strconv.Itoa(len(r.params)))
+	}
+	if r.updates == nil {
+		r.updates = make([]int64, len(r.shards))
+	}
+	s := r.shards[shard]
+	acc, x := r.scratch[:s.Len], grad[s.Off:s.Off+s.Len]
+	w := 1.0
+	if r.weighted {
+		w = weight
+		Scale(acc, float32(w), x)
+	} else {
+		copy(acc, x)
+	}
+	r.updates[shard]++
+	r.fn.Apply(&Update{
+		Params: r.params[s.Off : s.Off+s.Len], Grad: acc, State: r.state[shard],
+		Step: r.updates[shard], Ranks: 1, WeightSum: w,
+	})
 }
 
 // Params returns the current parameters. The slice is owned by the Reference and changes with

@@ -15,12 +15,15 @@ import (
 
 // Spec is what a user submits to create a job. Zero fields take the defaults of Normalize.
 type Spec struct {
-	ID       string   `json:"id"`
-	Tensors  []Tensor `json:"tensors"`
-	Ranks    int      `json:"ranks"`
-	Sync     string   `json:"sync,omitempty"` // bsp (default); ssp and asp are not implemented yet
-	Function Function `json:"function"`
-	Init     Init     `json:"init,omitempty"`
+	ID      string   `json:"id"`
+	Tensors []Tensor `json:"tensors"`
+	Ranks   int      `json:"ranks"`
+	Sync    string   `json:"sync,omitempty"` // bsp (default), ssp or asp
+	// Staleness is SSP's bound s: a worker may publish steps t+1..t+s before step t's parameters
+	// arrive. Required with ssp (1..MaxStaleness), refused with bsp and asp.
+	Staleness int      `json:"staleness,omitempty"`
+	Function  Function `json:"function"`
+	Init      Init     `json:"init,omitempty"`
 	// ShardSize is the target shard size in bytes: 1048576, or a string such as "1MiB", "256KiB".
 	ShardSize ByteSize `json:"shard_size,omitempty"`
 	Storage   string   `json:"storage,omitempty"`  // memory (default) or file: JetStream storage of the job's streams
@@ -57,6 +60,7 @@ const (
 	MaxTensors       = 100000
 	MaxElements      = 1 << 32 // 16 GiB of float32
 	MaxShards        = 1 << 20
+	MaxStaleness     = 16
 )
 
 var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
@@ -181,9 +185,14 @@ func (s *Spec) Validate() error {
 		bad("ranks", "must be 1..%d, got %d", MaxRanks, s.Ranks)
 	}
 	switch s.Sync {
-	case "bsp":
-	case "ssp", "asp":
-		bad("sync", "%q is not implemented yet; only \"bsp\" is", s.Sync)
+	case "ssp":
+		if s.Staleness < 1 || s.Staleness > MaxStaleness {
+			bad("staleness", "ssp needs a staleness bound of 1..%d steps, got %d", MaxStaleness, s.Staleness)
+		}
+	case "bsp", "asp":
+		if s.Staleness != 0 {
+			bad("staleness", "only ssp has a staleness bound; %s does not take one (got %d)", s.Sync, s.Staleness)
+		}
 	default:
 		bad("sync", "must be bsp, ssp or asp, got %q", s.Sync)
 	}

@@ -65,6 +65,8 @@ type shardExec struct {
 	weights []float64
 	wsum    float64
 
+	sync syncState // ssp and asp (syncmodes.go)
+
 	// Load signals, averaged over recent steps (see load.go).
 	stats shardStats
 
@@ -123,6 +125,7 @@ func newShardExec(r *Runtime, ji *jobInfo, shard int, epoch uint64) (*shardExec,
 		met:       r.met.Job(ji.rec.Spec.ID),
 		created:   ji.rec.Created.UnixNano(),
 	}
+	x.initSync(ji.rec.Spec.Sync, ji.rec.Spec.Staleness)
 	for range 2 {
 		x.outs <- &outBuf{msg: nats.NewMsg(wire.ParamsSubject(ji.rec.Spec.ID, shard)), data: make([]byte, s.Bytes())}
 	}
@@ -348,7 +351,11 @@ func (x *shardExec) load(m *jetstream.RawStreamMsg, withState bool) error {
 	} else if len(x.state) > 0 {
 		x.fn.InitState(x.state)
 	}
-	x.step, x.seq, x.stepSeq = step, seq, seq
+	from, err := x.loadSync(m.Header, seq)
+	if err != nil {
+		return fmt.Errorf("snapshot at step %d: %w", step, err)
+	}
+	x.step, x.seq, x.stepSeq = step, from-1, seq
 	x.resetGather()
 	return nil
 }
@@ -379,7 +386,10 @@ func (x *shardExec) handleSeq(m jetstream.Msg, seq uint64) {
 	data := m.Data()
 	meta, rej := wire.ParseGradHeaders(m.Headers())
 	if rej == nil {
-		rej = x.admit(&meta, data)
+		rej = x.admit(&meta, data, seq)
+	}
+	if rej != nil && seq <= x.sync.quietTo {
+		return // decided (and reported) before the restore this replay follows
 	}
 	if rej != nil {
 		rej.Job, rej.Shard = x.ji.rec.Spec.ID, x.shard.ID
@@ -397,6 +407,22 @@ func (x *shardExec) handleSeq(m jetstream.Msg, seq uint64) {
 	}
 	x.r.stats.bytesIn.Add(int64(len(data)))
 	x.met.Gradient(len(data))
+	switch {
+	case x.sync.mode == "ssp" && meta.Step > x.step+1:
+		x.hold(&meta, data, seq)
+		return
+	case x.sync.mode == "ssp":
+		x.sync.curSeq[meta.Rank] = seq
+	case x.sync.mode == "asp":
+		x.r.cpu <- struct{}{}
+		x.applyOne(&meta, data)
+		<-x.r.cpu
+		x.publishParams()
+		if len(x.state) > 0 && x.step-x.ckptAt.Load() >= x.ckptEvery {
+			x.checkpointAsync()
+		}
+		return
+	}
 	queued := time.Now()
 	first := x.next == 0 && !x.anyRank()
 	if first {
@@ -423,24 +449,31 @@ func (x *shardExec) handleSeq(m jetstream.Msg, seq uint64) {
 		if len(x.state) > 0 && x.step-x.ckptAt.Load() >= x.ckptEvery {
 			x.checkpointAsync()
 		}
+		for x.sync.mode == "ssp" && x.promote() { // the next step was held whole: apply it too
+			x.r.cpu <- struct{}{}
+			x.apply()
+			<-x.r.cpu
+			x.publishParams()
+			if len(x.state) > 0 && x.step-x.ckptAt.Load() >= x.ckptEvery {
+				x.checkpointAsync()
+			}
+		}
 	}
 }
 
 // admit checks a gradient against the shard's state and returns why it is refused, or nil.
-func (x *shardExec) admit(meta *wire.GradMeta, data []byte) *wire.Reject {
-	switch {
-	case meta.Rank >= x.ranks:
+func (x *shardExec) admit(meta *wire.GradMeta, data []byte, seq uint64) *wire.Reject {
+	if meta.Rank >= x.ranks {
 		return wire.Rejectf(wire.ReasonRankRange, "rank %d is not in 0..%d (the job has %d ranks)", meta.Rank, x.ranks-1, x.ranks)
-	case meta.Step <= x.step:
-		return wire.Rejectf(wire.ReasonStaleStep, "step %d was already applied (shard %d is at step %d)", meta.Step, x.shard.ID, x.step)
-	case meta.Step > x.step+1:
-		return wire.Rejectf(wire.ReasonFutureStep, "step %d is ahead of step %d, the next step of shard %d (bsp)", meta.Step, x.step+1, x.shard.ID)
+	}
+	if rej := x.admitStep(meta, seq); rej != nil {
+		return rej
+	}
+	switch {
 	case len(data) > x.shard.Bytes():
 		return wire.Rejectf(wire.ReasonOversized, "payload is %d bytes, shard %d holds %d bytes (%d float32)", len(data), x.shard.ID, x.shard.Bytes(), x.shard.Len)
 	case len(data) < x.shard.Bytes():
 		return wire.Rejectf(wire.ReasonBadLength, "payload is %d bytes, shard %d holds %d bytes (%d float32)", len(data), x.shard.ID, x.shard.Bytes(), x.shard.Len)
-	case x.have[meta.Rank]:
-		return wire.Rejectf(wire.ReasonDuplicate, "rank %d already sent step %d of shard %d", meta.Rank, meta.Step, x.shard.ID)
 	}
 	if x.finite {
 		if i := functions.NonFinite(data); i >= 0 {
@@ -496,6 +529,7 @@ func (x *shardExec) apply() {
 	end := time.Now()
 	x.step++
 	x.stepSeq = x.seq
+	x.noteApplied()
 	x.resetGather()
 	x.r.stats.invocations.Add(1)
 	x.r.stats.fnNanos.Add(int64(end.Sub(start)))
@@ -524,10 +558,11 @@ func (x *shardExec) publishParams() {
 	functions.EncodeLE(ob.data, x.params)
 	ob.msg.Data = ob.data
 	store.SetParamsHeaders(ob.msg.Header, x.ji.rec.Spec.ID, x.shard.ID, x.step, x.stepSeq)
+	x.setSyncHeaders(ob.msg.Header)
 	done := x.completeStep(ob.msg)
 	purgeTo := uint64(0)
 	if len(x.state) == 0 { // the parameters are the snapshot: once stored, older gradients can go
-		purgeTo = x.stepSeq + 1
+		purgeTo = x.replayFrom()
 	}
 	x.r.acks.submit(ob.msg, func(ok bool) {
 		done.acked(ok)
@@ -545,7 +580,7 @@ func (x *shardExec) checkpointAsync() {
 		return
 	}
 	x.fillCkpt()
-	purgeTo := x.stepSeq + 1
+	purgeTo := x.replayFrom()
 	step := x.step
 	x.r.acks.submit(x.ckptBuf.msg, func(ok bool) {
 		if ok {
@@ -573,6 +608,7 @@ func (x *shardExec) fillCkpt() {
 	h.Set(wire.HdrSeq, strconv.FormatUint(x.stepSeq, 10))
 	h.Set(wire.HdrDtype, wire.DtypeF32)
 	h.Set(wire.HdrMsgID, x.ji.rec.Spec.ID+".c."+strconv.Itoa(x.shard.ID)+"."+strconv.FormatInt(x.step, 10))
+	x.setSyncHeaders(h)
 	x.ckptBuf.msg.Data = x.ckptBuf.data
 }
 
@@ -595,7 +631,7 @@ func (x *shardExec) checkpointSync(ctx context.Context, onlyNewer bool) error {
 		return nil
 	}
 	x.fillCkpt()
-	step, purgeTo := x.step, x.stepSeq+1
+	step, purgeTo := x.step, x.replayFrom()
 	x.mu.Unlock()
 	if _, err := x.r.js.PublishMsg(ctx, x.ckptBuf.msg); err != nil {
 		return fmt.Errorf("checkpoint at step %d: %w", step, err)

@@ -18,6 +18,17 @@ const (
 	HdrSeq     = "Fanin-Seq"      // params and checkpoints: the last gradient stream sequence folded in
 	HdrMsgID   = nats.MsgIdHdr    // "Nats-Msg-Id": de-duplication by JetStream
 	HdrReject  = "Fanin-Reject"   // rejection reports: the reason code
+	// HdrVersion (gradients of ssp and asp jobs): the step of the shard's parameters the gradient
+	// was computed from (0 = initial).
+	HdrVersion = "Fanin-Version"
+	// Snapshots of ssp shards: the lowest stream sequence of a gradient accepted and not yet
+	// applied (replay starts there), and "step:seq" of the steps the ring keeps.
+	HdrReplayFrom = "Fanin-Replay-From"
+	HdrStepSeqs   = "Fanin-Step-Seqs"
+	// Snapshots of asp shards: every rank's last applied step, comma-separated in rank order.
+	HdrRankSteps = "Fanin-Rank-Steps"
+	// Parameters of asp shards: "<rank>.<step>" of the gradient that made this version.
+	HdrApplied = "Fanin-Applied"
 )
 
 // DtypeF32 is little-endian IEEE-754 binary32, the only element type on the wire today.
@@ -61,11 +72,12 @@ type GradMeta struct {
 	Rank    int
 	Weight  float64 // 1 unless HdrWeight is set
 	ReplyTo string
+	Version int64 // HdrVersion, -1 when absent
 }
 
 // ParseGradHeaders reads and checks the headers of a gradient message. It allocates nothing.
 func ParseGradHeaders(h nats.Header) (GradMeta, *Reject) {
-	m := GradMeta{Weight: 1}
+	m := GradMeta{Weight: 1, Version: -1}
 	if h == nil {
 		return m, Rejectf(ReasonMissingHeader, "message has no headers; %s, %s and %s are required", HdrStep, HdrRank, HdrDtype)
 	}
@@ -99,6 +111,13 @@ func ParseGradHeaders(h nats.Header) (GradMeta, *Reject) {
 			return m, Rejectf(ReasonBadHeader, "header %s: %q is not a finite weight > 0", HdrWeight, w)
 		}
 		m.Weight = f
+	}
+	if v := first(h, HdrVersion); v != "" {
+		n, ok := parseInt(v)
+		if !ok {
+			return m, Rejectf(ReasonBadHeader, "header %s: %q is not a step number >= 0", HdrVersion, v)
+		}
+		m.Version = n
 	}
 	return m, nil
 }
