@@ -78,6 +78,9 @@ func (c *Client) Elastic(ctx context.Context, id string, opts ...ElasticOption) 
 	if err != nil {
 		return nil, err
 	}
+	if rec.Spec.Sync != "bsp" {
+		return nil, fmt.Errorf("job %q is %s: elastic workers follow bsp jobs only (for now)", id, rec.Spec.Sync)
+	}
 	all := make([]int, rec.Spec.Ranks)
 	for r := range all {
 		all[r] = r

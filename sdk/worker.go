@@ -50,6 +50,8 @@ type Worker struct {
 	// Elastic workers (elastic.go): waitHook runs every reconnectPoll while Step waits for step
 	// t, and a duplicate of this step's gradient is no failure (its rank's new owner and its old
 	// one may both have published it). newest is the newest step of any parameters pushed.
+	as asyncState // ssp and asp (sync.go)
+
 	waitHook func(ctx context.Context, t int64) error
 	elastic  bool
 	newest   atomic.Int64
@@ -162,6 +164,9 @@ func (c *Client) workerRanks(ctx context.Context, id string, ranks []int, opts .
 	for j := range ranks {
 		w.all = append(w.all, j)
 	}
+	if w.async() {
+		w.initAsync()
+	}
 	if w.psub, err = c.nc.Subscribe(wire.ParamsWildcard(id), w.onParams); err != nil {
 		return nil, err
 	}
@@ -206,6 +211,9 @@ func (w *Worker) Close() error {
 // Until the job has its initial parameters (init "upload": until they are uploaded and checked),
 // Params waits for them, until ctx ends.
 func (w *Worker) Params(ctx context.Context) (int64, []float32, error) {
+	if w.async() {
+		return w.paramsAsync(ctx)
+	}
 	latest := make([]int64, len(w.rec.Layout.Shards))
 	for wait := 10 * time.Millisecond; ; wait = min(2*wait, 500*time.Millisecond) {
 		t, ok, err := w.readConsistent(ctx, latest)
@@ -288,6 +296,7 @@ func (w *Worker) copyShard(s job.Shard, m *nats.Msg, want int64) (int64, error) 
 	if len(m.Data) != s.Bytes() {
 		return 0, fmt.Errorf("shard %d: parameters are %d bytes, want %d", s.ID, len(m.Data), s.Bytes())
 	}
+	w.noteRankSteps(s.ID, m.Header)
 	if want < 0 || step == want {
 		w.mu.Lock()
 		if w.got[s.ID] < step || want < 0 || step == want {
@@ -322,6 +331,9 @@ func (w *Worker) StepRanks(ctx context.Context, grads [][]float32) ([]float32, e
 		if len(g) != w.rec.Layout.Elements {
 			return nil, fmt.Errorf("step: %d gradients for rank %d, job %q has %d parameters", len(g), w.ranks[j], w.rec.Spec.ID, w.rec.Layout.Elements)
 		}
+	}
+	if w.async() {
+		return w.stepAsync(ctx, grads)
 	}
 	if w.step < 0 {
 		if _, _, err := w.Params(ctx); err != nil {
@@ -617,6 +629,10 @@ func (w *Worker) onParams(m *nats.Msg) {
 	storeMax(&w.newest, step)
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.async() {
+		w.stageParams(id, step, m)
+		return
+	}
 	if w.want == 0 || step != w.want || w.got[id] >= step || len(m.Data) != s.Bytes() {
 		return
 	}

@@ -1,0 +1,256 @@
+package sdk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/fanin-ml/fanin/functions"
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// SSP and ASP workers (docs/PROTOCOL.md, "Sync modes").
+//
+// In an ssp or asp job, Step does not wait for the parameters after the step it publishes. Each
+// shard's gradient says which version of that shard's parameters it was computed from
+// (wire.HdrVersion: the worker's parameters may mix versions, shard by shard). Parameters pushed
+// meanwhile wait in a staging buffer, so the slice a caller computes with never changes under it;
+// Step takes them in when it returns.
+//
+//	ssp  Step publishes step t, then waits until every shard has parameters of version >= t-s, so
+//	     that step t+1 is within the staleness bound, and returns the newest it has.
+//	asp  Step publishes step t and returns the newest parameters it has, without waiting.
+//
+// Versions tells which version of each shard the returned parameters are: record it with the
+// gradients to replay a run (functions.Reference).
+
+// asyncState is an ssp or asp worker's state beyond Worker's.
+type asyncState struct {
+	own        int64     // the last step this worker published (its ranks' steps)
+	stage      []float32 // parameters pushed and not yet taken, per shard at stageStep
+	stageStep  []int64
+	stageAt    chan struct{} // closed and replaced when a shard is staged
+	rankSteps  []int64       // asp: per shard, the lowest last applied step of the worker's ranks
+	versionHdr []string      // per shard, HdrVersion of the next publish
+}
+
+func (w *Worker) async() bool { return w.rec.Spec.Sync == "ssp" || w.rec.Spec.Sync == "asp" }
+
+func (w *Worker) initAsync() {
+	n := w.rec.Layout.NumShards()
+	w.as.stage = make([]float32, w.rec.Layout.Elements)
+	w.as.stageStep = make([]int64, n)
+	for i := range w.as.stageStep {
+		w.as.stageStep[i] = -1
+	}
+	w.as.stageAt = make(chan struct{})
+	w.as.rankSteps = make([]int64, n)
+	w.as.versionHdr = make([]string, n)
+}
+
+// Versions returns, per shard, the step of the parameters the worker holds (ssp and asp: they
+// may differ from shard to shard; bsp: all StepCount).
+func (w *Worker) Versions() []int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.got)
+}
+
+// OwnStep is the last step this worker published (ssp and asp; bsp: StepCount).
+func (w *Worker) OwnStep() int64 {
+	if w.async() {
+		return w.as.own
+	}
+	return w.step
+}
+
+// stageParams keeps pushed parameters newer than the staged ones (ssp and asp). w.mu is held.
+func (w *Worker) stageParams(id int, step int64, m *nats.Msg) {
+	s := w.rec.Layout.Shards[id]
+	if step <= w.as.stageStep[id] || step <= w.got[id] || len(m.Data) != s.Bytes() {
+		return
+	}
+	functions.CopyLE(w.as.stage[s.Off:s.Off+s.Len], m.Data)
+	w.as.stageStep[id] = step
+	close(w.as.stageAt)
+	w.as.stageAt = make(chan struct{})
+}
+
+// noteRankSteps reads, from an asp shard's parameters, the last applied step of the worker's
+// ranks: where a restarted worker resumes.
+func (w *Worker) noteRankSteps(id int, h nats.Header) {
+	v := h.Get(wire.HdrRankSteps)
+	if v == "" || w.rec.Spec.Sync != "asp" {
+		return
+	}
+	parts := strings.Split(v, ",")
+	low := int64(-1)
+	for _, r := range w.ranks {
+		if r < len(parts) {
+			if n, err := strconv.ParseInt(parts[r], 10, 64); err == nil && (low < 0 || n < low) {
+				low = n
+			}
+		}
+	}
+	if low >= 0 {
+		w.as.rankSteps[id] = low
+	}
+}
+
+// stepAsync is StepRanks for ssp and asp jobs.
+func (w *Worker) stepAsync(ctx context.Context, grads [][]float32) ([]float32, error) {
+	if w.step < 0 {
+		if _, _, err := w.Params(ctx); err != nil {
+			return nil, err
+		}
+		w.mu.Lock()
+		w.as.own = w.step // ssp: the job's step; asp: where this worker's ranks stand
+		if w.rec.Spec.Sync == "asp" {
+			w.as.own = slices.Min(w.as.rankSteps)
+		}
+		w.mu.Unlock()
+	}
+	t := w.as.own + 1
+	n := w.rec.Layout.NumShards()
+	w.mu.Lock()
+	for i := range n {
+		w.as.versionHdr[i] = strconv.FormatInt(w.got[i], 10)
+	}
+	w.mu.Unlock()
+	for j := range w.ranks {
+		for i := range n {
+			w.msg(j, i).Header.Set(wire.HdrVersion, w.as.versionHdr[i])
+		}
+	}
+	start := time.Now()
+	if err := w.publish(ctx, t, w.all, grads); err != nil {
+		w.met.failed(err)
+		w.attempt++
+		return nil, err
+	}
+	w.met.published(start, 4*len(grads)*w.rec.Layout.Elements)
+	need := int64(-1) // asp: take what is there
+	if w.rec.Spec.Sync == "ssp" {
+		need = t - int64(w.rec.Spec.Staleness)
+	}
+	if err := w.awaitVersions(ctx, t, need); err != nil {
+		w.met.failed(err)
+		w.attempt++
+		return nil, err
+	}
+	w.met.stepped(start)
+	w.as.own, w.attempt = t, 0
+	return w.vec, nil
+}
+
+// awaitVersions waits until every shard has parameters of version need or newer (staged or
+// held), fetching what was not pushed in time, fails on a rejection of step t, and takes the
+// staged parameters into vec.
+func (w *Worker) awaitVersions(ctx context.Context, t, need int64) error {
+	wait := w.fetch
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for {
+		w.mu.Lock()
+		short := false
+		for i := range w.got {
+			if max(w.got[i], w.as.stageStep[i]) < need {
+				short = true
+			}
+		}
+		at := w.as.stageAt
+		if !short {
+			w.takeStagedLocked()
+			w.mu.Unlock()
+		} else {
+			w.mu.Unlock()
+		}
+		select { // a rejection of this step, even when nothing needs waiting for
+		case rej := <-w.rejects:
+			if rej.Step == t && wire.GradAttempt(rej.MsgID) == w.attempt && rej.Reason != wire.ReasonStaleStep &&
+				!(w.attempt > 0 && rej.Reason == wire.ReasonDuplicate) {
+				return rej
+			}
+			continue
+		default:
+		}
+		if !short {
+			return nil
+		}
+		select {
+		case <-at:
+		case rej := <-w.rejects:
+			if rej.Step == t && wire.GradAttempt(rej.MsgID) == w.attempt && rej.Reason != wire.ReasonStaleStep &&
+				!(w.attempt > 0 && rej.Reason == wire.ReasonDuplicate) {
+				return rej
+			}
+		case <-timer.C:
+			for _, s := range w.rec.Layout.Shards {
+				id := w.rec.Spec.ID
+				m, err := w.c.directGet(ctx, wire.DirectGetLast(wire.ParamsStream(id), wire.ParamsSubject(id, s.ID)), nil)
+				if err != nil {
+					return fmt.Errorf("fetch parameters of shard %d: %w", s.ID, err)
+				}
+				if step, err := wire.ParseStep(m.Header); err == nil {
+					w.mu.Lock()
+					w.stageParams(s.ID, step, m)
+					w.mu.Unlock()
+				}
+			}
+			wait = min(2*wait, 10*time.Second)
+			timer.Reset(wait)
+		case <-ctx.Done():
+			return fmt.Errorf("step %d: waiting for parameters of step %d or later: %w", t, need, ctx.Err())
+		}
+	}
+}
+
+// takeStagedLocked copies every staged shard newer than vec's into vec. w.mu is held.
+func (w *Worker) takeStagedLocked() {
+	for i, s := range w.rec.Layout.Shards {
+		if st := w.as.stageStep[i]; st > w.got[i] {
+			copy(w.vec[s.Off:s.Off+s.Len], w.as.stage[s.Off:s.Off+s.Len])
+			w.got[i] = st
+		}
+	}
+	w.step = slices.Min(w.got)
+}
+
+// paramsAsync is Params for ssp and asp jobs: every shard's newest parameters, whatever their
+// versions (Versions); the step returned is the oldest of them.
+func (w *Worker) paramsAsync(ctx context.Context) (int64, []float32, error) {
+	for wait := 10 * time.Millisecond; ; wait = min(2*wait, 500*time.Millisecond) {
+		var err error
+		for _, s := range w.rec.Layout.Shards {
+			if _, err = w.fetchShard(ctx, s, -1); err != nil {
+				break
+			}
+		}
+		if err == nil {
+			w.mu.Lock()
+			w.step = slices.Min(w.got)
+			for i, st := range w.as.stageStep { // staged versions older than what was fetched
+				if st <= w.got[i] {
+					w.as.stageStep[i] = -1
+				}
+			}
+			t := w.step
+			w.mu.Unlock()
+			return t, w.vec, nil
+		}
+		if !errors.Is(err, errNoMessage) {
+			return 0, nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return 0, nil, fmt.Errorf("job %q has no parameters yet: %w", w.rec.Spec.ID, ctx.Err())
+		case <-time.After(wait):
+		}
+	}
+}
