@@ -47,6 +47,17 @@
 // and an explicit conversion forbids that, so amd64 and arm64 give identical bits. The golden test
 // checks it: run under qemu on arm64, it fails as soon as one conversion is removed.
 //
+// # Sync modes
+//
+// bsp and ssp jobs apply the contract above once per step: ssp only lets a worker compute a step
+// from older parameters (which gradients come in is the workers' business; what is done with them
+// is not), so Reference.Step, given the same gradients, gives the same bits. In an asp job every
+// gradient is an update of its own, applied to its shard in the order the shard's gradients were
+// stored: Update.Grad is that one rank's input (weighted functions: scaled by float32(weight),
+// WeightSum = weight, so the mean is the input again; others: the input, WeightSum 1), Ranks is 1,
+// and Update.Step is the shard's count of updates so far, not a worker's step, so Adam's bias
+// correction and momentum's first step follow the shard's updates. Reference.ApplyRank does it.
+//
 // # Hyper-parameters
 //
 // Names, defaults and ranges (GET /v1/functions serves the same table; an unknown name, a missing
