@@ -310,6 +310,11 @@ func (e *Elastic) Leave(ctx context.Context) error {
 	e.stop()
 	<-e.beatDone
 	e.beat(true)
+	if _, ok := ctx.Deadline(); !ok { // FlushWithContext needs one
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+	}
 	err := e.c.nc.FlushWithContext(ctx)
 	e.w.Close()
 	return err

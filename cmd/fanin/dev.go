@@ -15,11 +15,12 @@ func devCmd() *cobra.Command {
 	var dataDir, httpAddr string
 	var natsPort, runtimes, maxRuntimes int
 	var dc demoConfig
-	var withDemo, natsLogs, noAuth bool
+	var withDemo, elastic, natsLogs, noAuth bool
 	cmd := &cobra.Command{
 		Use:   "dev",
 		Short: "Run all of fanin on an embedded NATS server (with --demo: train a model through it)",
 		Example: `  fanin dev --demo --steps 50     # train the demo model for 50 steps, print a summary, exit
+  fanin dev --demo --elastic       # the demo's ranks on elastic workers that leave, die and join
   fanin dev                        # serve until Ctrl-C; create jobs with 'fanin jobs create'`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -44,6 +45,12 @@ func devCmd() *cobra.Command {
 			if err := printDevAuth(out, st, dataDir); err != nil {
 				return err
 			}
+			if withDemo && elastic {
+				return runElasticDemo(cmd.Context(), st, dc, out)
+			}
+			if elastic {
+				return fmt.Errorf("--elastic goes with --demo")
+			}
 			if withDemo {
 				if err := runDemo(cmd.Context(), st, dc, out); err != nil {
 					return err
@@ -66,7 +73,8 @@ func devCmd() *cobra.Command {
 	f.BoolVar(&natsLogs, "nats-logs", false, "print the embedded NATS server's logs")
 	f.BoolVar(&noAuth, "no-auth", false, "run without authentication: open NATS and an open HTTP API")
 	f.BoolVar(&withDemo, "demo", false, "train the demo model through fanin")
-	f.IntVar(&dc.steps, "steps", 0, "with --demo: train this many steps, then exit (0: until Ctrl-C)")
+	f.BoolVar(&elastic, "elastic", false, "with --demo: elastic workers leave, die and join during training; the result is checked against fixed ranks")
+	f.IntVar(&dc.steps, "steps", 0, "with --demo: train this many steps, then exit (0: until Ctrl-C; with --elastic, 200)")
 	f.IntVar(&dc.ranks, "ranks", 4, "with --demo: workers (logical ranks)")
 	f.StringVar(&dc.function, "function", "adam", "with --demo: aggregation function (adam, sgd, momentum, ...)")
 	f.Float64Var(&dc.lr, "lr", 0.01, "with --demo: learning rate")
