@@ -15,11 +15,11 @@ import (
 // results are well-formed. It asserts nothing about speed: wall-clock figures are not testable.
 func TestRunQuick(t *testing.T) {
 	var progress bytes.Buffer
-	res, err := Run(context.Background(), Config{Quick: true, Only: []string{"kernel", "latency-small"}, Log: testutil.Logger()}, &progress)
+	res, err := Run(context.Background(), Config{Quick: true, Only: []string{"kernel", "latency-small", "elastic"}, Log: testutil.Logger()}, &progress)
 	if err != nil {
 		t.Fatalf("Run: %v\nprogress:\n%s", err, progress.String())
 	}
-	want := map[string]int{"kernel": 3, "latency-small": 4}
+	want := map[string]int{"kernel": 3, "latency-small": 4, "elastic": 9}
 	got := map[string]int{}
 	for _, r := range res {
 		got[r.Scenario]++
