@@ -1,0 +1,245 @@
+package runtime_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fanin-ml/fanin/functions"
+	"github.com/fanin-ml/fanin/internal/devstack"
+	"github.com/fanin-ml/fanin/internal/testutil"
+	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// syncReplay drives one job's single shard message by message on two runtimes (placement written
+// by the test) and moves the shard from one to the other: the new owner restores the snapshot and
+// replays the gradient stream from where the snapshot says.
+type syncReplay struct {
+	t     *testing.T
+	st    *devstack.Stack
+	ctx   context.Context
+	js    jetstream.JetStream
+	nc    *nats.Conn
+	pl    placer
+	rec   *job.Record
+	inbox *nats.Subscription
+	n     int
+}
+
+func newSyncReplay(t *testing.T, id, mode string, s int, fn string) *syncReplay {
+	spec := job.Spec{ID: id, Ranks: 2, Tensors: []job.Tensor{{Name: "w", Shape: []int{1000}}},
+		Function: job.Function{Name: fn, Hyper: map[string]float64{"lr": 0.05}}, Sync: mode, Staleness: s}
+	st, pl, rec, _ := movableJob(t, spec)
+	ctx := context.Background()
+	nc, err := nats.Connect(st.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	sub, err := nc.SubscribeSync(wire.InboxPrefix(id) + ".r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := &syncReplay{t: t, st: st, ctx: ctx, js: js, nc: nc, pl: pl, rec: rec, inbox: sub}
+	x.move("rt-0")
+	return x
+}
+
+// move places the shard on rt and waits until the other runtime has let it go.
+func (x *syncReplay) move(rt string) {
+	x.t.Helper()
+	key := wire.PlacementKey(x.rec.Spec.ID, 0)
+	x.pl.place(x.t, key, rt)
+	testutil.CheckFor(x.t, 20*time.Second, 5*time.Millisecond, func() error {
+		for _, r := range x.st.AllRuntimes() {
+			if r.ID() != rt && slices.Contains(r.Shards(), key) {
+				return fmt.Errorf("%s still serves %s", r.ID(), key)
+			}
+		}
+		return nil
+	})
+}
+
+// grad is the deterministic payload of (step, rank); variant 1 is a different one.
+func (x *syncReplay) grad(step int64, rank, variant int) []float32 {
+	g := make([]float32, x.rec.Layout.Elements)
+	zero := make([]float32, len(g))
+	testutil.Gradient(g, zero, step+1000*int64(variant), rank)
+	return g
+}
+
+func (x *syncReplay) send(step int64, rank int, version int64, g []float32) {
+	x.t.Helper()
+	x.n++
+	m := nats.NewMsg(wire.GradSubject(x.rec.Spec.ID, 0))
+	m.Header.Set(wire.HdrStep, strconv.FormatInt(step, 10))
+	m.Header.Set(wire.HdrRank, strconv.Itoa(rank))
+	m.Header.Set(wire.HdrDtype, wire.DtypeF32)
+	m.Header.Set(wire.HdrVersion, strconv.FormatInt(version, 10))
+	m.Header.Set(wire.HdrReplyTo, x.inbox.Subject)
+	m.Header.Set(wire.HdrMsgID, "m"+strconv.Itoa(x.n))
+	m.Data = f32bytes(g)
+	if _, err := x.js.PublishMsg(x.ctx, m); err != nil {
+		x.t.Fatal(err)
+	}
+}
+
+func (x *syncReplay) expect(reason wire.Reason) {
+	x.t.Helper()
+	m, err := x.inbox.NextMsg(10 * time.Second)
+	if err != nil {
+		x.t.Fatalf("no report (want %s): %v", reason, err)
+	}
+	rej, err := wire.UnmarshalReject(m.Data)
+	if err != nil {
+		x.t.Fatal(err)
+	}
+	if rej.Reason != reason {
+		x.t.Fatalf("report %s %q, want %s", rej.Reason, rej.Detail, reason)
+	}
+}
+
+func (x *syncReplay) quiet() {
+	x.t.Helper()
+	if m, err := x.inbox.NextMsg(300 * time.Millisecond); err == nil {
+		x.t.Fatalf("unexpected report %s", m.Data)
+	}
+}
+
+// params waits for the shard's parameters at step and returns them with their headers.
+func (x *syncReplay) params(step int64) ([]float32, nats.Header) {
+	x.t.Helper()
+	var h nats.Header
+	p := testutil.ParamsAt(x.t, getterFunc(func(ctx context.Context, subj string) (*jetstream.RawStreamMsg, error) {
+		s, err := x.js.Stream(ctx, wire.ParamsStream(x.rec.Spec.ID))
+		if err != nil {
+			return nil, err
+		}
+		m, err := s.GetLastMsgForSubject(ctx, subj)
+		if err == nil {
+			h = m.Header
+		}
+		return m, err
+	}), x.rec, step)
+	return p, h
+}
+
+type getterFunc func(ctx context.Context, subj string) (*jetstream.RawStreamMsg, error)
+
+func (f getterFunc) GetLastMsgForSubject(ctx context.Context, subj string) (*jetstream.RawStreamMsg, error) {
+	return f(ctx, subj)
+}
+
+func (x *syncReplay) reference() *functions.Reference {
+	p0 := make([]float32, x.rec.Layout.Elements)
+	x.rec.Spec.InitShard(0, p0)
+	f, _ := x.rec.Spec.NewFunc()
+	return functions.NewReference(f, x.rec.Spec.Ranks, x.rec.Layout.Ranges(), p0)
+}
+
+// TestSSPReplayAfterHandover moves an ssp shard (s = 2) while it holds a gradient of a future step
+// and after it refused a gradient claiming a version that did not exist yet. The new owner replays
+// from the held gradient (Fanin-Replay-From), before the snapshot's own sequence: it must hold the
+// gradient again, refuse the early claim again (Fanin-Step-Seqs: version 1 was published after
+// it) without reporting it a second time, and accept the same claim sent once version 1 exists.
+// Stateless (sgd: the parameters are the snapshot) and stateful (adam: the checkpoint is).
+func TestSSPReplayAfterHandover(t *testing.T) {
+	for _, fn := range []string{"sgd", "adam"} {
+		t.Run(fn, func(t *testing.T) {
+			x := newSyncReplay(t, "ssp-replay-"+fn, "ssp", 2, fn)
+			ref := x.reference()
+			g := func(step int64, rank int) []float32 { return x.grad(step, rank, 0) }
+
+			x.send(2, 0, 0, g(2, 0))         // held: step 1 is open
+			x.send(3, 1, 1, x.grad(3, 1, 1)) // version 1 does not exist yet
+			x.expect(wire.ReasonFutureStep)  // ("had not published")
+			x.send(1, 0, 0, g(1, 0))         //
+			x.send(1, 1, 0, g(1, 1))         // completes step 1; step 2 still lacks rank 1
+			ref.Step([][]float32{g(1, 0), g(1, 1)}, nil)
+			p, h := x.params(1)
+			if !bytes.Equal(f32bytes(p), f32bytes(ref.Params())) {
+				t.Fatal("step 1 differs from the reference")
+			}
+			{ // replay starts at the held gradient (seq 1); step 1 was completed by seq 4
+				if h.Get(wire.HdrReplayFrom) != "1" || h.Get(wire.HdrStepSeqs) != "1:4" {
+					t.Fatalf("snapshot headers %s=%q %s=%q, want 1 and 1:4", wire.HdrReplayFrom, h.Get(wire.HdrReplayFrom), wire.HdrStepSeqs, h.Get(wire.HdrStepSeqs))
+				}
+			}
+
+			x.move("rt-1")
+			x.send(2, 1, 1, g(2, 1)) // completes step 2 with the held rank 0
+			x.send(3, 1, 1, g(3, 1)) // the same claim, now that version 1 exists: accepted
+			x.send(3, 0, 2, g(3, 0)) // completes step 3
+			ref.Step([][]float32{g(2, 0), g(2, 1)}, nil)
+			ref.Step([][]float32{g(3, 0), g(3, 1)}, nil)
+			p, _ = x.params(3)
+			x.quiet() // nothing reported again, nothing refused
+			if !bytes.Equal(f32bytes(p), f32bytes(ref.Params())) {
+				t.Fatal("after the handover, step 3 differs from the reference")
+			}
+
+			// And back, holding steps 4 and 5 while step 4 lacks a rank.
+			x.send(5, 0, 3, g(5, 0))
+			x.send(4, 0, 3, g(4, 0))
+			x.send(5, 1, 3, g(5, 1))
+			x.move("rt-0")
+			x.send(5, 1, 3, x.grad(5, 1, 1)) // a second gradient of (5, 1): refused once, by the new owner
+			x.expect(wire.ReasonDuplicate)
+			x.send(4, 1, 3, g(4, 1)) // completes steps 4 and 5
+			ref.Step([][]float32{g(4, 0), g(4, 1)}, nil)
+			ref.Step([][]float32{g(5, 0), g(5, 1)}, nil)
+			p, _ = x.params(5)
+			x.quiet()
+			if !bytes.Equal(f32bytes(p), f32bytes(ref.Params())) {
+				t.Fatal("after the second handover, step 5 differs from the reference")
+			}
+		})
+	}
+}
+
+// TestASPReplayAfterHandover moves an asp shard between gradients: the new owner must go on from
+// the same version with the same per-rank steps (Fanin-Rank-Steps), so a rank's old step is still
+// refused and the parameters equal the reference applying the gradients in stream order.
+func TestASPReplayAfterHandover(t *testing.T) {
+	for _, fn := range []string{"sgd", "adam"} {
+		t.Run(fn, func(t *testing.T) {
+			x := newSyncReplay(t, "asp-replay-"+fn, "asp", 0, fn)
+			ref := x.reference()
+			var order []string
+			apply := func(step int64, rank int, version int64) {
+				x.send(step, rank, version, x.grad(step, rank, 0))
+				ref.ApplyRank(0, x.grad(step, rank, 0), 1)
+				order = append(order, fmt.Sprint(rank, ".", step))
+			}
+			apply(1, 0, 0)
+			apply(1, 1, 0)
+			apply(2, 0, 1)
+			x.params(3)
+			x.move("rt-1")
+			x.send(2, 0, 3, x.grad(2, 0, 1)) // rank 0's step 2 was applied before the move
+			x.expect(wire.ReasonStaleStep)
+			apply(3, 1, 3) // rank 1 skips step 2: asp only needs its steps to grow
+			apply(3, 0, 2)
+			p, h := x.params(5)
+			if got := h.Get(wire.HdrApplied); got != order[len(order)-1] {
+				t.Fatalf("%s = %q, want %q", wire.HdrApplied, got, order[len(order)-1])
+			}
+			if got := h.Get(wire.HdrRankSteps); got != "3,3" {
+				t.Fatalf("%s = %q, want 3,3", wire.HdrRankSteps, got)
+			}
+			x.quiet()
+			if !bytes.Equal(f32bytes(p), f32bytes(ref.Params())) {
+				t.Fatalf("asp parameters differ from the reference applying %v", order)
+			}
+		})
+	}
+}
