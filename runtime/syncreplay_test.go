@@ -243,3 +243,27 @@ func TestASPReplayAfterHandover(t *testing.T) {
 		})
 	}
 }
+
+// TestSSPHoldsTheWholeStalenessWindow lets one rank of an ssp job (s = 16, the largest bound) run
+// the full bound ahead of a rank that has not published yet: the gradient stream must store all
+// of it (it is sized for s+1 held steps beyond its usual window; were it not, the fast rank's held
+// gradients would fill it and the slow rank could never publish the step that unblocks them),
+// and the runtime must hold and then apply every step in order.
+func TestSSPHoldsTheWholeStalenessWindow(t *testing.T) {
+	x := newSyncReplay(t, "ssp-window", "ssp", job.MaxStaleness, "sgd")
+	ref := x.reference()
+	g := func(step int64, rank int) []float32 { return x.grad(step, rank, 0) }
+	last := int64(job.MaxStaleness + 1)
+	for s := int64(1); s <= last; s++ { // rank 0 from the initial parameters: t-1-0 <= 16
+		x.send(s, 0, 0, g(s, 0))
+	}
+	for s := int64(1); s <= last; s++ { // rank 1 from the newest: each completes a step
+		x.send(s, 1, s-1, g(s, 1))
+		ref.Step([][]float32{g(s, 0), g(s, 1)}, nil)
+	}
+	p, _ := x.params(last)
+	x.quiet()
+	if !bytes.Equal(f32bytes(p), f32bytes(ref.Params())) {
+		t.Fatal("the parameters differ from the reference")
+	}
+}

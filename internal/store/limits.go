@@ -11,6 +11,20 @@ import (
 // (DiscardNew) until the runtimes purge: a publish error, never an eviction.
 const StorageWindow = 8
 
+// GradWindow is how many steps of gradients a job's stream may hold: StorageWindow, and for an ssp
+// job with staleness s, s+1 more. A runtime holds up to s steps beyond the one it gathers, and
+// keeps every gradient from the lowest one it holds (replay starts there), so a worker s steps
+// ahead of a slow one legitimately keeps s+1 steps in the stream; with less room, the fast
+// workers' held gradients would fill the stream and the slow worker could never publish the step
+// that unblocks them.
+func GradWindow(spec *job.Spec) int64 {
+	w := int64(StorageWindow)
+	if spec.Sync == "ssp" {
+		w += int64(spec.Staleness) + 1
+	}
+	return w
+}
+
 // MaxGradHeaders bounds the headers of one gradient message (step, rank, dtype, weight, message id,
 // reply subject, trace context): the stream refuses a message larger than its shard plus this.
 const MaxGradHeaders = 4 << 10
@@ -26,7 +40,7 @@ func GradMaxMsgSize(rec *job.Record) int32 {
 }
 
 // JobStorageBound is what a job's streams may store: grad, its gradients (ranks x the model's bytes
-// x StorageWindow, plus headers); params, its parameter stream (ParamsHistory versions of every
+// x GradWindow, plus headers); params, its parameter stream (ParamsHistory versions of every
 // shard's parameters and checkpoints with their optimizer state, plus headers).
 func JobStorageBound(rec *job.Record) (grad, params int64) {
 	slots := 0
@@ -40,7 +54,7 @@ func JobStorageBound(rec *job.Record) (grad, params int64) {
 		ckptMsg := int64(1+slots)*b + wire.Headroom
 		params += int64(ParamsHistory) * (paramsMsg + ckptMsg)
 	}
-	return grad * StorageWindow, params
+	return grad * GradWindow(&rec.Spec), params
 }
 
 // ParamsHistory is how many versions of each shard's parameters (and checkpoints) the parameter

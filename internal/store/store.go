@@ -274,7 +274,7 @@ func CreateJobStreams(ctx context.Context, js jetstream.JetStream, rec *job.Reco
 		Discard:     jetstream.DiscardNew,
 		MaxMsgSize:  min(GradMaxMsgSize(rec), int32(min(maxPayload, 1<<31-1))),
 		MaxBytes:    gradBytes,
-		MaxMsgs:     int64(rec.Spec.Ranks) * shards * StorageWindow,
+		MaxMsgs:     int64(rec.Spec.Ranks) * shards * GradWindow(&rec.Spec),
 		Duplicates:  2 * time.Minute,
 	}); err != nil {
 		return fmt.Errorf("create gradient stream of job %s: %w", id, err)
