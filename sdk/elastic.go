@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -41,6 +42,12 @@ type Elastic struct {
 	curGrad   GradFunc
 	published map[int]bool
 
+	// ssp: the versions of prev, per shard; the ranks published in the previous step (the others
+	// held now were gained, and catch up from the oldest missing step); the record callback.
+	prevVersions []int64
+	heldBefore   map[int]bool
+	record       func(rank int, step int64, shard int, version int64)
+
 	mu     sync.Mutex // guards the fields below, read by the beat loop
 	ranks  []int      // the ranks held, from the newest assignment read
 	epoch  uint64
@@ -71,6 +78,13 @@ func WithOnAssign(f func(ranks []int)) ElasticOption {
 	return func(e *Elastic) error { e.onAssign = f; return nil }
 }
 
+// WithRecord calls f for every gradient message of this worker that JetStream stored (not a
+// duplicate of another owner's): its rank, step, shard and the version of the shard's parameters
+// it was computed from. In an ssp job that is what a replay needs (functions.Reference).
+func WithRecord(f func(rank int, step int64, shard int, version int64)) ElasticOption {
+	return func(e *Elastic) error { e.record = f; return nil }
+}
+
 // Elastic joins job id as an elastic worker and starts beating. Its ranks come with the first
 // assignment that names it (see Step).
 func (c *Client) Elastic(ctx context.Context, id string, opts ...ElasticOption) (*Elastic, error) {
@@ -78,8 +92,8 @@ func (c *Client) Elastic(ctx context.Context, id string, opts ...ElasticOption) 
 	if err != nil {
 		return nil, err
 	}
-	if rec.Spec.Sync != "bsp" {
-		return nil, fmt.Errorf("job %q is %s: elastic workers follow bsp jobs only (for now)", id, rec.Spec.Sync)
+	if rec.Spec.Sync == "asp" {
+		return nil, fmt.Errorf("job %q is asp: it never waits for a worker, so there is nothing to assign; use Worker", id)
 	}
 	all := make([]int, rec.Spec.Ranks)
 	for r := range all {
@@ -99,6 +113,15 @@ func (c *Client) Elastic(ctx context.Context, id string, opts ...ElasticOption) 
 	}
 	w.elastic = true
 	w.waitHook = e.whileWaiting
+	if e.record != nil {
+		w.onStored = func(rank int, t int64, i int) {
+			v := t - 1 // bsp: the step before
+			if e.prevVersions != nil {
+				v = e.prevVersions[i]
+			}
+			e.record(rank, t, i, v)
+		}
+	}
 	bctx, stop := context.WithCancel(context.Background())
 	e.stop = stop
 	e.beat(false)
@@ -122,6 +145,10 @@ func (e *Elastic) Epoch() uint64 {
 	defer e.mu.Unlock()
 	return e.epoch
 }
+
+// OwnStep is the last step the worker published: StepCount in a bsp job; in an ssp job its own
+// step, up to s ahead of the parameters.
+func (e *Elastic) OwnStep() int64 { return e.w.OwnStep() }
 
 // StepCount is the step of the parameters the worker holds, -1 before it has any.
 func (e *Elastic) StepCount() int64 { return e.w.StepCount() }
@@ -156,6 +183,9 @@ var errBehind = errors.New("the job is past this step")
 
 func (e *Elastic) step1(ctx context.Context, grad GradFunc) ([]float32, error) {
 	w := e.w
+	if w.async() {
+		return e.stepSSP(ctx, grad)
+	}
 	if w.step < 0 || w.newest.Load() > w.step {
 		// First step, or the job went on without this worker (it joined, or stood by): start
 		// from the newest parameters.
@@ -188,9 +218,48 @@ func (e *Elastic) step1(ctx context.Context, grad GradFunc) ([]float32, error) {
 	return w.vec, nil
 }
 
+// stepSSP is Step for an ssp job: the step is the worker's own (Worker.stepAsync), and a rank
+// gained from a worker that died or left catches up from the oldest step it is missing.
+func (e *Elastic) stepSSP(ctx context.Context, grad GradFunc) ([]float32, error) {
+	w := e.w
+	if w.step < 0 {
+		if _, _, err := e.Params(ctx); err != nil {
+			return nil, err
+		}
+		w.as.own = w.step
+	}
+	if err := e.refresh(ctx); err != nil {
+		return nil, err
+	}
+	if len(e.Ranks()) == 0 { // standing by: follow the job
+		w.as.own = max(w.as.own, w.step)
+	}
+	t := w.as.own + 1
+	e.prev = append(e.prev[:0], w.vec...)
+	e.prevVersions = w.Versions()
+	e.curGrad = grad
+	e.published = map[int]bool{}
+	defer func() { e.curGrad = nil }()
+	if err := e.publishHeld(ctx, t); err != nil {
+		w.attempt++
+		return nil, err
+	}
+	if err := w.awaitVersions(ctx, t, t-int64(w.rec.Spec.Staleness)); err != nil {
+		w.attempt++
+		return nil, err
+	}
+	w.as.own, w.attempt = t, 0
+	e.heldBefore = e.published
+	e.setStep(w.step)
+	return w.vec, nil
+}
+
 // publishHeld computes and publishes, for step t, the gradient of every rank held and not yet
 // published in this step.
 func (e *Elastic) publishHeld(ctx context.Context, t int64) error {
+	if e.w.async() {
+		return e.publishHeldSSP(ctx, t)
+	}
 	var which []int
 	var grads [][]float32
 	for _, r := range e.Ranks() {
@@ -214,13 +283,53 @@ func (e *Elastic) publishHeld(ctx context.Context, t int64) error {
 	return e.w.publish(ctx, t, which, grads)
 }
 
+// publishHeldSSP publishes, for step t, every rank held and not yet published in it; a rank not
+// published in the previous step was gained, and first catches up every step from the oldest
+// version any shard is at, shard by shard where that shard has not applied it.
+func (e *Elastic) publishHeldSSP(ctx context.Context, t int64) error {
+	w := e.w
+	for i, v := range e.prevVersions {
+		vs := strconv.FormatInt(v, 10)
+		for j := range w.ranks {
+			w.msg(j, i).Header.Set(wire.HdrVersion, vs)
+		}
+	}
+	for _, r := range e.Ranks() {
+		if e.published[r] {
+			continue
+		}
+		from := t
+		if !e.heldBefore[r] {
+			from = slices.Min(e.prevVersions) + 1
+		}
+		g := e.grads[r]
+		if g == nil {
+			g = make([]float32, len(e.prev))
+			e.grads[r] = g
+		}
+		for k := from; k <= t; k++ {
+			if err := e.curGrad(ctx, r, k, e.prev, g); err != nil {
+				return fmt.Errorf("step %d: gradient of rank %d: %w", k, r, err)
+			}
+			w.pubFilter = func(i int, k int64) bool { return e.prevVersions[i] < k }
+			err := w.publish(ctx, k, []int{r}, [][]float32{g})
+			w.pubFilter = nil
+			if err != nil {
+				return err
+			}
+		}
+		e.published[r] = true
+	}
+	return nil
+}
+
 // whileWaiting runs while Step waits for step t: ranks given to this worker meanwhile are
 // computed and published.
 func (e *Elastic) whileWaiting(ctx context.Context, t int64) error {
 	if e.curGrad == nil {
 		return nil
 	}
-	if e.w.newest.Load() > t {
+	if !e.w.async() && e.w.newest.Load() > t {
 		return errBehind
 	}
 	if err := e.refresh(ctx); err != nil {

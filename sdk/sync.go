@@ -156,6 +156,8 @@ func (w *Worker) awaitVersions(ctx context.Context, t, need int64) error {
 	wait := w.fetch
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
+	poll := time.NewTicker(reconnectPoll)
+	defer poll.Stop()
 	for {
 		w.mu.Lock()
 		short := false
@@ -185,6 +187,12 @@ func (w *Worker) awaitVersions(ctx context.Context, t, need int64) error {
 		}
 		select {
 		case <-at:
+		case <-poll.C:
+			if w.waitHook != nil {
+				if err := w.waitHook(ctx, t); err != nil {
+					return err
+				}
+			}
 		case rej := <-w.rejects:
 			if rej.Step == t && wire.GradAttempt(rej.MsgID) == w.attempt && rej.Reason != wire.ReasonStaleStep &&
 				!(w.attempt > 0 && rej.Reason == wire.ReasonDuplicate) {

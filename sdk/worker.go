@@ -54,6 +54,10 @@ type Worker struct {
 
 	waitHook func(ctx context.Context, t int64) error
 	elastic  bool
+	// pubFilter, when set, says whether to publish step t of shard i; onStored is told of every
+	// gradient message JetStream stored (not a duplicate of one it had): rank, step, shard.
+	pubFilter func(i int, t int64) bool
+	onStored  func(rank int, t int64, i int)
 	newest   atomic.Int64
 
 	mu      sync.Mutex // guards the fields below, written by the parameter subscription
@@ -408,6 +412,9 @@ func (w *Worker) publish(ctx context.Context, t int64, which []int, grads [][]fl
 	for k, j := range which {
 		rank := w.ranks[j]
 		for i, s := range w.rec.Layout.Shards {
+			if w.pubFilter != nil && !w.pubFilter(i, t) {
+				continue
+			}
 			m := w.msg(j, i)
 			m.Header.Set(wire.HdrStep, stepStr)
 			id := wire.GradMsgID(w.rec.Spec.ID, s.ID, t, rank)
@@ -428,11 +435,17 @@ func (w *Worker) publish(ctx context.Context, t int64, which []int, grads [][]fl
 			continue
 		}
 		select {
-		case <-f.Ok():
+		case ack := <-f.Ok():
+			if w.onStored != nil && !ack.Duplicate {
+				w.onStored(w.ranks[k/n], t, k%n)
+			}
 		case err := <-f.Err():
 			// Retry synchronously with the same id: JetStream drops it if the first one landed.
 			if err := w.publishRetrying(ctx, w.rec.Layout.Shards[k%n], w.ranks[k/n], w.msgs[k], err); err != nil {
 				return err
+			}
+			if w.onStored != nil { // stored by this attempt or the first: ours either way
+				w.onStored(w.ranks[k/n], t, k%n)
 			}
 		case <-ctx.Done():
 			return ctx.Err()
