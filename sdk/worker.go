@@ -58,7 +58,7 @@ type Worker struct {
 	// gradient message JetStream stored (not a duplicate of one it had): rank, step, shard.
 	pubFilter func(i int, t int64) bool
 	onStored  func(rank int, t int64, i int)
-	newest   atomic.Int64
+	newest    atomic.Int64
 
 	mu      sync.Mutex // guards the fields below, written by the parameter subscription
 	want    int64      // the step Step waits for; 0 when not waiting
