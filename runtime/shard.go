@@ -408,12 +408,12 @@ func (x *shardExec) handleSeq(m jetstream.Msg, seq uint64) {
 	x.r.stats.bytesIn.Add(int64(len(data)))
 	x.met.Gradient(len(data))
 	switch {
-	case x.sync.mode == "ssp" && meta.Step > x.step+1:
+	case x.sync.mode == modeSSP && meta.Step > x.step+1:
 		x.hold(&meta, data, seq)
 		return
-	case x.sync.mode == "ssp":
+	case x.sync.mode == modeSSP:
 		x.sync.curSeq[meta.Rank] = seq
-	case x.sync.mode == "asp":
+	case x.sync.mode == modeASP:
 		x.r.cpu <- struct{}{}
 		x.applyOne(&meta, data)
 		<-x.r.cpu
@@ -449,7 +449,7 @@ func (x *shardExec) handleSeq(m jetstream.Msg, seq uint64) {
 		if len(x.state) > 0 && x.step-x.ckptAt.Load() >= x.ckptEvery {
 			x.checkpointAsync()
 		}
-		for x.sync.mode == "ssp" && x.promote() { // the next step was held whole: apply it too
+		for x.sync.mode == modeSSP && x.promote() { // the next step was held whole: apply it too
 			x.r.cpu <- struct{}{}
 			x.apply()
 			<-x.r.cpu

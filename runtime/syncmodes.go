@@ -44,9 +44,18 @@ func (g *gather) reset() {
 	clear(g.seqs)
 }
 
+// syncMode is a job's sync mode, compared on every message: a small integer, not its name.
+type syncMode uint8
+
+const (
+	modeBSP syncMode = iota
+	modeSSP
+	modeASP
+)
+
 // syncState is the part of a shard executor's state that SSP and ASP add.
 type syncState struct {
-	mode      string // bsp, ssp or asp
+	mode      syncMode
 	staleness int64
 	ahead     []*gather        // ssp: ahead[k] holds step step+2+k
 	curSeq    []uint64         // ssp: sequence of each rank gathered for step+1
@@ -57,9 +66,9 @@ type syncState struct {
 }
 
 func (x *shardExec) initSync(mode string, staleness int) {
-	x.sync.mode = mode
 	switch mode {
 	case "ssp":
+		x.sync.mode = modeSSP
 		x.sync.staleness = int64(staleness)
 		x.sync.ahead = make([]*gather, staleness)
 		for i := range x.sync.ahead {
@@ -68,6 +77,7 @@ func (x *shardExec) initSync(mode string, staleness int) {
 		x.sync.curSeq = make([]uint64, x.ranks)
 		x.sync.stepSeqs = map[int64]uint64{}
 	case "asp":
+		x.sync.mode = modeASP
 		x.sync.rankSteps = make([]int64, x.ranks)
 	}
 }
@@ -77,7 +87,7 @@ func (x *shardExec) initSync(mode string, staleness int) {
 func (x *shardExec) admitStep(meta *wire.GradMeta, seq uint64) *wire.Reject {
 	t, v := meta.Step, meta.Version
 	switch x.sync.mode {
-	case "ssp":
+	case modeSSP:
 		s := x.sync.staleness
 		switch {
 		case v < 0:
@@ -94,7 +104,7 @@ func (x *shardExec) admitStep(meta *wire.GradMeta, seq uint64) *wire.Reject {
 		if t > x.step+1 && x.sync.ahead[t-x.step-2].have[meta.Rank] || t == x.step+1 && x.have[meta.Rank] {
 			return wire.Rejectf(wire.ReasonDuplicate, "rank %d already sent step %d of shard %d", meta.Rank, t, x.shard.ID)
 		}
-	case "asp":
+	case modeASP:
 		switch {
 		case v < 0:
 			return wire.Rejectf(wire.ReasonMissingHeader, "header %s is missing: an asp job needs the step of the parameters each gradient was computed from", wire.HdrVersion)
@@ -153,7 +163,7 @@ func (x *shardExec) promote() bool {
 
 // noteApplied records, after apply, what the snapshot of the new step needs.
 func (x *shardExec) noteApplied() {
-	if x.sync.mode != "ssp" {
+	if x.sync.mode != modeSSP {
 		return
 	}
 	x.sync.stepSeqs[x.step] = x.stepSeq
@@ -163,7 +173,7 @@ func (x *shardExec) noteApplied() {
 // replayFrom is the stream sequence a restore of the current state replays from.
 func (x *shardExec) replayFrom() uint64 {
 	from := x.stepSeq + 1
-	if x.sync.mode != "ssp" {
+	if x.sync.mode != modeSSP {
 		return from
 	}
 	for r, h := range x.have {
@@ -184,7 +194,7 @@ func (x *shardExec) replayFrom() uint64 {
 // setSyncHeaders writes what a snapshot of the current state needs beyond step and sequence.
 func (x *shardExec) setSyncHeaders(h nats.Header) {
 	switch x.sync.mode {
-	case "ssp":
+	case modeSSP:
 		h.Set(wire.HdrReplayFrom, strconv.FormatUint(x.replayFrom(), 10))
 		steps := make([]int64, 0, len(x.sync.stepSeqs))
 		for st := range x.sync.stepSeqs {
@@ -201,7 +211,7 @@ func (x *shardExec) setSyncHeaders(h nats.Header) {
 			b.WriteString(strconv.FormatUint(x.sync.stepSeqs[st], 10))
 		}
 		h.Set(wire.HdrStepSeqs, b.String())
-	case "asp":
+	case modeASP:
 		var b strings.Builder
 		for r, st := range x.sync.rankSteps {
 			if r > 0 {
@@ -220,7 +230,7 @@ func (x *shardExec) setSyncHeaders(h nats.Header) {
 // one after the snapshot's).
 func (x *shardExec) loadSync(h nats.Header, seq uint64) (uint64, error) {
 	switch x.sync.mode {
-	case "ssp":
+	case modeSSP:
 		clear(x.sync.stepSeqs)
 		for _, g := range x.sync.ahead {
 			g.reset()
@@ -240,14 +250,14 @@ func (x *shardExec) loadSync(h nats.Header, seq uint64) (uint64, error) {
 		from := seq + 1
 		if v := h.Get(wire.HdrReplayFrom); v != "" {
 			n, err := strconv.ParseUint(v, 10, 64)
-			if err != nil || n > seq+1 {
+			if err != nil || n == 0 || n > seq+1 {
 				return 0, errBadSnapshot(wire.HdrReplayFrom, v)
 			}
 			from = n
 		}
 		x.sync.quietTo = seq
 		return from, nil
-	case "asp":
+	case modeASP:
 		clear(x.sync.rankSteps)
 		if v := h.Get(wire.HdrRankSteps); v != "" {
 			parts := strings.Split(v, ",")

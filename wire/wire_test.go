@@ -35,8 +35,16 @@ func TestParseGradHeaders(t *testing.T) {
 	h.Set(HdrDtype, "f32")
 	h.Set(HdrWeight, "128")
 	m, rej := ParseGradHeaders(h)
-	if rej != nil || m.Step != 12 || m.Rank != 3 || m.Weight != 128 {
-		t.Fatalf("got %+v %v", m, rej)
+	if rej != nil || m.Step != 12 || m.Rank != 3 || m.Weight != 128 || m.Version != -1 {
+		t.Fatalf("got %+v %v (Version -1: absent)", m, rej)
+	}
+	h.Set(HdrVersion, "0")
+	if m, rej = ParseGradHeaders(h); rej != nil || m.Version != 0 {
+		t.Fatalf("%s 0: got %+v %v", HdrVersion, m, rej)
+	}
+	h.Set(HdrVersion, "11")
+	if m, rej = ParseGradHeaders(h); rej != nil || m.Version != 11 {
+		t.Fatalf("%s 11: got %+v %v", HdrVersion, m, rej)
 	}
 	if n := testing.AllocsPerRun(100, func() { ParseGradHeaders(h) }); n != 0 {
 		t.Errorf("ParseGradHeaders allocates %v times", n)
@@ -48,6 +56,7 @@ func TestParseGradHeaders(t *testing.T) {
 		{HdrStep, "", ReasonMissingHeader}, {HdrStep, "0", ReasonBadHeader}, {HdrStep, "+1", ReasonBadHeader}, {HdrStep, "01", ReasonBadHeader}, {HdrRank, "00", ReasonBadHeader},
 		{HdrRank, "-1", ReasonBadHeader}, {HdrRank, "", ReasonMissingHeader}, {HdrDtype, "bf16", ReasonBadDtype},
 		{HdrWeight, "NaN", ReasonBadHeader}, {HdrWeight, "0", ReasonBadHeader},
+		{HdrVersion, "-1", ReasonBadHeader}, {HdrVersion, "v3", ReasonBadHeader}, {HdrVersion, "03", ReasonBadHeader}, {HdrVersion, " 3", ReasonBadHeader},
 	} {
 		bad := nats.Header{}
 		for k, v := range h {
