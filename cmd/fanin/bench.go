@@ -72,3 +72,21 @@ func benchWorkersCmd() *cobra.Command {
 	f.IntVar(&cfg.Steps, "steps", 10, "timed steps")
 	return cmd
 }
+
+// benchElasticWorkerCmd is one elastic worker process of `fanin bench --only elastic` (the
+// absorb case SIGKILLs them). Hidden: only the bench runs it.
+func benchElasticWorkerCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:                bench.ElasticWorkerCommand,
+		Short:              "Run an elastic worker process of the elastic bench scenario",
+		Hidden:             true,
+		DisableFlagParsing: true, // bench.ParseElasticWorker reads them, as a test binary does
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cfg, err := bench.ParseElasticWorker(args)
+			if err != nil {
+				return err
+			}
+			return bench.RunElasticWorker(cmd.Context(), cfg, cmd.OutOrStdout())
+		},
+	}
+}

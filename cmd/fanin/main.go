@@ -57,7 +57,7 @@ func run(ctx context.Context, args []string) error {
 		stopTracing = stop
 		return nil
 	}
-	root.AddCommand(devCmd(), runtimeCmd(), gatewayCmd(), autoscalerCmd(), jobsCmd(), simCmd(), benchCmd(), benchWorkersCmd(), poolCmd(), policyCmd(), topCmd(), tokensCmd(), authCmd())
+	root.AddCommand(devCmd(), runtimeCmd(), gatewayCmd(), autoscalerCmd(), jobsCmd(), simCmd(), benchCmd(), benchWorkersCmd(), benchElasticWorkerCmd(), poolCmd(), policyCmd(), topCmd(), tokensCmd(), authCmd())
 	root.SetArgs(args)
 	err := root.ExecuteContext(ctx)
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

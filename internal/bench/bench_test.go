@@ -19,7 +19,7 @@ func TestRunQuick(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Run: %v\nprogress:\n%s", err, progress.String())
 	}
-	want := map[string]int{"kernel": 3, "latency-small": 4, "elastic": 9}
+	want := map[string]int{"kernel": 3, "latency-small": 4, "elastic": 11}
 	got := map[string]int{}
 	for _, r := range res {
 		got[r.Scenario]++
@@ -262,4 +262,42 @@ func BenchmarkRequestReply(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestElasticWorkerArgs: the bench's command line for a worker process reads back the same.
+func TestElasticWorkerArgs(t *testing.T) {
+	want := ElasticWorkerConfig{URL: "nats://127.0.0.1:4222", Job: "absorb", ID: "w3", Ranks: 4, Compute: 10 * time.Millisecond}
+	got, err := ParseElasticWorker(want.Args())
+	if err != nil || got != want {
+		t.Fatalf("ParseElasticWorker(%q) = %+v, %v; want %+v", want.Args(), got, err, want)
+	}
+	for _, bad := range [][]string{nil, {"--job", "a", "--id", "w"}, append(want.Args(), "extra"), {"--nats", "x", "--job", "a", "--id", "w", "--ranks", "0"}} {
+		if _, err := ParseElasticWorker(bad); err == nil {
+			t.Errorf("ParseElasticWorker(%q) accepted", bad)
+		}
+	}
+}
+
+// TestAbsorbSplit: the absorb case's rows are the gap, the detection and the rest, and the
+// medians of the last two add up to the gap's when the kills agree.
+func TestAbsorbSplit(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	kill := func(detect, rest time.Duration) absorbKill {
+		return absorbKill{lastStep: t0, lastBeat: t0.Add(-400 * time.Millisecond), killed: t0.Add(time.Millisecond),
+			reassigned: t0.Add(detect), firstStep: t0.Add(detect + rest), step: 20 * time.Millisecond}
+	}
+	res := absorbResults([]absorbKill{kill(2600*time.Millisecond, 40*time.Millisecond), kill(2500*time.Millisecond, 30*time.Millisecond), kill(2700*time.Millisecond, 50*time.Millisecond)})
+	if len(res) != 3 {
+		t.Fatalf("%d results, want 3", len(res))
+	}
+	gap, detect, rest := res[0], res[1], res[2]
+	if gap.Fanin != 2.64 || detect.Fanin != 2.6 || rest.Fanin != 0.04 {
+		t.Errorf("medians: gap %v, detection %v, rest %v; want 2.64, 2.6, 0.04", gap.Fanin, detect.Fanin, rest.Fanin)
+	}
+	if gap.Base != 3 || detect.Base != 3 || rest.Base != 0.02 || !rest.LowerIsBetter || rest.Ratio != 2 {
+		t.Errorf("baselines: %+v %+v %+v", gap, detect, rest)
+	}
+	if !strings.Contains(detect.Notes, "3s after the dead worker's last beat") {
+		t.Errorf("detection notes %q lack the time since the last beat", detect.Notes)
+	}
 }

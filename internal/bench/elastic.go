@@ -21,9 +21,9 @@ import (
 // The elastic scenario: the demo model (internal/demo) with 4 logical ranks, each rank's gradient
 // taking rankCompute as if on a device.
 //
-//   - absorb: 4 elastic workers; one's connection is dropped without a word (a worker killed), and
-//     the time from the last step completed before to the next step completed after is measured,
-//     against the lapse that bounds it (wire.WorkerLapse after the last beat).
+//   - absorb (absorb.go): 4 elastic worker processes; one is SIGKILLed, and the time from the last
+//     step completed before to the next step completed after is measured and split into the
+//     detection (wire.WorkerLapse after the last beat) and the rest.
 //   - slow worker: one of 4 workers takes twice its peers' time per step; steps/s and the test
 //     accuracy reached after a fixed wall time, under ssp (s = 2) and asp against bsp.
 const rankCompute = 10 * time.Millisecond
@@ -85,130 +85,6 @@ func demoStack(ctx context.Context, rs *runState, id, mode string, staleness int
 
 // computeFor sleeps what is left of d since began: a rank's gradient on a device.
 func computeFor(began time.Time, d time.Duration) { time.Sleep(d - time.Since(began)) }
-
-func benchAbsorb(ctx context.Context, rs *runState, kills int) ([]Result, error) {
-	st, _, prob, done, err := demoStack(ctx, rs, "absorb", "bsp", 0)
-	if err != nil {
-		return nil, err
-	}
-	defer done()
-	var mu sync.Mutex
-	completed := map[int64]time.Time{}
-	clients := map[string]*sdk.Client{}
-	var wg sync.WaitGroup
-	wctx, stop := context.WithCancel(ctx)
-	defer func() { stop(); wg.Wait() }()
-	start := func(id string) error {
-		c, err := sdk.Connect(wctx, st.URL)
-		if err != nil {
-			return err
-		}
-		e, err := c.Elastic(wctx, "absorb", sdk.WithWorkerID(id))
-		if err != nil {
-			c.Close()
-			return err
-		}
-		mu.Lock()
-		clients[id] = c
-		mu.Unlock()
-		model := demo.NewModel(prob)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer c.Close()
-			grad := func(_ context.Context, rank int, step int64, p, g []float32) error {
-				began := time.Now()
-				model.Gradient(p, rank, 4, step, g)
-				computeFor(began, rankCompute)
-				return nil
-			}
-			for wctx.Err() == nil {
-				if _, err := e.Step(wctx, grad); err != nil {
-					return // killed, or the bench is over
-				}
-				mu.Lock()
-				if _, ok := completed[e.StepCount()]; !ok {
-					completed[e.StepCount()] = time.Now()
-				}
-				mu.Unlock()
-			}
-		}()
-		return nil
-	}
-	newest := func() int64 {
-		mu.Lock()
-		defer mu.Unlock()
-		var n int64
-		for s := range completed {
-			n = max(n, s)
-		}
-		return n
-	}
-	waitStep := func(s int64) error {
-		for newest() < s {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-		return nil
-	}
-	for i := range 4 {
-		if err := start(fmt.Sprint("w", i)); err != nil {
-			return nil, err
-		}
-	}
-	var gaps, steps []time.Duration
-	next := 4
-	for k := range kills {
-		if err := waitStep(newest() + 30); err != nil {
-			return nil, err
-		}
-		mu.Lock()
-		victim := fmt.Sprint("w", k) // the oldest workers go first
-		c := clients[victim]
-		before := int64(0)
-		for s := range completed {
-			before = max(before, s)
-		}
-		steps = append(steps, completed[before].Sub(completed[before-10])/10)
-		mu.Unlock()
-		killed := time.Now()
-		c.Close()
-		if err := waitStep(before + 2); err != nil {
-			return nil, err
-		}
-		mu.Lock()
-		var last, first time.Time
-		for _, at := range completed {
-			if at.Before(killed) && at.After(last) {
-				last = at
-			}
-			if at.After(killed) && (first.IsZero() || at.Before(first)) {
-				first = at
-			}
-		}
-		mu.Unlock()
-		gaps = append(gaps, first.Sub(last))
-		rs.printf("  elastic absorb: kill %d: %v from the last step before to the first after", k+1, first.Sub(last).Round(time.Millisecond))
-		if err := start(fmt.Sprint("w", next)); err != nil { // a replacement: four again
-			return nil, err
-		}
-		next++
-	}
-	slices.Sort(gaps)
-	slices.Sort(steps)
-	med := gaps[len(gaps)/2]
-	r := latency(Result{
-		Scenario: "elastic", Case: "absorb a lost worker", Metric: "s from the last step before a worker's death to the next",
-		Baseline: "the lapse after which a silent worker is dead (3 s after its last beat)",
-		Fanin:    med.Seconds(), Base: wire.WorkerLapse.Seconds(),
-		Setup: fmt.Sprintf("the demo model, 4 logical ranks on 4 elastic workers (each rank's gradient %v), adam; %d kills (a connection dropped without a word), a replacement joining after each", rankCompute, kills),
-		Notes: fmt.Sprintf("median of %d; max %v; a step took %v before each kill (median): the death costs about lapse - (time since the last beat) + one step",
-			len(gaps), gaps[len(gaps)-1].Round(time.Millisecond), steps[len(steps)/2].Round(time.Millisecond)),
-	})
-	return []Result{r}, nil
-}
 
 // benchSlowWorker runs 4 plain workers, rank 3 at twice the others' compute, for wall under each
 // sync mode, and reports steps/s and the test accuracy at the end against bsp's.
