@@ -159,6 +159,18 @@ func (w *Worker) awaitVersions(ctx context.Context, t, need int64) error {
 	poll := time.NewTicker(reconnectPoll)
 	defer poll.Stop()
 	for {
+		// A rejection of this step fails Step before any staged parameters are taken: the
+		// caller's parameters and Versions stay those its gradient was computed from, so that a
+		// retry publishes the same Fanin-Version.
+		select {
+		case rej := <-w.rejects:
+			if rej.Step == t && wire.GradAttempt(rej.MsgID) == w.attempt && rej.Reason != wire.ReasonStaleStep &&
+				!(w.attempt > 0 && rej.Reason == wire.ReasonDuplicate) {
+				return rej
+			}
+			continue
+		default:
+		}
 		w.mu.Lock()
 		short := false
 		for i := range w.got {
@@ -169,19 +181,8 @@ func (w *Worker) awaitVersions(ctx context.Context, t, need int64) error {
 		at := w.as.stageAt
 		if !short {
 			w.takeStagedLocked()
-			w.mu.Unlock()
-		} else {
-			w.mu.Unlock()
 		}
-		select { // a rejection of this step, even when nothing needs waiting for
-		case rej := <-w.rejects:
-			if rej.Step == t && wire.GradAttempt(rej.MsgID) == w.attempt && rej.Reason != wire.ReasonStaleStep &&
-				!(w.attempt > 0 && rej.Reason == wire.ReasonDuplicate) {
-				return rej
-			}
-			continue
-		default:
-		}
+		w.mu.Unlock()
 		if !short {
 			return nil
 		}
