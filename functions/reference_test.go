@@ -213,3 +213,46 @@ func TestReferenceLayout(t *testing.T) {
 		}()
 	}
 }
+
+// ApplyRank is a one-rank step of one shard, whatever the job's rank count: applied to every
+// shard in turn it gives the bits of a one-rank reference's Step (Ranks 1, WeightSum the weight,
+// Step the shard's own update count), for every function.
+func TestApplyRankIsAOneRankStep(t *testing.T) {
+	shards := []Range{{0, 300}, {300, 200}, {500, 13}}
+	for _, c := range configs {
+		t.Run(c.name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(7, 8))
+			init := randomGrads(rng, 1, 513)[0]
+			f1, err := New(c.name, c.hyper)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f3, _ := New(c.name, c.hyper)
+			one := NewReference(f1, 1, shards, init)
+			asp := NewReference(f3, 3, shards, init)
+			for step := range 6 {
+				g := randomGrads(rng, 1, 513)
+				w := randomWeights(rng, 1)
+				one.Step(g, w)
+				for s := range shards {
+					asp.ApplyRank(s, g[0], w[0])
+				}
+				for i, p := range one.Params() {
+					if math.Float32bits(p) != math.Float32bits(asp.Params()[i]) {
+						t.Fatalf("update %d, element %d: ApplyRank %v, one-rank Step %v", step+1, i, asp.Params()[i], p)
+					}
+				}
+			}
+			// Each shard counts its own updates: one more on shard 0 is its 7th (Adam's bias
+			// correction), while shards 1 and 2 stay where they were.
+			g := randomGrads(rng, 1, 513)
+			before := append([]float32(nil), asp.Params()...)
+			asp.ApplyRank(0, g[0], 1)
+			for i := 300; i < 513; i++ {
+				if math.Float32bits(before[i]) != math.Float32bits(asp.Params()[i]) {
+					t.Fatalf("element %d of another shard changed", i)
+				}
+			}
+		})
+	}
+}
