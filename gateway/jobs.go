@@ -87,7 +87,7 @@ func (s *Server) create(ctx context.Context, spec job.Spec, g grant) (*api.JobCr
 		}
 		if quota.StorageBytes > 0 && stored > quota.StorageBytes {
 			return nil, &QuotaError{fmt.Sprintf("%s's jobs with this one may store %s, the quota allows %s: this job alone may store %s (ranks x model x %d steps of gradients, and its parameters): delete a job, or ask for a larger quota",
-				ownerName(g), job.ByteSize(stored), job.ByteSize(quota.StorageBytes), job.ByteSize(storageOf(&rec)), store.StorageWindow)}
+				ownerName(g), job.ByteSize(stored), job.ByteSize(quota.StorageBytes), job.ByteSize(storageOf(&rec)), store.GradWindow(&rec.Spec))}
 		}
 	}
 	if _, err := s.buckets.Jobs.Get(ctx, spec.ID); err == nil {
