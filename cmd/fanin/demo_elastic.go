@@ -19,8 +19,9 @@ import (
 )
 
 // elasticDemoSteps is the length of the elastic demo when --steps is 0: it needs an end to plan
-// its comings and goings.
-const elasticDemoSteps = 200
+// its comings and goings. Each of its five phases lasts 80 steps, 1-3 s here: long enough for the
+// steps/s over the rateWindow to show the phase's own speed after the stall that began it.
+const elasticDemoSteps = 400
 
 // elasticDemoCompute is the least time one rank's gradient takes, as if on a device: the demo
 // model alone computes in microseconds, and then a worker holding four ranks would be no slower
@@ -77,6 +78,7 @@ func runElasticDemo(ctx context.Context, st *devstack.Stack, cfg demoConfig, out
 		demoJob, cfg.ranks, steps, cfg.function, cfg.lr)
 	fmt.Fprintf(out, "plan: 4 workers; at step %d w3 leaves, at %d w2 dies, at %d w1 leaves, at %d w4 and w5 join\n",
 		steps/5, 2*steps/5, 3*steps/5, 4*steps/5)
+	fmt.Fprintf(out, "steps/s: over the last %v, a stall included; workers: who holds which logical ranks, (the assignment's epoch)\n", rateWindow)
 	fmt.Fprintf(out, "%6s  %10s  %9s  %8s  %s\n", "step", "train loss", "test acc", "steps/s", "workers: ranks (epoch)")
 
 	d := &elasticDemo{ctx: ctx, st: st, creds: creds, prob: prob, ranks: cfg.ranks, steps: steps,
@@ -85,19 +87,24 @@ func runElasticDemo(ctx context.Context, st *devstack.Stack, cfg demoConfig, out
 	d.start("w1")
 	d.start("w2")
 	d.start("w3")
-	planned := map[int64]func(){
-		steps / 5:     func() { d.leave("w3") },
-		2 * steps / 5: func() { d.kill("w2") },
-		3 * steps / 5: func() { d.leave("w1") },
-		4 * steps / 5: func() { d.start("w4"); d.start("w5") },
+	type event struct {
+		say string
+		act func()
+	}
+	planned := map[int64]event{
+		steps / 5:     {"w3 leaves (Leave: its ranks move at once)", func() { d.leave("w3") }},
+		2 * steps / 5: {"w2 dies (its connection dropped without a word: its ranks move once fanin misses its beats, 3 s)", func() { d.kill("w2") }},
+		3 * steps / 5: {"w1 leaves", func() { d.leave("w1") }},
+		4 * steps / 5: {"w4 and w5 join", func() { d.start("w4"); d.start("w5") }},
 	}
 	start := time.Now()
 	for t := int64(1); t <= steps; t++ {
 		if err := d.await(t); err != nil {
 			return err
 		}
-		if act, ok := planned[t]; ok {
-			act()
+		if ev, ok := planned[t]; ok {
+			fmt.Fprintf(out, "%6s  after step %d: %s\n", "--", t, ev.say)
+			ev.act()
 		}
 		if t%int64(cfg.every) == 0 || t == steps {
 			p := d.paramsOf(t)
@@ -290,21 +297,38 @@ func (d *elasticDemo) loss(t int64) float32 {
 }
 
 // rateWindow is how far back the demo's steps/s looks: short, so that a change shows at once.
-const rateWindow = 2 * time.Second
+const rateWindow = time.Second
 
 // rate is the steps/s over the rateWindow before step t was completed.
 func (d *elasticDemo) rate(t int64) float64 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	end := d.done[t]
-	k := int64(0)
-	for at, ok := d.done[t-k-1]; ok && end.Sub(at) <= rateWindow; at, ok = d.done[t-k-1] {
-		k++
-	}
-	if k == 0 {
+	return recentRate(d.done, t, rateWindow)
+}
+
+// recentRate is the steps/s up to step t from done (when each step completed), over at least
+// window: from the newest step completed window or more before t (or the
+// oldest known) to t. A stall within the window lowers it: it counts the time, not only the steps.
+func recentRate(done map[int64]time.Time, t int64, window time.Duration) float64 {
+	end, ok := done[t]
+	if !ok {
 		return 0
 	}
-	return float64(k) / end.Sub(d.done[t-k]).Seconds()
+	from := t
+	for s := t - 1; ; s-- {
+		at, ok := done[s]
+		if !ok {
+			break
+		}
+		from = s
+		if end.Sub(at) >= window {
+			break
+		}
+	}
+	if from == t {
+		return 0
+	}
+	return float64(t-from) / end.Sub(done[from]).Seconds()
 }
 
 func (d *elasticDemo) leave(id string) {

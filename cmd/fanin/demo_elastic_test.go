@@ -27,6 +27,11 @@ func TestElasticDemo(t *testing.T) {
 	if !strings.Contains(s, "bit-identical to the same job on 4 fixed ranks") {
 		t.Fatalf("no verdict:\n%s", s)
 	}
+	for _, ev := range []string{"after step 24: w3 leaves", "after step 48: w2 dies", "after step 72: w1 leaves", "after step 96: w4 and w5 join"} {
+		if !strings.Contains(s, ev) {
+			t.Errorf("no %q:\n%s", ev, s)
+		}
+	}
 	if !strings.Contains(s, "w0[0 1 2 3]") {
 		t.Errorf("w0 never held every rank alone:\n%s", s)
 	}
@@ -35,5 +40,34 @@ func TestElasticDemo(t *testing.T) {
 	}
 	if !regexp.MustCompile(`\((4|5|6|7|8)\)\n`).MatchString(s) {
 		t.Errorf("the assignment's epoch never reached 4:\n%s", s)
+	}
+}
+
+// TestRecentRate: the elastic demo's steps/s is over the last rateWindow and counts a stall in it,
+// however few steps came after.
+func TestRecentRate(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	done := map[int64]time.Time{0: t0}
+	at := t0
+	for s := int64(1); s <= 100; s++ { // 50 steps/s
+		at = at.Add(20 * time.Millisecond)
+		done[s] = at
+	}
+	if r := recentRate(done, 100, 2*time.Second); r < 49.99 || r > 50.01 {
+		t.Errorf("steady: %v steps/s, want 50", r)
+	}
+	at = at.Add(3 * time.Second) // a stall longer than the window, then 4 steps at 50/s
+	for s := int64(101); s <= 104; s++ {
+		done[s] = at
+		at = at.Add(20 * time.Millisecond)
+	}
+	if r := recentRate(done, 104, 2*time.Second); r > 2 {
+		t.Errorf("after a 3 s stall: %v steps/s, want under 2 (4 steps in 3.06 s)", r)
+	}
+	if r := recentRate(done, 3, 2*time.Second); r < 49.99 || r > 50.01 {
+		t.Errorf("from the start: %v steps/s, want 50", r)
+	}
+	if r := recentRate(done, 0, 2*time.Second); r != 0 {
+		t.Errorf("at the start: %v, want 0", r)
 	}
 }

@@ -46,6 +46,9 @@ func devCmd() *cobra.Command {
 				return err
 			}
 			if withDemo && elastic {
+				if !cmd.Flags().Changed("every") {
+					dc.every = 10 // 400 steps
+				}
 				return runElasticDemo(cmd.Context(), st, dc, out)
 			}
 			if elastic {
@@ -74,11 +77,11 @@ func devCmd() *cobra.Command {
 	f.BoolVar(&noAuth, "no-auth", false, "run without authentication: open NATS and an open HTTP API")
 	f.BoolVar(&withDemo, "demo", false, "train the demo model through fanin")
 	f.BoolVar(&elastic, "elastic", false, "with --demo: elastic workers leave, die and join during training; the result is checked against fixed ranks")
-	f.IntVar(&dc.steps, "steps", 0, "with --demo: train this many steps, then exit (0: until Ctrl-C; with --elastic, 200)")
+	f.IntVar(&dc.steps, "steps", 0, "with --demo: train this many steps, then exit (0: until Ctrl-C; with --elastic, 400)")
 	f.IntVar(&dc.ranks, "ranks", 4, "with --demo: workers (logical ranks)")
 	f.StringVar(&dc.function, "function", "adam", "with --demo: aggregation function (adam, sgd, momentum, ...)")
 	f.Float64Var(&dc.lr, "lr", 0.01, "with --demo: learning rate")
-	f.IntVar(&dc.every, "every", 5, "with --demo: print a line every this many steps")
+	f.IntVar(&dc.every, "every", 5, "with --demo: print a line every this many steps (with --elastic, default 10)")
 	return cmd
 }
 
