@@ -97,9 +97,30 @@ func runElasticDemo(ctx context.Context, st *devstack.Stack, cfg demoConfig, out
 		3 * steps / 5: {"w1 leaves", func() { d.leave("w1") }},
 		4 * steps / 5: {"w4 and w5 join", func() { d.start("w4"); d.start("w5") }},
 	}
+	// The ticker wakes await, so that a stall is reported while it lasts.
+	tickDone := make(chan struct{})
+	var tickWG sync.WaitGroup
+	tickWG.Go(func() {
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-tickDone:
+				return
+			case <-tick.C:
+				d.mu.Lock()
+				d.cond.Broadcast()
+				d.mu.Unlock()
+			}
+		}
+	})
+	defer func() { close(tickDone); tickWG.Wait() }()
 	start := time.Now()
 	for t := int64(1); t <= steps; t++ {
-		if err := d.await(t); err != nil {
+		err := d.await(t, func(waited time.Duration) {
+			fmt.Fprintf(out, "%6s  %-31s  %s\n", "..", fmt.Sprintf("waiting %.0f s for step %d", waited.Seconds(), t), d.assignment(admin))
+		})
+		if err != nil {
 			return err
 		}
 		if ev, ok := planned[t]; ok {
@@ -248,8 +269,11 @@ func (d *elasticDemo) run(id string, w *demoWorker) error {
 	return e.Leave(d.ctx)
 }
 
-// await waits until some worker completed step t.
-func (d *elasticDemo) await(t int64) error {
+// await waits until some worker completed step t. While it waits, every stallEvery, it calls
+// onStall (without the lock) with the time waited: a stall shows while it lasts.
+func (d *elasticDemo) await(t int64, onStall func(waited time.Duration)) error {
+	began := time.Now()
+	next := stallEvery
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for {
@@ -262,9 +286,19 @@ func (d *elasticDemo) await(t int64) error {
 		if err := d.ctx.Err(); err != nil {
 			return err
 		}
-		d.cond.Wait()
+		if waited := time.Since(began); waited >= next {
+			next += stallEvery
+			d.mu.Unlock()
+			onStall(waited)
+			d.mu.Lock()
+			continue
+		}
+		d.cond.Wait() // woken by a step, a failure, or the demo's ticker
 	}
 }
+
+// stallEvery is how often a line says that the job waits for a step.
+const stallEvery = time.Second
 
 func (d *elasticDemo) paramsOf(t int64) []float32 {
 	d.mu.Lock()

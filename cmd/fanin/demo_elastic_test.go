@@ -12,7 +12,7 @@ import (
 )
 
 // TestElasticDemo runs `fanin dev --demo --elastic` on an in-process stack: the assignment changes
-// as the workers leave, die and join (w0 alone holds every rank for a while, the joiners hold some
+// as the workers leave, die (a stall shown while it lasts) and join (w0 alone holds every rank for a while, the joiners hold some
 // at the end), and the final parameters are bit-identical to the same job on fixed ranks.
 func TestElasticDemo(t *testing.T) {
 	st := testutil.Stack(t, 2)
@@ -31,6 +31,9 @@ func TestElasticDemo(t *testing.T) {
 		if !strings.Contains(s, ev) {
 			t.Errorf("no %q:\n%s", ev, s)
 		}
+	}
+	if !regexp.MustCompile(`waiting 1 s for step (49|50) `).MatchString(s) { // w2 died after step 48
+		t.Errorf("the stall after w2's death was not shown:\n%s", s)
 	}
 	if !strings.Contains(s, "w0[0 1 2 3]") {
 		t.Errorf("w0 never held every rank alone:\n%s", s)
