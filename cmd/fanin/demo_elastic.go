@@ -81,8 +81,12 @@ func runElasticDemo(ctx context.Context, st *devstack.Stack, cfg demoConfig, out
 	fmt.Fprintf(out, "steps/s: over the last %v, a stall included; workers: who holds which logical ranks, (the assignment's epoch)\n", rateWindow)
 	fmt.Fprintf(out, "%6s  %10s  %9s  %8s  %s\n", "step", "train loss", "test acc", "steps/s", "workers: ranks (epoch)")
 
-	d := &elasticDemo{ctx: ctx, st: st, creds: creds, prob: prob, ranks: cfg.ranks, steps: steps,
+	// The workers run under wctx: whatever ends the demo (the last step, a failure, Ctrl-C) stops
+	// them and waits for them.
+	wctx, stopWorkers := context.WithCancel(ctx)
+	d := &elasticDemo{ctx: wctx, st: st, creds: creds, prob: prob, ranks: cfg.ranks, steps: steps,
 		losses: map[int64]map[int]float32{}, done: map[int64]time.Time{}, workers: map[string]*demoWorker{}}
+	defer func() { stopWorkers(); d.wg.Wait() }()
 	d.start("w0")
 	d.start("w1")
 	d.start("w2")
@@ -121,6 +125,10 @@ func runElasticDemo(ctx context.Context, st *devstack.Stack, cfg demoConfig, out
 			fmt.Fprintf(out, "%6s  %-31s  %s\n", "..", fmt.Sprintf("waiting %.0f s for step %d", waited.Seconds(), t), d.assignment(admin))
 		})
 		if err != nil {
+			if ctx.Err() != nil { // Ctrl-C
+				fmt.Fprintf(out, "\nelastic demo interrupted after step %d\n", t-1)
+				return nil
+			}
 			return err
 		}
 		if ev, ok := planned[t]; ok {
