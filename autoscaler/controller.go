@@ -362,7 +362,7 @@ func (c *Controller) observe(snap view.Snapshot, now time.Time, lapses bool) Obs
 				ro.Speed = median / l.NanosPerByte
 			}
 		}
-		ro.Since = runtimes[id].Beat // its registration's latest write, not when it started
+		ro.Since = runtimes[id].Registered // when it started, not its last heartbeat
 		obs.Runtimes = append(obs.Runtimes, ro)
 	}
 	slices.SortFunc(obs.Runtimes, func(a, b RuntimeObs) int { return strings.Compare(a.ID, b.ID) })

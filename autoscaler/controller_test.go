@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -82,9 +84,12 @@ func newCtlEnv(t *testing.T) *ctlEnv {
 }
 
 // beat registers runtime id (again), as its heartbeat does.
-func (e *ctlEnv) beat(id string) {
+func (e *ctlEnv) beat(id string) { e.t.Helper(); e.beatStarted(id, time.Now()) }
+
+// beatStarted registers runtime id (again) as a runtime started at started does.
+func (e *ctlEnv) beatStarted(id string, started time.Time) {
 	e.t.Helper()
-	info, _ := json.Marshal(wire.RuntimeInfo{ID: id, Cores: 4, Started: time.Now(), Beat: time.Now()})
+	info, _ := json.Marshal(wire.RuntimeInfo{ID: id, Cores: 4, Started: started, Beat: time.Now()})
 	if _, err := e.b.Runtimes.Put(context.Background(), id, info); err != nil {
 		e.t.Fatal(err)
 	}
@@ -110,10 +115,10 @@ func (e *ctlEnv) placement() map[string]string {
 }
 
 // controller runs a controller with manual steps until the test ends.
-func (e *ctlEnv) controller(drv autoscaler.PoolDriver) *autoscaler.Controller {
+func (e *ctlEnv) controller(drv autoscaler.PoolDriver, opts ...autoscaler.ControllerOption) *autoscaler.Controller {
 	e.t.Helper()
-	c, err := autoscaler.NewController(e.nc, drv, autoscaler.WithManualSteps(), autoscaler.WithControllerLogger(testutil.Logger()),
-		autoscaler.WithControllerTelemetry(nil, nil))
+	c, err := autoscaler.NewController(e.nc, drv, append([]autoscaler.ControllerOption{autoscaler.WithManualSteps(),
+		autoscaler.WithControllerLogger(testutil.Logger()), autoscaler.WithControllerTelemetry(nil, nil)}, opts...)...)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -195,6 +200,48 @@ func TestControllerVanishedRuntimeReplacedAtOnce(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	if d, err := c.Step(context.Background()); err != nil || len(d.Moves) != 0 {
 		t.Fatalf("a decision after recovery: %v, moves %v", err, d.Moves)
+	}
+}
+
+// A runtime's age is from when it started, not from its last heartbeat: a slow runtime that has
+// run for an hour and beats every second is past any startup grace, judged a straggler, emptied and
+// removed. (The controller used to give the decider the last heartbeat as the registration time,
+// so a runtime that kept beating stayed in its grace for good and was never judged.)
+func TestControllerJudgesALongRunningStraggler(t *testing.T) {
+	e := newCtlEnv(t)
+	started := time.Now().Add(-time.Hour)
+	for _, id := range []string{"rt-a", "rt-b", "rt-c"} {
+		e.beatStarted(id, started)
+	}
+	pol := autoscaler.DefaultPolicy()
+	pol.StartupGrace = 30 * time.Minute // longer than this test: only the start time can be past it
+	pool := &fakePool{size: 3}
+	c := e.controller(pool, autoscaler.WithPolicy(pol))
+	e.stepUntil(c, allOn("rt-a", "rt-b", "rt-c"))
+	var reasons []string
+	e.stepUntil(c, func(p map[string]string) error {
+		for id, nanos := range map[string]float64{"rt-a": 1, "rt-b": 1, "rt-c": 5} { // rt-c at 0.2x
+			e.beatStarted(id, started)
+			rep, _ := json.Marshal(wire.LoadReport{Runtime: id, Cores: 4, At: time.Now(), NanosPerByte: nanos})
+			if err := e.nc.Publish(wire.LoadSubject(id), rep); err != nil {
+				return err
+			}
+		}
+		if recent := c.Recent(); len(recent) > 0 {
+			reasons = recent[len(recent)-1].Reasons
+			for _, m := range recent[len(recent)-1].Moves {
+				reasons = append(reasons, m.Reason)
+			}
+		}
+		return allOn("rt-a", "rt-b")(p)
+	})
+	if !strings.Contains(strings.Join(reasons, "; "), "straggler") {
+		t.Errorf("rt-c was emptied, but not as a straggler: %q", reasons)
+	}
+	pool.mu.Lock()
+	defer pool.mu.Unlock()
+	if !slices.Contains(pool.removed, "rt-c") {
+		t.Errorf("removed %v: the straggler, emptied, is not removed", pool.removed)
 	}
 }
 

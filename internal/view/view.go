@@ -42,6 +42,13 @@ type Runtime struct {
 	// runtime's last heartbeat. The liveness rule uses it, not RuntimeInfo.Beat (the runtime's
 	// own clock).
 	Beat time.Time
+	// Registered is when the runtime started, on the NATS server's clock: the entry's time (Beat)
+	// less the runtime's uptime as it wrote it (RuntimeInfo.Beat − RuntimeInfo.Started, two
+	// readings of its own clock, so a skew between the runtime's clock and the server's cancels).
+	// A registration without Started (a runtime from before it was written) counts from the first
+	// of its writes the view saw. The autoscaler reads it as the runtime's age; Beat is only its
+	// last heartbeat.
+	Registered time.Time
 }
 
 // Alive applies the one liveness rule (store.RuntimeAlive) at now.
@@ -442,12 +449,26 @@ func (v *View) onRuntime(e jetstream.KeyValueEntry) {
 		return
 	}
 	r := Runtime{Beat: e.Created()}
+	prev, seen := v.runtimes[e.Key()]
 	if err := json.Unmarshal(e.Value(), &r.RuntimeInfo); err != nil {
 		v.log.Warn("undecodable runtime registration; keeping what it said last", "runtime", e.Key(), "err", err)
-		r.RuntimeInfo = v.runtimes[e.Key()].RuntimeInfo
+		r.RuntimeInfo = prev.RuntimeInfo
 		r.ID = e.Key()
 	}
+	r.Registered = registered(r, prev, seen)
 	v.runtimes[e.Key()] = r
+}
+
+// registered is when the runtime of registration r started (Runtime.Registered says how); prev is
+// the registration the view held before r, if seen.
+func registered(r, prev Runtime, seen bool) time.Time {
+	if up := r.RuntimeInfo.Beat.Sub(r.Started); !r.Started.IsZero() && !r.RuntimeInfo.Beat.IsZero() && up >= 0 {
+		return r.Beat.Add(-up)
+	}
+	if seen && !prev.Registered.IsZero() && prev.Registered.Before(r.Beat) {
+		return prev.Registered
+	}
+	return r.Beat
 }
 
 func (v *View) onLoad(m *nats.Msg) {

@@ -492,3 +492,46 @@ func TestAssignmentsFollowTheBucket(t *testing.T) {
 		t.Fatal("an assignment of a job that has none")
 	}
 }
+
+// A registration's Registered is when its runtime started, on the server's clock, however many
+// heartbeats later and whatever the runtime's own clock says; one without Started (written by an
+// older runtime) counts from the first write the view saw, not from its last heartbeat.
+func TestRegisteredIsWhenTheRuntimeStarted(t *testing.T) {
+	e := newEnv(t)
+	v := e.open()
+	skew := 10 * time.Minute // the runtime's clock is ahead of the server's
+	started := time.Now().Add(-time.Hour)
+	e.put(e.b.Runtimes, "rt-new", wire.RuntimeInfo{ID: "rt-new", Cores: 1})
+	var firstOld time.Time // when rt-old's first registration was written, by the server
+	// Two heartbeats each.
+	for i := range 2 {
+		e.put(e.b.Runtimes, "rt-1", wire.RuntimeInfo{ID: "rt-1", Cores: 1, Started: started.Add(skew), Beat: time.Now().Add(skew)})
+		time.Sleep(20 * time.Millisecond)
+		e.put(e.b.Runtimes, "rt-old", wire.RuntimeInfo{ID: "rt-old", Cores: 1})
+		if i == 0 {
+			en, err := e.b.Runtimes.Get(context.Background(), "rt-old")
+			if err != nil {
+				t.Fatal(err)
+			}
+			firstOld = en.Created()
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	testutil.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		r, ok := v.Runtime("rt-old")
+		if _, ok1 := v.Runtime("rt-1"); !ok || !ok1 || !r.Beat.After(firstOld) {
+			return fmt.Errorf("heartbeats not in yet")
+		}
+		return nil
+	})
+	r1, _ := v.Runtime("rt-1")
+	if d := r1.Registered.Sub(started); d < -time.Second || d > time.Second {
+		t.Errorf("rt-1 started at %v, registered %v (heartbeat %v): off by %v", started, r1.Registered, r1.Beat, d)
+	}
+	if old, _ := v.Runtime("rt-old"); !old.Registered.Equal(firstOld) {
+		t.Errorf("rt-old registered %v, last heartbeat %v: want its first write, %v", old.Registered, old.Beat, firstOld)
+	}
+	if r, _ := v.Runtime("rt-new"); !r.Registered.Equal(r.Beat) {
+		t.Errorf("rt-new, written once without Started: registered %v, want its entry's time %v", r.Registered, r.Beat)
+	}
+}
