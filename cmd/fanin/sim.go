@@ -71,7 +71,7 @@ The same inputs and seed give the same bytes.`,
 			}
 			rep, err := sim.Simulate(opts)
 			if errors.Is(err, sim.ErrNoTraces) {
-				return fmt.Errorf("%w (set --traces to the directory of the shared traces)", err)
+				return fmt.Errorf("%w (set --traces to the directory of the trace files)", err)
 			}
 			if err != nil {
 				return err
@@ -99,7 +99,7 @@ The same inputs and seed give the same bytes.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&traces, "traces", "../shared/traces", "directory of the shared traces (default: ../shared/traces from the repository root)")
+	f.StringVar(&traces, "traces", "../shared/traces", "directory of the traces: every *.csv file in it, PAI mini-batch traces and run times (default: ../shared/traces from the repository root)")
 	f.StringVar(&workload, "workload", "", "read the workload from this JSON file instead of drawing it from the traces")
 	f.StringVar(&saveWorkload, "save-workload", "", "also write the workload simulated to this JSON file (readable by --workload)")
 	f.StringVar(&policyFile, "policy", "", "autoscaler policy (YAML or JSON; absent knobs take the defaults)")

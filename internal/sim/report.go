@@ -50,6 +50,7 @@ type Report struct {
 	Options  Options
 	Source   string // where the workload came from, in words
 	Workload *Workload
+	Traces   *Traces // the traces read; nil when the workload needs none
 	Base     *Result // the policy as given
 	Sweep    *Sweep  // nil without a sweep
 }
@@ -79,8 +80,9 @@ func Simulate(o Options) (*Report, error) {
 		if rep.Workload, err = Generate(o.Config, tr); err != nil {
 			return nil, err
 		}
-		rep.Source = "drawn from the shared traces"
+		rep.Source = "drawn from the traces"
 	}
+	rep.Traces = tr
 	if rep.Base, err = Run(o.Config, o.Policy, rep.Workload, tr); err != nil {
 		return nil, err
 	}
@@ -215,6 +217,27 @@ func (r *Report) Markdown() []byte {
 	w("- A runtime is ready %v after it is asked for and costs from then until drained; a moved shard\n", c.StartupDelay)
 	w("  pauses %v; the decider runs every %v and when a job arrives.\n", c.MigrationPause, c.Interval)
 	w("- Step slowdown: time beyond the same step on the job's static cores, over that ideal step time.\n\n")
+
+	w("## Traces\n\n")
+	if r.Traces == nil {
+		w("None read: every job of the workload has its own step times.\n\n")
+	} else {
+		follow := map[string]int{}
+		for _, j := range r.Workload.Jobs {
+			if len(j.StepTimes) == 0 {
+				follow[j.Trace]++
+			}
+		}
+		w("Every trace file of the trace directory was read:\n\n")
+		for _, f := range r.Traces.Files {
+			if f.Trace == "" {
+				w("- %s\n", f)
+				continue
+			}
+			w("- %s: %d of the workload's jobs\n", f, follow[f.Trace])
+		}
+		w("\n")
+	}
 
 	w("## Jobs\n\n")
 	w("| job | model | trace | shards | static cores | work/step (core-s) | step (s) | life (s) | steps | mean slowdown | p99 slowdown |\n")

@@ -2,6 +2,8 @@ package sim
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
@@ -56,6 +58,14 @@ func TestLoadTraces(t *testing.T) {
 	}
 	if len(tr.Philly) != 83154 {
 		t.Errorf("%d Philly run times, want 83154", len(tr.Philly))
+	}
+	var read []string
+	for _, f := range tr.Files {
+		read = append(read, f.Name+"="+f.Trace)
+	}
+	if want := []string{"pai-minibatch-job_1_norm.csv=pai-1", "pai-minibatch-job_2_norm.csv=pai-2",
+		"pai-minibatch-job_3_norm.csv=pai-3", "philly-job-runtime.csv="}; !slices.Equal(read, want) {
+		t.Errorf("files read %v, want %v", read, want)
 	}
 	if _, err := LoadTraces(t.TempDir()); err == nil {
 		t.Errorf("no error from an empty directory")
@@ -276,5 +286,108 @@ func TestSimModel(t *testing.T) {
 	}
 	if want := 2.0 * 120; r.StaticCoreSeconds != want {
 		t.Errorf("static %.1f core-s, want %.1f", r.StaticCoreSeconds, want)
+	}
+}
+
+// writePAI writes a PAI mini-batch trace of iters iterations of 4 workers whose ranks arrive in two
+// groups: workers 0 and 1 at about 500, workers 2 and 3 at about 900 (a spread of 80% of a step).
+func writePAI(t *testing.T, path string, iters int) {
+	t.Helper()
+	var b strings.Builder
+	b.WriteString(",worker,gpu,time,batch_time_norm\n")
+	n := 0
+	for it := 1; it <= iters; it++ {
+		for w, base := range []int{500, 510, 900, 880} {
+			fmt.Fprintf(&b, "%d,%d,25,%d,%d\n", n, w, it, base+(it*7+w*13)%40)
+			n++
+		}
+	}
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Every trace file of the directory is read, whatever its name: a new PAI trace is drawn from like
+// the others, a workload file can name it, and the report lists the files read and how many jobs
+// follow each. A CSV file in neither format, or two files of one trace name, are errors.
+func TestSimReadsEveryTraceFile(t *testing.T) {
+	dir := t.TempDir()
+	writePAI(t, filepath.Join(dir, "two-groups.csv"), 50)
+	writePAI(t, filepath.Join(dir, "pai-minibatch-job_7_norm.csv"), 30)
+	if err := os.WriteFile(filepath.Join(dir, "runtimes.csv"), []byte("runtime\n120\n300\n600\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "README.md"), []byte("not a trace\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := LoadTraces(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := tr.PAINames(); !slices.Equal(got, []string{"pai-7", "two-groups"}) {
+		t.Fatalf("PAI traces %v", got)
+	}
+	if its := tr.PAI["two-groups"]; len(its) != 50 || len(its[0]) != 4 || its[0][2] < 880 {
+		t.Fatalf("two-groups: %d iterations, first %v", len(its), its[0])
+	}
+	if !slices.Equal(tr.Philly, []float64{120, 300, 600}) {
+		t.Fatalf("run times %v", tr.Philly)
+	}
+
+	// Drawn: jobs follow both traces; the report names the files.
+	c := short()
+	c.Duration, c.Rate, c.SlowFraction = 5*time.Minute, 3, 0
+	rep := simulate(t, Options{Config: c, Policy: autoscaler.DefaultPolicy(), TracesDir: dir})
+	follow := map[string]int{}
+	for _, j := range rep.Workload.Jobs {
+		follow[j.Trace]++
+	}
+	if follow["two-groups"] == 0 || follow["pai-7"] == 0 || len(follow) != 2 {
+		t.Fatalf("jobs by trace %v", follow)
+	}
+	md := string(rep.Markdown())
+	for _, want := range []string{
+		fmt.Sprintf("- two-groups.csv (two-groups: 50 iterations of 4 workers): %d of the workload's jobs", follow["two-groups"]),
+		fmt.Sprintf("- pai-minibatch-job_7_norm.csv (pai-7: 30 iterations of 4 workers): %d of the workload's jobs", follow["pai-7"]),
+		"- runtimes.csv (3 run times)",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("the report does not say %q", want)
+		}
+	}
+
+	// A workload file names the new trace; no run times are needed for it.
+	if err := os.Remove(filepath.Join(dir, "runtimes.csv")); err != nil {
+		t.Fatal(err)
+	}
+	wl := filepath.Join(t.TempDir(), "jobs.json")
+	if err := os.WriteFile(wl, []byte(`{"jobs": [{"id": "g", "arrival_s": 0, "duration_s": 60, "params": 1000000, "trace": "two-groups", "offset": 3}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.Duration = time.Minute
+	rep = simulate(t, Options{Config: c, Policy: autoscaler.DefaultPolicy(), TracesDir: dir, WorkloadFile: wl})
+	if j := rep.Base.JobRows[0]; j.Trace != "two-groups" || j.Ranks != 4 || j.Steps < 10 {
+		t.Errorf("job g: %+v", j)
+	}
+	if !strings.Contains(string(rep.Markdown()), "two-groups.csv (two-groups: 50 iterations of 4 workers): 1 of the workload's jobs") {
+		t.Errorf("the report does not name the trace file the job follows")
+	}
+	// Drawing needs run times.
+	if _, err := Simulate(Options{Config: c, Policy: autoscaler.DefaultPolicy(), TracesDir: dir}); !errors.Is(err, ErrNoTraces) {
+		t.Errorf("drawn without run times: %v", err)
+	}
+
+	for name, content := range map[string]string{
+		"other.csv":      "a,b\n1,2\n",                                       // neither format
+		"two-groups.CSV": ",worker,gpu,time,batch_time_norm\n0,0,25,1,500\n", // the same trace name again
+	} {
+		bad := t.TempDir()
+		writePAI(t, filepath.Join(bad, "two-groups.csv"), 5)
+		if err := os.WriteFile(filepath.Join(bad, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := LoadTraces(bad); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("with %s: %v, want an error naming it", name, err)
+		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"time"
 )
 
@@ -120,8 +121,9 @@ var Models = []Model{
 //	   "step_times_s": [[0.50, 0.52, 0.61], [0.49, 0.55, 0.70]]}
 //	]}
 //
-// A job's iteration times come either from a PAI trace (trace "pai-1".."pai-3", starting at
-// iteration offset, scaled by the config's StepScale) or from step_times_s: seconds of compute per
+// A job's iteration times come either from a PAI trace of the trace directory (trace "pai-1" for
+// pai-minibatch-job_1_norm.csv, or another file's name without .csv: see Traces), starting at
+// iteration offset, scaled by the config's StepScale, or from step_times_s: seconds of compute per
 // rank, one row per iteration. Either way they are cycled for as long as the job runs; the number
 // of ranks is the number of workers of a row.
 type Workload struct {
@@ -152,6 +154,9 @@ func Generate(c Config, tr *Traces) (*Workload, error) {
 			return nil, errors.New("workload: rate and jobs are both 0")
 		}
 		rate = float64(c.Jobs) / c.Duration.Seconds()
+	}
+	if len(tr.PAI) == 0 || len(tr.Philly) == 0 {
+		return nil, fmt.Errorf("%w: drawing a workload needs a PAI mini-batch trace and run times, read %v", ErrNoTraces, tr.Files)
 	}
 	rng := rand.New(rand.NewPCG(c.Seed, 0x776f726b6c6f6164)) // "workload"
 	names := tr.PAINames()
@@ -206,10 +211,16 @@ func (wl *Workload) check(tr *Traces) error {
 			return fmt.Errorf("%s: want arrival_s >= 0 and duration_s > 0", where)
 		case j.Params <= 0:
 			return fmt.Errorf("%s: params must be > 0", where)
+		case j.Offset < 0:
+			return fmt.Errorf("%s: offset must be >= 0", where)
 		case len(j.StepTimes) == 0 && j.Trace == "":
 			return fmt.Errorf("%s: needs a trace or step_times_s", where)
 		case len(j.StepTimes) == 0 && (tr == nil || tr.PAI[j.Trace] == nil):
-			return fmt.Errorf("%s: unknown trace %q (pai-1, pai-2, pai-3)", where, j.Trace)
+			var known []string
+			if tr != nil {
+				known = tr.PAINames()
+			}
+			return fmt.Errorf("%s: unknown trace %q (the traces read: %s)", where, j.Trace, strings.Join(known, ", "))
 		}
 		for _, row := range j.StepTimes {
 			if len(row) == 0 || len(row) != len(j.StepTimes[0]) {
