@@ -24,6 +24,9 @@ func devCmd() *cobra.Command {
   fanin dev                        # serve until Ctrl-C; create jobs with 'fanin jobs create'`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if elastic && !withDemo {
+				return fmt.Errorf("--elastic goes with --demo")
+			}
 			if dataDir == "" {
 				dataDir = defaultDataDir()
 			}
@@ -50,9 +53,6 @@ func devCmd() *cobra.Command {
 					dc.every = 10 // 400 steps
 				}
 				return runElasticDemo(cmd.Context(), st, dc, out)
-			}
-			if elastic {
-				return fmt.Errorf("--elastic goes with --demo")
 			}
 			if withDemo {
 				if err := runDemo(cmd.Context(), st, dc, out); err != nil {
