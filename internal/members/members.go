@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"maps"
 	"strings"
 	"sync"
 	"time"
@@ -40,6 +41,7 @@ type Assigner struct {
 
 	mu      sync.Mutex
 	beats   map[string]map[string]*Member // job -> worker id -> member
+	left    map[string]map[string]bool    // job -> workers that said goodbye since this replica started
 	started time.Time                     // when beats began to be followed
 	written map[string]*written           // the leader's last write per job; nil while not leader
 }
@@ -56,7 +58,8 @@ func New(nc *nats.Conn, kv jetstream.KeyValue, jobs func() map[string]job.Record
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Assigner{nc: nc, kv: kv, jobs: jobs, leader: leader, now: time.Now, log: log, beats: map[string]map[string]*Member{}}
+	return &Assigner{nc: nc, kv: kv, jobs: jobs, leader: leader, now: time.Now, log: log,
+		beats: map[string]map[string]*Member{}, left: map[string]map[string]bool{}}
 }
 
 // WithClock sets the clock (tests).
@@ -104,8 +107,15 @@ func (a *Assigner) Observe(subject string, data []byte) {
 	ws := a.beats[jobID]
 	if b.Leaving {
 		delete(ws, b.ID)
+		if a.left[jobID] == nil {
+			a.left[jobID] = map[string]bool{}
+		}
+		if len(a.left[jobID]) < MaxWorkersPerJob {
+			a.left[jobID][b.ID] = true
+		}
 		return
 	}
+	delete(a.left[jobID], b.ID) // back (a worker may leave and rejoin under its id)
 	if ws == nil {
 		ws = map[string]*Member{}
 		a.beats[jobID] = ws
@@ -174,7 +184,7 @@ func (a *Assigner) Tick(ctx context.Context) {
 		if prev != nil && now.Sub(a.started) < wire.WorkerLapse {
 			// Just started following beats: a worker of the stored assignment may be alive and
 			// not have beaten yet. Keep it until a whole lapse has passed.
-			live = keepUnheard(live, prev.a)
+			live = keepUnheard(live, prev.a, a.left[id])
 		}
 		var pa *wire.Assignment
 		if prev != nil {
@@ -265,9 +275,13 @@ func (a *Assigner) write(ctx context.Context, id string, prev *written, next *wi
 	a.written[id] = &written{a: next, rev: rev, at: now}
 }
 
-// keepUnheard adds to live the workers of prev not heard from yet, as they were.
-func keepUnheard(live []Member, prev *wire.Assignment) []Member {
-	seen := map[string]bool{}
+// keepUnheard adds to live the workers of prev not heard from yet, as they were, except those
+// that said goodbye.
+func keepUnheard(live []Member, prev *wire.Assignment, left map[string]bool) []Member {
+	seen := maps.Clone(left)
+	if seen == nil {
+		seen = map[string]bool{}
+	}
 	for _, m := range live {
 		seen[m.Beat.ID] = true
 	}

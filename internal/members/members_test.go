@@ -113,3 +113,61 @@ func TestLeaderHandoverKeepsTheAssignment(t *testing.T) {
 		return nil
 	})
 }
+
+// A replica that has just become the leader keeps the stored assignment's workers it has not heard
+// from yet (they may be alive), but not one that said goodbye: its ranks move at once. The clock is
+// frozen at the start, so the grace never ends and nothing lapses.
+func TestNewLeaderLetsALeaverGo(t *testing.T) {
+	url := testutil.NATS(t)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := store.OpenBuckets(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
+	stored := wire.Assignment{Job: "j", Epoch: 3, Workers: []wire.AssignedWorker{
+		{ID: "w0", Ranks: []int{0, 1}, Joined: now.Add(-time.Minute), LastBeat: now},
+		{ID: "w1", Ranks: []int{2, 3}, Joined: now.Add(-time.Minute), LastBeat: now},
+		{ID: "w2", Ranks: []int{}, Joined: now.Add(-time.Minute), LastBeat: now, Standby: true},
+	}}
+	data, _ := json.Marshal(stored)
+	if _, err := b.Assign.Put(ctx, "j", data); err != nil {
+		t.Fatal(err)
+	}
+	jobs := func() map[string]job.Record { return map[string]job.Record{"j": {Spec: job.Spec{ID: "j", Ranks: 4}, Workers: 2}} }
+	a := members.New(nc, b.Assign, jobs, func() bool { return true }, testutil.Logger()).WithClock(func() time.Time { return now })
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { _ = a.Run(rctx); close(done) }()
+	defer func() { stop(); <-done }()
+	beat := func(b wire.WorkerBeat) {
+		data, _ := json.Marshal(b)
+		a.Observe(wire.WorkersSubject("j"), data)
+	}
+	beat(wire.WorkerBeat{ID: "w0"})
+	beat(wire.WorkerBeat{ID: "w1", Leaving: true})
+	testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		e, err := b.Assign.Get(ctx, "j")
+		if err != nil {
+			return err
+		}
+		var as wire.Assignment
+		_ = json.Unmarshal(e.Value(), &as)
+		got := map[string][]int{}
+		for _, w := range as.Workers {
+			got[w.ID] = w.Ranks
+		}
+		// w2, unheard, is kept and now holds ranks (target 2); w1, gone, is not.
+		if fmt.Sprint(got) != "map[w0:[0 1] w2:[2 3]]" || as.Epoch != 4 {
+			return fmt.Errorf("assignment %v epoch %d", got, as.Epoch)
+		}
+		return nil
+	})
+}
