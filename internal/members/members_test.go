@@ -141,7 +141,9 @@ func TestNewLeaderLetsALeaverGo(t *testing.T) {
 	if _, err := b.Assign.Put(ctx, "j", data); err != nil {
 		t.Fatal(err)
 	}
-	jobs := func() map[string]job.Record { return map[string]job.Record{"j": {Spec: job.Spec{ID: "j", Ranks: 4}, Workers: 2}} }
+	jobs := func() map[string]job.Record {
+		return map[string]job.Record{"j": {Spec: job.Spec{ID: "j", Ranks: 4}, Workers: 2}}
+	}
 	a := members.New(nc, b.Assign, jobs, func() bool { return true }, testutil.Logger()).WithClock(func() time.Time { return now })
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
