@@ -2,6 +2,7 @@ package autoscaler
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -617,5 +618,113 @@ func TestDecideAsksForRuntimesForShardsThatFitNowhere(t *testing.T) {
 	}
 	if len(got.Drain) != 0 {
 		t.Errorf("drains %v while short of room", got.Drain)
+	}
+}
+
+// The closed loop (slowdown_budget): a job whose measured slowdown (queue wait over period) misses
+// the budget gets more headroom, at most once per headroom_period; one well inside it (below half)
+// gets less; one in between keeps its headroom; the bounds hold; the planned demand follows.
+func TestDecideFeedbackKeepsJobsWithinTheirBudget(t *testing.T) {
+	p := DefaultPolicy()
+	p.SlowdownBudget = 0.02
+	p.HeadroomPeriod = 10 * time.Second
+	p.StableWindow = 5 * time.Second // the demand of each row, not the peak of the rows before
+	const period = time.Second
+	obs := func(hotWait, coolWait time.Duration) Observations {
+		hot := jobShards("hot", 4, 0.1, period, 0, 200*time.Millisecond, "rt-1", "rt-2")
+		cool := jobShards("cool", 4, 0.1, period, 500*time.Millisecond, 200*time.Millisecond, "rt-1", "rt-2")
+		for i := range hot {
+			hot[i].QueueWait, cool[i].QueueWait = hotWait, coolWait
+		}
+		hot[0].QueueWait = hotWait / 4 // the job's slowdown is its slowest shard's
+		return Observations{Runtimes: runtimes(2), Shards: append(hot, cool...)}
+	}
+	d := NewDecider()
+	off := NewDecider()
+	pOff := p
+	pOff.SlowdownBudget = 0
+	for i, row := range []struct {
+		at                time.Duration
+		hotWait, coolWait time.Duration
+		wantHot, wantCool float64
+	}{
+		{0, 100 * time.Millisecond, 0, 1.25, 0.9},                                         // 10% > 2%; 0% < 1%
+		{time.Second, 100 * time.Millisecond, 0, 1.25, 0.9},                               // within headroom_period: held
+		{10 * time.Second, 100 * time.Millisecond, 0, 1.5625, 0.81},                       // again
+		{20 * time.Second, 15 * time.Millisecond, 5 * time.Millisecond, 1.5625, 0.729},    // hot 1.5%: inside, not well inside
+		{30 * time.Second, 5 * time.Millisecond, 50 * time.Millisecond, 1.40625, 0.91125}, // hot well inside, cool missing
+		{40 * time.Second, time.Second, time.Second, 1.7578125, 1.1390625},                // both miss (100%)
+	} {
+		o := obs(row.hotWait, row.coolWait)
+		dec := d.Decide(p, o, at(row.at))
+		open := off.Decide(pOff, o, at(row.at))
+		hr := d.Headroom()
+		if math.Abs(hr["hot"]-row.wantHot) > 1e-9 || math.Abs(hr["cool"]-row.wantCool) > 1e-9 {
+			t.Errorf("row %d at %v: headroom hot %v cool %v, want %v %v; reasons %q", i, row.at, hr["hot"], hr["cool"], row.wantHot, row.wantCool, dec.Reasons)
+		}
+		if len(off.Headroom()) != 0 {
+			t.Fatalf("headroom with the feedback off: %v", off.Headroom())
+		}
+		// The hot job's work counts for more than measured, the cool one's for less: on the whole,
+		// more here.
+		if dec.Demand <= open.Demand+1e-9 {
+			t.Errorf("row %d: demand %.3f with feedback, %.3f without", i, dec.Demand, open.Demand)
+		}
+		checkPlacement(t, o, dec)
+	}
+	if !hasReason(d.Decide(p, obs(time.Second, 0), at(time.Minute)), "headroom up for 1 jobs over the 2.0% slowdown budget: hot 1.76->2.20 at 100.0%") {
+		t.Errorf("no reason names the job whose headroom grew")
+	}
+}
+
+// A job missing its budget on its own: its headroom grows to the bound and the pool grows with it;
+// well inside, it shrinks to the lower bound and the pool follows it down. A job no longer observed
+// is forgotten; one whose period is unknown keeps its headroom.
+func TestDecideFeedbackMovesThePool(t *testing.T) {
+	p := DefaultPolicy()
+	p.SlowdownBudget = 0.02
+	p.HeadroomPeriod = 0
+	p.StableWindow, p.ScaleDownCooldown = time.Second, 0
+	p.MaxScaleDownFraction = 1
+	shards := func(wait time.Duration, period time.Duration) []ShardObs {
+		ss := jobShards("j", 8, 0.5, time.Second, 0, 400*time.Millisecond, "rt-1", "rt-2")
+		for i := range ss {
+			ss[i].QueueWait, ss[i].Period = wait, period
+		}
+		return ss
+	}
+	d := NewDecider()
+	var desired []int
+	for i := range 10 { // missing: 25% more each decision, up to 4
+		dec := d.Decide(p, Observations{Runtimes: runtimes(2), Shards: shards(200*time.Millisecond, time.Second)}, at(time.Duration(i)*2*time.Second))
+		desired = append(desired, dec.Desired)
+	}
+	if hr := d.Headroom()["j"]; hr != maxHeadroom {
+		t.Errorf("headroom %v after 10 decisions missing the budget, want the bound %v", hr, float64(maxHeadroom))
+	}
+	t.Logf("desired runtimes while missing the budget: %v", desired)
+	if desired[len(desired)-1] <= desired[0] {
+		t.Errorf("desired runtimes %v: the pool did not grow with the headroom", desired)
+	}
+	grown := desired[len(desired)-1]
+	// Period unknown (a restarted job): no measurement, the headroom stays.
+	d.Decide(p, Observations{Runtimes: runtimes(grown), Shards: shards(0, 0)}, at(time.Minute))
+	if hr := d.Headroom()["j"]; hr != maxHeadroom {
+		t.Errorf("headroom %v with no measured period, want it kept", hr)
+	}
+	var last Decision
+	for i := range 20 { // well inside: 10% less each decision, down to 0.5
+		last = d.Decide(p, Observations{Runtimes: runtimes(grown), Shards: shards(0, time.Second)}, at(2*time.Minute+time.Duration(i)*2*time.Second))
+	}
+	if hr := d.Headroom()["j"]; hr != minHeadroom {
+		t.Errorf("headroom %v after 20 decisions well inside the budget, want the bound %v", hr, minHeadroom)
+	}
+	t.Logf("desired runtimes well inside the budget: %d", last.Desired)
+	if last.Desired >= grown {
+		t.Errorf("desired %d, from %d: the pool did not shrink with the headroom", last.Desired, grown)
+	}
+	d.Decide(p, Observations{Runtimes: runtimes(1)}, at(time.Hour))
+	if len(d.Headroom()) != 0 {
+		t.Errorf("headroom of jobs gone: %v", d.Headroom())
 	}
 }

@@ -64,6 +64,14 @@ type Policy struct {
 	// UnknownBurst is the burst length assumed for a shard whose step period is not measured yet: it
 	// counts as a steady load of Work / max(Burst, UnknownBurst) cores (conservative).
 	UnknownBurst time.Duration `json:"unknown_burst" yaml:"unknown_burst"`
+	// SlowdownBudget closes the loop: each job's measured step slowdown (its shards' longest queue
+	// wait over its period) is kept within it by a per-job headroom on the work the model plans
+	// for, grown while the job misses the budget and shrunk while it is well inside (below half).
+	// 0 turns the feedback off: the model alone decides.
+	SlowdownBudget float64 `json:"slowdown_budget" yaml:"slowdown_budget"`
+	// HeadroomPeriod is the least time between two changes of a job's headroom, so that the
+	// measurement (an average over the job's recent steps) reflects the last change first.
+	HeadroomPeriod time.Duration `json:"headroom_period" yaml:"headroom_period"`
 }
 
 // DefaultPolicy returns the defaults, documented in docs/AUTOSCALING.md.
@@ -86,6 +94,8 @@ func DefaultPolicy() Policy {
 		OverlapSigmas:        2,
 		StartupGrace:         3 * time.Second,
 		UnknownBurst:         time.Second,
+		SlowdownBudget:       0,
+		HeadroomPeriod:       10 * time.Second,
 	}
 }
 
@@ -178,6 +188,12 @@ func (p Policy) Validate() error {
 	}
 	if p.UnknownBurst <= 0 {
 		bad("unknown_burst", "must be > 0, got %v", p.UnknownBurst)
+	}
+	if !(p.SlowdownBudget >= 0 && p.SlowdownBudget < 1) {
+		bad("slowdown_budget", "must be in [0, 1) (a fraction of the step period; 0 disables), got %v", p.SlowdownBudget)
+	}
+	if p.HeadroomPeriod < 0 {
+		bad("headroom_period", "must be >= 0, got %v", p.HeadroomPeriod)
 	}
 	return errors.Join(errs...)
 }

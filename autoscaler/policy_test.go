@@ -58,6 +58,8 @@ func TestParsePolicyErrors(t *testing.T) {
 		{`max_scale_down_fraction: 0`, "max_scale_down_fraction: must be in (0, 1], got 0"},
 		{`straggler_speed: 1`, "straggler_speed: must be in [0, 1) (0 disables), got 1"},
 		{`migration_budget: -3`, "migration_budget: must be >= 0, got -3"},
+		{`slowdown_budget: 1`, "slowdown_budget: must be in [0, 1) (a fraction of the step period; 0 disables), got 1"},
+		{`headroom_period: -1s`, "headroom_period: must be >= 0, got -1s"},
 		{`packing: maybe`, `packing: want a boolean, not a string: "maybe"`},
 		{`packing: 2`, `packing: want true or false, got "2"`},
 		{`scale_down_cooldown: -1s`, "scale_down_cooldown: must be >= 0, got -1s"},
@@ -115,7 +117,7 @@ func TestPolicySetGet(t *testing.T) {
 	if err := p.Set("target_utilization", "NaN"); err == nil {
 		t.Errorf("NaN accepted")
 	}
-	if len(KnobNames()) != 17 {
+	if len(KnobNames()) != 19 {
 		t.Errorf("KnobNames() = %v", KnobNames())
 	}
 }
