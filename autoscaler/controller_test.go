@@ -215,6 +215,7 @@ func TestControllerJudgesALongRunningStraggler(t *testing.T) {
 	}
 	pol := autoscaler.DefaultPolicy()
 	pol.StartupGrace = 30 * time.Minute // longer than this test: only the start time can be past it
+	pol.StragglerSpeed = 0.6            // off by default (policy.go)
 	pool := &fakePool{size: 3}
 	c := e.controller(pool, autoscaler.WithPolicy(pol))
 	e.stepUntil(c, allOn("rt-a", "rt-b", "rt-c"))

@@ -355,6 +355,7 @@ func TestDecideMovesOffOverloadedRuntime(t *testing.T) {
 
 func TestDecideMigrationBudget(t *testing.T) {
 	p := DefaultPolicy()
+	p.StragglerSpeed = 0.6 // off by default (policy.go): these tests turn it on
 	p.MigrationBudget = 3
 	rs := runtimes(4)
 	rs[1].Speed = 0.3 // rt-2 is a straggler
@@ -410,7 +411,8 @@ func apply(obs *Observations, d Decision) {
 
 func TestDecideStragglers(t *testing.T) {
 	p := DefaultPolicy()
-	p.MinRuntimes = 2 // no consolidation in this test
+	p.StragglerSpeed = 0.6 // off by default (policy.go): these tests turn it on
+	p.MinRuntimes = 2      // no consolidation in this test
 	rs := runtimes(3)
 	rs[1].Speed = 0.4
 	obs := Observations{Runtimes: rs, Shards: slices.Concat(

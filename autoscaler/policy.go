@@ -46,7 +46,11 @@ type Policy struct {
 	// runtimes is not voluntary and not counted.
 	MigrationBudget int `json:"migration_budget" yaml:"migration_budget"`
 	// StragglerSpeed: a runtime slower than this fraction of the pool's median speed is a straggler;
-	// its shards move off and it is replaced. 0 disables straggler handling.
+	// its shards move off and it is replaced. 0 (the default) disables straggler handling: a
+	// runtime's speed is its time per aggregated byte, which depends on the functions it serves
+	// (Adam costs about twice SGD per byte), so next to a runtime of SGD shards one of Adam shards
+	// looks like a straggler. Until the speed is normalised per function, turn it on only for pools
+	// whose jobs share one function. (Before 2026-11-25 the rule never fired live, by a bug.)
 	StragglerSpeed float64 `json:"straggler_speed" yaml:"straggler_speed"`
 	// Packing makes placement and demand burst-aware: shards of jobs whose bursts do not overlap
 	// share cores. Off, every shard is assumed to burst at the same time (its peak rate, always).
@@ -88,7 +92,7 @@ func DefaultPolicy() Policy {
 		ScaleUpCooldown:      0,
 		ScaleDownCooldown:    5 * time.Second,
 		MigrationBudget:      32,
-		StragglerSpeed:       0.6,
+		StragglerSpeed:       0, // off: see the field's comment
 		Packing:              true,
 		DelayBudget:          0.02,
 		OverlapSigmas:        2,
