@@ -417,10 +417,7 @@ func (x *shardExec) handleSeq(m jetstream.Msg, seq uint64) {
 		x.r.cpu <- struct{}{}
 		x.applyOne(&meta, data)
 		<-x.r.cpu
-		x.publishParams()
-		if len(x.state) > 0 && x.step-x.ckptAt.Load() >= x.ckptEvery {
-			x.checkpointAsync()
-		}
+		x.snapshot()
 		return
 	}
 	queued := time.Now()
@@ -445,19 +442,21 @@ func (x *shardExec) handleSeq(m jetstream.Msg, seq uint64) {
 		if x.stats.stepDone(time.Now()) {
 			x.r.reportSoon()
 		}
-		x.publishParams()
-		if len(x.state) > 0 && x.step-x.ckptAt.Load() >= x.ckptEvery {
-			x.checkpointAsync()
-		}
+		x.snapshot()
 		for x.sync.mode == modeSSP && x.promote() { // the next step was held whole: apply it too
 			x.r.cpu <- struct{}{}
 			x.apply()
 			<-x.r.cpu
-			x.publishParams()
-			if len(x.state) > 0 && x.step-x.ckptAt.Load() >= x.ckptEvery {
-				x.checkpointAsync()
-			}
+			x.snapshot()
 		}
+	}
+}
+
+// snapshot publishes the parameters of the step just applied, and a checkpoint when one is due.
+func (x *shardExec) snapshot() {
+	x.publishParams()
+	if len(x.state) > 0 && x.step-x.ckptAt.Load() >= x.ckptEvery {
+		x.checkpointAsync()
 	}
 }
 
