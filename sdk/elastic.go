@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -42,17 +41,16 @@ type Elastic struct {
 	curGrad   GradFunc
 	published map[int]bool
 
-	// ssp: the versions of prev, per shard; the ranks published in the previous step (the others
-	// held now were gained, and catch up from the oldest missing step); the record callback.
-	prevVersions []int64
-	heldBefore   map[int]bool
-	record       func(rank int, step int64, shard int, version int64)
+	// ssp: the ranks published in the previous step (the others held now were gained, and catch
+	// up from the oldest missing step); the record callback. The versions of prev, per shard,
+	// are w.pubVersions.
+	heldBefore map[int]bool
+	record     func(rank int, step int64, shard int, version int64)
 
-	mu     sync.Mutex // guards the fields below, read by the beat loop
-	ranks  []int      // the ranks held, from the newest assignment read
-	epoch  uint64
-	step   int64
-	joined bool // an assignment names this worker
+	mu    sync.Mutex // guards the fields below, read by the beat loop
+	ranks []int      // the ranks held, from the newest assignment read
+	epoch uint64
+	step  int64
 
 	stop     context.CancelFunc
 	beatDone chan struct{}
@@ -116,8 +114,8 @@ func (c *Client) Elastic(ctx context.Context, id string, opts ...ElasticOption) 
 	if e.record != nil {
 		w.onStored = func(rank int, t int64, i int) {
 			v := t - 1 // bsp: the step before
-			if e.prevVersions != nil {
-				v = e.prevVersions[i]
+			if w.pubVersions != nil {
+				v = w.pubVersions[i]
 			}
 			e.record(rank, t, i, v)
 		}
@@ -236,7 +234,7 @@ func (e *Elastic) stepSSP(ctx context.Context, grad GradFunc) ([]float32, error)
 	}
 	t := w.as.own + 1
 	e.prev = append(e.prev[:0], w.vec...)
-	e.prevVersions = w.Versions()
+	w.pubVersions = w.Versions()
 	e.curGrad = grad
 	e.published = map[int]bool{}
 	defer func() { e.curGrad = nil }()
@@ -288,19 +286,13 @@ func (e *Elastic) publishHeld(ctx context.Context, t int64) error {
 // version any shard is at, shard by shard where that shard has not applied it.
 func (e *Elastic) publishHeldSSP(ctx context.Context, t int64) error {
 	w := e.w
-	for i, v := range e.prevVersions {
-		vs := strconv.FormatInt(v, 10)
-		for j := range w.ranks {
-			w.msg(j, i).Header.Set(wire.HdrVersion, vs)
-		}
-	}
 	for _, r := range e.Ranks() {
 		if e.published[r] {
 			continue
 		}
 		from := t
 		if !e.heldBefore[r] {
-			from = slices.Min(e.prevVersions) + 1
+			from = slices.Min(w.pubVersions) + 1
 		}
 		g := e.grads[r]
 		if g == nil {
@@ -311,9 +303,9 @@ func (e *Elastic) publishHeldSSP(ctx context.Context, t int64) error {
 			if err := e.curGrad(ctx, r, k, e.prev, g); err != nil {
 				return fmt.Errorf("step %d: gradient of rank %d: %w", k, r, err)
 			}
-			w.pubFilter = func(i int, k int64) bool { return e.prevVersions[i] < k }
+			w.skipApplied = true // a catch-up step: not to the shards that applied it
 			err := w.publish(ctx, k, []int{r}, [][]float32{g})
-			w.pubFilter = nil
+			w.skipApplied = false
 			if err != nil {
 				return err
 			}
@@ -363,7 +355,6 @@ func (e *Elastic) refresh(ctx context.Context) error {
 	slices.Sort(ranks)
 	changed := !slices.Equal(ranks, e.ranks)
 	e.ranks, e.epoch = ranks, a.Epoch
-	e.joined = e.joined || slices.ContainsFunc(a.Workers, func(x wire.AssignedWorker) bool { return x.ID == e.id })
 	e.mu.Unlock()
 	if changed {
 		for _, r := range ranks {
@@ -429,9 +420,5 @@ func (e *Elastic) Leave(ctx context.Context) error {
 	return err
 }
 
-// Close is Leave with a short timeout.
-func (e *Elastic) Close() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	return e.Leave(ctx)
-}
+// Close is Leave (with its default timeout of 2 s).
+func (e *Elastic) Close() error { return e.Leave(context.Background()) }

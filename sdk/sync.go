@@ -32,12 +32,11 @@ import (
 
 // asyncState is an ssp or asp worker's state beyond Worker's.
 type asyncState struct {
-	own        int64     // the last step this worker published (its ranks' steps)
-	stage      []float32 // parameters pushed and not yet taken, per shard at stageStep
-	stageStep  []int64
-	stageAt    chan struct{} // closed and replaced when a shard is staged
-	rankSteps  []int64       // asp: per shard, the lowest last applied step of the worker's ranks
-	versionHdr []string      // per shard, HdrVersion of the next publish
+	own       int64     // the last step this worker published (its ranks' steps)
+	stage     []float32 // parameters pushed and not yet taken, per shard at stageStep
+	stageStep []int64
+	stageAt   chan struct{} // closed and replaced when a shard is staged
+	rankSteps []int64       // asp: per shard, the lowest last applied step of the worker's ranks
 }
 
 func (w *Worker) async() bool { return w.rec.Spec.Sync == "ssp" || w.rec.Spec.Sync == "asp" }
@@ -51,7 +50,6 @@ func (w *Worker) initAsync() {
 	}
 	w.as.stageAt = make(chan struct{})
 	w.as.rankSteps = make([]int64, n)
-	w.as.versionHdr = make([]string, n)
 }
 
 // Versions returns, per shard, the step of the parameters the worker holds (ssp and asp: they
@@ -117,17 +115,7 @@ func (w *Worker) stepAsync(ctx context.Context, grads [][]float32) ([]float32, e
 		w.mu.Unlock()
 	}
 	t := w.as.own + 1
-	n := w.rec.Layout.NumShards()
-	w.mu.Lock()
-	for i := range n {
-		w.as.versionHdr[i] = strconv.FormatInt(w.got[i], 10)
-	}
-	w.mu.Unlock()
-	for j := range w.ranks {
-		for i := range n {
-			w.msg(j, i).Header.Set(wire.HdrVersion, w.as.versionHdr[i])
-		}
-	}
+	w.pubVersions = w.Versions()
 	start := time.Now()
 	if err := w.publish(ctx, t, w.all, grads); err != nil {
 		w.met.failed(err)
@@ -164,8 +152,7 @@ func (w *Worker) awaitVersions(ctx context.Context, t, need int64) error {
 		// retry publishes the same Fanin-Version.
 		select {
 		case rej := <-w.rejects:
-			if rej.Step == t && wire.GradAttempt(rej.MsgID) == w.attempt && rej.Reason != wire.ReasonStaleStep &&
-				!(w.attempt > 0 && rej.Reason == wire.ReasonDuplicate) {
+			if w.failsStep(rej, t) {
 				return rej
 			}
 			continue
@@ -195,8 +182,7 @@ func (w *Worker) awaitVersions(ctx context.Context, t, need int64) error {
 				}
 			}
 		case rej := <-w.rejects:
-			if rej.Step == t && wire.GradAttempt(rej.MsgID) == w.attempt && rej.Reason != wire.ReasonStaleStep &&
-				!(w.attempt > 0 && rej.Reason == wire.ReasonDuplicate) {
+			if w.failsStep(rej, t) {
 				return rej
 			}
 		case <-timer.C:
@@ -218,6 +204,13 @@ func (w *Worker) awaitVersions(ctx context.Context, t, need int64) error {
 			return fmt.Errorf("step %d: waiting for parameters of step %d or later: %w", t, need, ctx.Err())
 		}
 	}
+}
+
+// failsStep reports whether a rejection fails step t of an ssp or asp worker: it is this step's
+// and this attempt's, and neither stale (the shard applied it already) nor the echo of a retry.
+func (w *Worker) failsStep(rej *wire.Reject, t int64) bool {
+	return rej.Step == t && wire.GradAttempt(rej.MsgID) == w.attempt && rej.Reason != wire.ReasonStaleStep &&
+		!(w.attempt > 0 && rej.Reason == wire.ReasonDuplicate)
 }
 
 // takeStagedLocked copies every staged shard newer than vec's into vec. w.mu is held.

@@ -54,11 +54,14 @@ type Worker struct {
 
 	waitHook func(ctx context.Context, t int64) error
 	elastic  bool
-	// pubFilter, when set, says whether to publish step t of shard i; onStored is told of every
-	// gradient message JetStream stored (not a duplicate of one it had): rank, step, shard.
-	pubFilter func(i int, t int64) bool
-	onStored  func(rank int, t int64, i int)
-	newest    atomic.Int64
+	// pubVersions (ssp and asp): per shard, the version the gradients publish computes from
+	// (HdrVersion); with skipApplied, publish leaves out the shards whose version is t or later.
+	// onStored is told of every gradient message JetStream stored (not a duplicate of one it
+	// had): rank, step, shard.
+	pubVersions []int64
+	skipApplied bool
+	onStored    func(rank int, t int64, i int)
+	newest      atomic.Int64
 
 	mu      sync.Mutex // guards the fields below, written by the parameter subscription
 	want    int64      // the step Step waits for; 0 when not waiting
@@ -412,11 +415,14 @@ func (w *Worker) publish(ctx context.Context, t int64, which []int, grads [][]fl
 	for k, j := range which {
 		rank := w.ranks[j]
 		for i, s := range w.rec.Layout.Shards {
-			if w.pubFilter != nil && !w.pubFilter(i, t) {
+			if w.skipApplied && w.pubVersions[i] >= t {
 				continue
 			}
 			m := w.msg(j, i)
 			m.Header.Set(wire.HdrStep, stepStr)
+			if w.pubVersions != nil {
+				m.Header.Set(wire.HdrVersion, strconv.FormatInt(w.pubVersions[i], 10))
+			}
 			id := wire.GradMsgID(w.rec.Spec.ID, s.ID, t, rank)
 			if w.attempt > 0 {
 				id += ".a" + strconv.Itoa(w.attempt)
