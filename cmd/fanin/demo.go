@@ -26,6 +26,49 @@ type demoConfig struct {
 
 const demoJob = "demo"
 
+// demoStarted is the demo job as startDemoJob made it.
+type demoStarted struct {
+	admin *sdk.Admin
+	rec   *job.Record
+	creds []sdk.Option // the job's own NATS credentials, when fanin dev runs with auth
+	init  []float32    // the initial parameters, uploaded
+}
+
+// startDemoJob replaces the previous demo job, if any, with one of cfg's ranks and function for
+// prob's model, and uploads its initial parameters.
+func startDemoJob(ctx context.Context, st *devstack.Stack, cfg demoConfig, prob *demo.Problem) (*demoStarted, error) {
+	admin := sdk.NewAdmin(st.HTTPURL, sdk.WithToken(st.AdminToken))
+	if err := admin.DeleteJob(ctx, demoJob); err != nil && !sdk.IsNotFound(err) {
+		return nil, fmt.Errorf("demo: remove the previous demo job: %w", err)
+	}
+	spec := job.Spec{
+		ID: demoJob, Ranks: cfg.ranks,
+		Function:  job.Function{Name: cfg.function, Hyper: map[string]float64{"lr": cfg.lr}},
+		Init:      job.Init{Kind: "upload"},
+		ShardSize: 4 << 10,
+	}
+	for _, t := range prob.Tensors() {
+		spec.Tensors = append(spec.Tensors, job.Tensor{Name: t.Name, Shape: t.Shape})
+	}
+	created, err := admin.SubmitJob(ctx, spec)
+	if err != nil {
+		return nil, fmt.Errorf("demo: create job: %w", err)
+	}
+	d := &demoStarted{admin: admin, rec: &created.Record, init: prob.InitParams(1)}
+	if created.Credentials != nil {
+		d.creds = append(d.creds, sdk.WithJobCredentials(created.Credentials))
+	}
+	c, err := sdk.Connect(ctx, st.URL, d.creds...)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	if err := c.UploadParams(ctx, demoJob, d.init); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
 // runDemo trains the demo MLP with cfg.ranks workers, each a separate fanin client, through the
 // stack: the job is created over HTTP, initial parameters are uploaded, and every step's gradients
 // go through JetStream and the runtimes like any user's.
@@ -34,38 +77,14 @@ func runDemo(ctx context.Context, st *devstack.Stack, cfg demoConfig, out io.Wri
 		return fmt.Errorf("demo: --ranks and --every must be >= 1 and --steps >= 0")
 	}
 	prob := demo.NewProblem(demo.DefaultConfig())
-	admin := sdk.NewAdmin(st.HTTPURL, sdk.WithToken(st.AdminToken))
-	if err := admin.DeleteJob(ctx, demoJob); err != nil && !sdk.IsNotFound(err) {
-		return fmt.Errorf("demo: remove the previous demo job: %w", err)
+	started, err := startDemoJob(ctx, st, cfg, prob)
+	if err != nil {
+		return err
 	}
-	spec := job.Spec{
-		ID: demoJob, Ranks: cfg.ranks,
-		Function:  job.Function{Name: cfg.function, Hyper: map[string]float64{"lr": cfg.lr}},
-		Init:      job.Init{Kind: "upload"},
-		ShardSize: 4 << 10,
-	}
+	rec, creds, init := started.rec, started.creds, started.init
 	var shapes []string
 	for _, t := range prob.Tensors() {
-		spec.Tensors = append(spec.Tensors, job.Tensor{Name: t.Name, Shape: t.Shape})
 		shapes = append(shapes, fmt.Sprintf("%s%v", t.Name, t.Shape))
-	}
-	created, err := admin.SubmitJob(ctx, spec)
-	if err != nil {
-		return fmt.Errorf("demo: create job: %w", err)
-	}
-	rec := &created.Record
-	var creds []sdk.Option // the job's own NATS credentials, when fanin dev runs with auth
-	if created.Credentials != nil {
-		creds = append(creds, sdk.WithJobCredentials(created.Credentials))
-	}
-	c, err := sdk.Connect(ctx, st.URL, creds...)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	init := prob.InitParams(1)
-	if err := c.UploadParams(ctx, demoJob, init); err != nil {
-		return err
 	}
 	eval := demo.NewModel(prob)
 	loss0, acc0 := eval.Evaluate(init)

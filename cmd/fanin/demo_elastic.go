@@ -14,7 +14,6 @@ import (
 	"github.com/fanin-ml/fanin/functions"
 	"github.com/fanin-ml/fanin/internal/demo"
 	"github.com/fanin-ml/fanin/internal/devstack"
-	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/sdk"
 )
 
@@ -42,37 +41,11 @@ func runElasticDemo(ctx context.Context, st *devstack.Stack, cfg demoConfig, out
 		return fmt.Errorf("demo: --ranks and --every must be >= 1 and --steps >= 10 (or 0) with --elastic")
 	}
 	prob := demo.NewProblem(demo.DefaultConfig())
-	admin := sdk.NewAdmin(st.HTTPURL, sdk.WithToken(st.AdminToken))
-	if err := admin.DeleteJob(ctx, demoJob); err != nil && !sdk.IsNotFound(err) {
-		return fmt.Errorf("demo: remove the previous demo job: %w", err)
-	}
-	spec := job.Spec{
-		ID: demoJob, Ranks: cfg.ranks,
-		Function:  job.Function{Name: cfg.function, Hyper: map[string]float64{"lr": cfg.lr}},
-		Init:      job.Init{Kind: "upload"},
-		ShardSize: 4 << 10,
-	}
-	for _, t := range prob.Tensors() {
-		spec.Tensors = append(spec.Tensors, job.Tensor{Name: t.Name, Shape: t.Shape})
-	}
-	created, err := admin.SubmitJob(ctx, spec)
-	if err != nil {
-		return fmt.Errorf("demo: create job: %w", err)
-	}
-	rec := &created.Record
-	var creds []sdk.Option
-	if created.Credentials != nil {
-		creds = append(creds, sdk.WithJobCredentials(created.Credentials))
-	}
-	c, err := sdk.Connect(ctx, st.URL, creds...)
+	started, err := startDemoJob(ctx, st, cfg, prob)
 	if err != nil {
 		return err
 	}
-	defer c.Close()
-	init := prob.InitParams(1)
-	if err := c.UploadParams(ctx, demoJob, init); err != nil {
-		return err
-	}
+	admin, rec, creds, init := started.admin, started.rec, started.creds, started.init
 	eval := demo.NewModel(prob)
 	fmt.Fprintf(out, "\nelastic demo: job %q, %d logical ranks on elastic workers, %d steps, %s lr=%g\n",
 		demoJob, cfg.ranks, steps, cfg.function, cfg.lr)
