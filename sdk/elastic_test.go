@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -261,33 +260,13 @@ func TestElasticSSPWorkerDies(t *testing.T) {
 	}
 	got := finalParams(t, st.URL, rec, last)
 
-	p0 := make([]float32, rec.Layout.Elements)
-	rec.Spec.InitShard(0, p0)
-	fn, _ := rec.Spec.NewFunc()
-	ref := functions.NewReference(fn, 3, rec.Layout.Ranges(), p0)
-	history := [][]float32{slices.Clone(p0)}
-	g := make([][]float32, 3)
-	for r := range g {
-		g[r] = make([]float32, len(p0))
-	}
-	from := make([]float32, len(p0))
 	mu.Lock()
 	defer mu.Unlock()
-	for step := int64(1); step <= last; step++ {
-		for r := range g {
-			for i, sh := range rec.Layout.Shards {
-				v, ok := used[key{r, step, i}]
-				if !ok {
-					t.Fatalf("no worker recorded rank %d step %d shard %d", r, step, i)
-				}
-				copy(from[sh.Off:sh.Off+sh.Len], history[v][sh.Off:sh.Off+sh.Len])
-			}
-			testutil.Gradient(g[r], from, step, r)
-		}
-		ref.Step(g, nil)
-		history = append(history, slices.Clone(ref.Params()))
-	}
-	if !bytes.Equal(bits(got), bits(ref.Params())) {
+	want := testutil.ReplaySSP(t, rec, last, func(rank int, step int64, shard int) (int64, bool) {
+		v, ok := used[key{rank, step, shard}]
+		return v, ok
+	})
+	if !bytes.Equal(bits(got), bits(want)) {
 		t.Fatal("the ssp run with a worker lost differs from the reference replayed from the records")
 	}
 }
