@@ -29,29 +29,12 @@ import (
 // without credentials nothing connects; the CLI works with the admin token and not without.
 func TestSecuredCluster(t *testing.T) {
 	skipShort(t)
-	dir := filepath.Join(t.TempDir(), "auth")
-	initOut := start(t, "auth init", "auth", "init", "--dir", dir)
-	if err := initOut.wait(t, 30*time.Second); err != nil {
-		t.Fatalf("fanin auth init: %v\n%s", err, initOut.output())
-	}
-	a, err := auth.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A real nats-server with the configuration auth init wrote, as printed: `nats-server -c
-	// DIR/nats-server.conf` (the port moved off 4222 for the test).
-	port := testutil.FreePort(t)
-	natsProc := startProc(t, "nats-server", nil, natsServerBin, "-c", filepath.Join(dir, "nats-server.conf"), "-p", strconv.Itoa(port))
-	natsProc.waitOutput(t, regexp.MustCompile(`Server is ready`), 30*time.Second)
-	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	sc := startSecured(t, "rt-0")
+	a, url, api, dir, gw := sc.auth, sc.url, sc.api, sc.dir, sc.gateway
 	if nc, err := nats.Connect(url); err == nil {
 		nc.Close()
 		t.Fatal("connected to the secured server without credentials")
 	}
-	gw := start(t, "gateway", "gateway", "--nats", url, "--http", "127.0.0.1:0", "--auth-dir", dir)
-	api := gw.waitFor(t, httpURL, 20*time.Second)
-	start(t, "autoscaler", "autoscaler", "--nats", url, "--interval", "200ms", "--creds", filepath.Join(dir, "autoscaler.creds"))
-	start(t, "rt-0", "runtime", "--nats", url, "--id", "rt-0", "--creds", filepath.Join(dir, "runtime.creds"))
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -145,4 +128,39 @@ func TestSecuredCluster(t *testing.T) {
 	if strings.Contains(gw.output(), a.AdminToken()) || strings.Contains(gw.output(), created.Credentials.Seed) {
 		t.Fatal("the gateway logged a secret")
 	}
+}
+
+// startSecured runs fanin secured as `fanin auth init` sets it up: the keys and a NATS
+// configuration written by auth init, a real nats-server with that configuration (`nats-server -c
+// DIR/nats-server.conf`, the port moved off 4222 for the test), the gateway (--auth-dir), the
+// autoscaler and the runtimes named (--creds) as processes.
+func startSecured(t *testing.T, runtimes ...string) *securedCluster {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "auth")
+	initOut := start(t, "auth init", "auth", "init", "--dir", dir)
+	if err := initOut.wait(t, 30*time.Second); err != nil {
+		t.Fatalf("fanin auth init: %v\n%s", err, initOut.output())
+	}
+	a, err := auth.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := testutil.FreePort(t)
+	natsProc := startProc(t, "nats-server", nil, natsServerBin, "-c", filepath.Join(dir, "nats-server.conf"), "-p", strconv.Itoa(port))
+	natsProc.waitOutput(t, regexp.MustCompile(`Server is ready`), 30*time.Second)
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	gw := start(t, "gateway", "gateway", "--nats", url, "--http", "127.0.0.1:0", "--auth-dir", dir)
+	api := gw.waitFor(t, httpURL, 20*time.Second)
+	start(t, "autoscaler", "autoscaler", "--nats", url, "--interval", "200ms", "--creds", filepath.Join(dir, "autoscaler.creds"))
+	for _, id := range runtimes {
+		start(t, id, "runtime", "--nats", url, "--id", id, "--creds", filepath.Join(dir, "runtime.creds"))
+	}
+	return &securedCluster{auth: a, dir: dir, url: url, api: api, gateway: gw}
+}
+
+// securedCluster is what startSecured started.
+type securedCluster struct {
+	auth          *auth.Authority
+	dir, url, api string // auth init's directory, the NATS URL, the API's
+	gateway       *proc
 }

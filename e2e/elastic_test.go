@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -18,7 +17,6 @@ import (
 
 	"github.com/fanin-ml/fanin/functions"
 	"github.com/fanin-ml/fanin/gateway/api"
-	"github.com/fanin-ml/fanin/internal/auth"
 	"github.com/fanin-ml/fanin/internal/testutil"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/sdk"
@@ -46,24 +44,8 @@ func TestElasticWorkerProcesses(t *testing.T) {
 		os.Exit(elasticWorkerMain())
 	}
 	skipShort(t)
-	dir := filepath.Join(t.TempDir(), "auth")
-	initOut := start(t, "auth init", "auth", "init", "--dir", dir)
-	if err := initOut.wait(t, 30*time.Second); err != nil {
-		t.Fatalf("fanin auth init: %v\n%s", err, initOut.output())
-	}
-	a, err := auth.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := testutil.FreePort(t)
-	natsProc := startProc(t, "nats-server", nil, natsServerBin, "-c", filepath.Join(dir, "nats-server.conf"), "-p", strconv.Itoa(port))
-	natsProc.waitOutput(t, regexp.MustCompile(`Server is ready`), 30*time.Second)
-	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
-	gw := start(t, "gateway", "gateway", "--nats", url, "--http", "127.0.0.1:0", "--auth-dir", dir)
-	apiURL := gw.waitFor(t, httpURL, 20*time.Second)
-	start(t, "autoscaler", "autoscaler", "--nats", url, "--interval", "200ms", "--creds", filepath.Join(dir, "autoscaler.creds"))
-	start(t, "rt-0", "runtime", "--nats", url, "--id", "rt-0", "--creds", filepath.Join(dir, "runtime.creds"))
-	start(t, "rt-1", "runtime", "--nats", url, "--id", "rt-1", "--creds", filepath.Join(dir, "runtime.creds"))
+	sc := startSecured(t, "rt-0", "rt-1")
+	a, url, apiURL := sc.auth, sc.url, sc.api
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
