@@ -18,23 +18,29 @@ import (
 	"github.com/fanin-ml/fanin/wire"
 )
 
-// Two replicas follow the beats; the leader writes. When the leadership moves, the new leader
-// carries on from the stored assignment: same owners, same epoch; a worker that stops beating
-// loses its ranks to the other after the lapse, and a deleted job's assignment is deleted.
-func TestLeaderHandoverKeepsTheAssignment(t *testing.T) {
-	url := testutil.NATS(t)
-	nc, err := nats.Connect(url)
+// natsBuckets starts a NATS server and opens fanin's buckets on a connection closed with the test.
+func natsBuckets(t *testing.T, ctx context.Context) (*nats.Conn, *store.Buckets) {
+	t.Helper()
+	nc, err := nats.Connect(testutil.NATS(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nc.Close()
+	t.Cleanup(nc.Close)
 	js, _ := jetstream.New(nc)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	b, err := store.OpenBuckets(ctx, js)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return nc, b
+}
+
+// Two replicas follow the beats; the leader writes. When the leadership moves, the new leader
+// carries on from the stored assignment: same owners, same epoch; a worker that stops beating
+// loses its ranks to the other after the lapse, and a deleted job's assignment is deleted.
+func TestLeaderHandoverKeepsTheAssignment(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nc, b := natsBuckets(t, ctx)
 	var jobs atomic.Value
 	jobs.Store(map[string]job.Record{"j": {Spec: job.Spec{ID: "j", Ranks: 4}}})
 	list := func() map[string]job.Record { return jobs.Load().(map[string]job.Record) }
@@ -131,19 +137,9 @@ func TestLeaderHandoverKeepsTheAssignment(t *testing.T) {
 // from yet (they may be alive), but not one that said goodbye: its ranks move at once. The clock is
 // frozen at the start, so the grace never ends and nothing lapses.
 func TestNewLeaderLetsALeaverGo(t *testing.T) {
-	url := testutil.NATS(t)
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	b, err := store.OpenBuckets(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, b := natsBuckets(t, ctx)
 	now := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
 	stored := wire.Assignment{Job: "j", Epoch: 3, Workers: []wire.AssignedWorker{
 		{ID: "w0", Ranks: []int{0, 1}, Joined: now.Add(-time.Minute), LastBeat: now},
