@@ -36,7 +36,17 @@ type ShardObs struct {
 	Burst     time.Duration
 	QueueWait time.Duration // mean time a complete step of the shard waited for a core recently
 	Pending   int           // gradient messages waiting in the shard's consumer
+	// Priority is the job's class (job.Spec.Priority): PriorityLow, PriorityNormal (the zero value)
+	// or PriorityHigh. When the pool is at MaxRuntimes, lower classes absorb the slowdown first.
+	Priority int
 }
+
+// Priority classes of ShardObs.Priority.
+const (
+	PriorityLow    = -1
+	PriorityNormal = 0
+	PriorityHigh   = 1
+)
 
 // Observations are the decider's inputs besides the policy and the time.
 type Observations struct {
