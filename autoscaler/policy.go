@@ -60,7 +60,7 @@ type Policy struct {
 	// which lowers its peak rate. 0 plans for no delay at all; the issue's goal is 0.02.
 	DelayBudget float64 `json:"delay_budget" yaml:"delay_budget"`
 	// OverlapSigmas is the headroom for the bursts of jobs with independent phases coinciding, in
-	// standard deviations of their summed load above its mean (see decider.go). Lower is cheaper
+	// standard deviations of their summed load above its mean (see loadmodel.go). Lower is cheaper
 	// and queues more often.
 	OverlapSigmas float64 `json:"overlap_sigmas" yaml:"overlap_sigmas"`
 	// StartupGrace: a runtime younger than this receives shards but is not judged as a straggler.
