@@ -51,7 +51,7 @@ markdown report with the command that produced it.`,
 func benchWorkersCmd() *cobra.Command {
 	var cfg bench.WorkersConfig
 	cmd := &cobra.Command{
-		Use:    "bench-workers",
+		Use:    bench.WorkersCommand,
 		Short:  "Run the Go SDK worker process of the python bench scenario",
 		Hidden: true,
 		Args:   cobra.NoArgs,

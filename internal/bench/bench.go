@@ -32,8 +32,10 @@ type Result struct {
 	// ratio is better, for a latency a lower one.
 	LowerIsBetter bool
 	Ratio         float64
-	Goal          float64 // for a throughput: the ratio the issue asks for (Ratio >= Goal); 0: no goal
-	Met           bool
+	// Goal is the ratio the issue asks for, 0 for none: for a throughput a minimum (Ratio >= Goal),
+	// for a latency a maximum (Ratio <= Goal).
+	Goal float64
+	Met  bool
 
 	// CPU per unit of work (one step, or one kernel pass), when measured: the whole process (and
 	// redis-server, for e2e-redis) for fanin and for the baseline, and the time fanin's runtimes
@@ -63,7 +65,7 @@ func (r Result) String() string {
 		s += " (lower is better)"
 	}
 	if r.Goal > 0 {
-		s += fmt.Sprintf(", goal >= %.2gx: %s", r.Goal, yesNo(r.Met))
+		s += fmt.Sprintf(", goal %s %.2gx: %s", goalOp(r), r.Goal, yesNo(r.Met))
 	}
 	return s
 }
@@ -99,14 +101,29 @@ func throughput(r Result) Result {
 	return r
 }
 
-// latency fills the ratio of a lower-is-better result; the issue sets no goal for latencies.
+// latency fills the ratio of a lower-is-better result without a goal.
 func latency(r Result) Result {
+	r.Goal = 0
+	return latencyGoal(r)
+}
+
+// latencyGoal fills the ratio and verdict of a lower-is-better result: met when Ratio <= Goal, or
+// when there is no goal.
+func latencyGoal(r Result) Result {
 	r.LowerIsBetter = true
 	if r.Base > 0 {
 		r.Ratio = r.Fanin / r.Base
 	}
-	r.Met = true
+	r.Met = r.Goal == 0 || (r.Base > 0 && r.Ratio <= r.Goal)
 	return r
+}
+
+// goalOp is how Ratio compares with Goal when the goal is met.
+func goalOp(r Result) string {
+	if r.LowerIsBetter {
+		return "<="
+	}
+	return ">="
 }
 
 // scenario is one entry of the menu.
@@ -121,6 +138,7 @@ var scenarios = []scenario{
 	{"e2e-resnet50", "BSP steps/s of 8 SDK workers on a ResNet-50-size model vs a bare aggregator over core NATS", runE2E},
 	{"e2e-secured", "the cost of tenant isolation: BSP steps/s of 8 workers using their job's own NATS account (security on) vs the same fanin open (no security)", runSecured},
 	{"e2e-redis", "the same workload vs workers and an aggregator exchanging shards through Redis keys", runRedis},
+	{"gloo", "fanin against PyTorch's own all-reduce (gloo, one process per rank) on the same gradients: steps/s at ResNet-50 size with 8 ranks and step p50/p99 of 4 ranks on 1 MiB; and the service's cost, GB of gradient per core-second of the NATS server and runtimes, next to BytePS's published figure", runGloo},
 	{"latency-small", "step latency of 4 ranks on 1 MiB of parameters vs a 1 MiB NATS request-reply", runLatency},
 	{"elastic", "elastic jobs on the demo model: the time to absorb a lost worker, and a slow worker (2x) or jittery workers under ssp s=2 and asp vs bsp: steps/s and test accuracy after a fixed wall time", runElastic},
 	{"python", "a Python worker process (numpy, and fanin.torch) vs a Go SDK worker process: steps/s at ResNet-50 size with 8 ranks, and the p50 step of 4 ranks on 1 MiB", runPython},

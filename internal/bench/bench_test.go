@@ -35,7 +35,7 @@ func TestRunQuick(t *testing.T) {
 		if d := r.Ratio - r.Fanin/r.Base; d > 1e-9 || d < -1e-9 {
 			t.Errorf("%s: ratio %v is not fanin/baseline %v", r, r.Ratio, r.Fanin/r.Base)
 		}
-		if r.Met != (r.Goal == 0 || r.Ratio >= r.Goal) {
+		if r.Met != (r.Goal == 0 || (!r.LowerIsBetter && r.Ratio >= r.Goal) || (r.LowerIsBetter && r.Ratio <= r.Goal)) {
 			t.Errorf("%s: met = %v with ratio %v and goal %v", r, r.Met, r.Ratio, r.Goal)
 		}
 	}

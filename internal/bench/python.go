@@ -74,46 +74,60 @@ func findPython(ctx context.Context, dir string) (*pythonEnv, error) {
 // runWorkerProcess brings up a fresh secured fanin for w, and runs one worker process against it:
 // mode "go" (fanin bench-workers), "numpy" or "torch" (python -m fanin._bench).
 func runWorkerProcess(ctx context.Context, rs *runState, env *pythonEnv, mode string, w workload, warmup, steps int) (*WorkersReport, error) {
+	rep, _, err := workerProcess(ctx, rs, env, mode, w, warmup, steps, true)
+	return rep, err
+}
+
+// workerProcess is runWorkerProcess with security on or off. It also returns the CPU time this
+// process (the NATS server, gateway and runtimes: the service, without its workers) used while
+// the worker process ran.
+func workerProcess(ctx context.Context, rs *runState, env *pythonEnv, mode string, w workload, warmup, steps int, secured bool) (*WorkersReport, time.Duration, error) {
 	dir, err := os.MkdirTemp("", "fanin-bench-py-")
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer os.RemoveAll(dir)
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
-	st, err := devstack.Start(ctx, devstack.Config{DataDir: dir, NATSPort: -1, Runtimes: w.Runtimes, Logger: rs.stackLog, Auth: true})
+	st, err := devstack.Start(ctx, devstack.Config{DataDir: dir, NATSPort: -1, Runtimes: w.Runtimes, Logger: rs.stackLog, Auth: secured})
 	if err != nil {
-		return nil, fmt.Errorf("start fanin: %w", err)
+		return nil, 0, fmt.Errorf("start fanin: %w", err)
 	}
 	defer st.Close()
 	created, err := st.Gateway.SubmitJob(ctx, w.spec("bench"))
 	if err != nil {
-		return nil, fmt.Errorf("create job: %w", err)
+		return nil, 0, fmt.Errorf("create job: %w", err)
 	}
-	creds := filepath.Join(dir, "creds.json")
-	b, _ := json.Marshal(created.Credentials)
-	if err := os.WriteFile(creds, b, 0o600); err != nil {
-		return nil, err
-	}
-	args := []string{"--nats", st.URL, "--creds", creds, "--job", created.Spec.ID,
+	args := []string{"--nats", st.URL, "--job", created.Spec.ID,
 		"--ranks", strconv.Itoa(w.Ranks), "--warmup", strconv.Itoa(warmup), "--steps", strconv.Itoa(steps)}
+	if created.Credentials != nil {
+		creds := filepath.Join(dir, "creds.json")
+		b, _ := json.Marshal(created.Credentials)
+		if err := os.WriteFile(creds, b, 0o600); err != nil {
+			return nil, 0, err
+		}
+		args = append(args, "--creds", creds)
+	}
 	var cmd *exec.Cmd
 	if mode == "go" {
-		cmd = exec.CommandContext(ctx, env.fanin, append([]string{"bench-workers"}, args...)...)
+		cmd = exec.CommandContext(ctx, env.fanin, append([]string{WorkersCommand}, args...)...)
+		cmd.Env = append(os.Environ(), WorkersEnv+"=1")
 	} else {
 		cmd = exec.CommandContext(ctx, env.python, append([]string{"-m", "fanin._bench", "--mode", mode}, args...)...)
 		cmd.Env = append(os.Environ(), "PYTHONPATH="+env.pkg, "FANIN_LIB="+env.lib)
 	}
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
+	cpu0 := processCPU()
 	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("%s workers: %v: %s", mode, err, tail(errOut.Bytes(), 2000))
+		return nil, 0, fmt.Errorf("%s workers: %v: %s", mode, err, tail(errOut.Bytes(), 2000))
 	}
+	service := processCPU() - cpu0
 	var rep WorkersReport
 	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
-		return nil, fmt.Errorf("%s workers printed %q: %w", mode, tail(out.Bytes(), 500), err)
+		return nil, 0, fmt.Errorf("%s workers printed %q: %w", mode, tail(out.Bytes(), 500), err)
 	}
-	return &rep, nil
+	return &rep, service, nil
 }
 
 func runPython(ctx context.Context, rs *runState) ([]Result, error) {

@@ -35,7 +35,7 @@ func Markdown(results []Result, command string, env string) string {
 
 	b.WriteString("## Summary\n\n")
 	b.WriteString("Ratio is fanin / baseline. For throughputs higher is better and the goal is a minimum ratio; for\n")
-	b.WriteString("latencies lower is better and the issue sets no goal.\n\n")
+	b.WriteString("latencies lower is better and the goal, where the issue sets one, is a maximum ratio.\n\n")
 	b.WriteString("| scenario | case | metric | fanin | baseline | ratio | goal | met? |\n")
 	b.WriteString("|---|---|---|---:|---:|---:|---|---|\n")
 	for _, r := range results {
@@ -154,7 +154,7 @@ func goal(r Result) string {
 	if r.Goal == 0 {
 		return "—"
 	}
-	return fmt.Sprintf(">= %.2gx", r.Goal)
+	return fmt.Sprintf("%s %.2gx", goalOp(r), r.Goal)
 }
 
 func met(r Result) string {

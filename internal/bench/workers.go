@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"os"
 	"slices"
@@ -25,12 +26,41 @@ type WorkersConfig struct {
 // WorkersReport is what a worker process of the python scenario prints, as JSON: the Go one
 // (RunWorkers) and the Python one (sdk/python/fanin/_bench.py) print the same fields.
 type WorkersReport struct {
-	StepsPerSec float64 `json:"steps_per_sec"`
-	P50ms       float64 `json:"p50_ms"`         // the median step, ms
-	Sha256      string  `json:"sha256"`         // of rank 0's parameters at the end
-	BytesCopied int64   `json:"bytes_copied"`   // per step, by the worker's language (Python: numpy/torch copies)
-	Elements    int     `json:"elements"`       // parameters of the job
-	Mode        string  `json:"mode,omitempty"` // python: numpy or torch
+	StepsPerSec float64   `json:"steps_per_sec"`
+	P50ms       float64   `json:"p50_ms"`            // the median step, ms
+	P99ms       float64   `json:"p99_ms"`            // the 99th percentile step (nearest rank), ms
+	StepMs      []float64 `json:"step_ms,omitempty"` // every timed step, ms, in order (Go side only)
+	Sha256      string    `json:"sha256"`            // of rank 0's parameters at the end
+	BytesCopied int64     `json:"bytes_copied"`      // per step, by the worker's language (Python: numpy/torch copies)
+	Elements    int       `json:"elements"`          // parameters of the job
+	Mode        string    `json:"mode,omitempty"`    // python: numpy or torch
+}
+
+// WorkersCommand is the fanin command of a Go worker process (cmd/fanin's hidden bench-workers).
+// WorkersEnv is set in its environment: a test binary standing in for fanin (TestMain) runs
+// RunWorkers when it sees it.
+const (
+	WorkersCommand = "bench-workers"
+	WorkersEnv     = "FANIN_BENCH_WORKERS"
+)
+
+// ParseWorkers reads a worker process's flags (those of `fanin bench-workers`).
+func ParseWorkers(args []string) (WorkersConfig, error) {
+	var cfg WorkersConfig
+	f := flag.NewFlagSet(WorkersCommand, flag.ContinueOnError)
+	f.StringVar(&cfg.URL, "nats", "", "NATS URL")
+	f.StringVar(&cfg.CredsFile, "creds", "", "the job's credentials as the gateway returns them (JSON)")
+	f.StringVar(&cfg.Job, "job", "", "job id")
+	f.IntVar(&cfg.Ranks, "ranks", 8, "ranks")
+	f.IntVar(&cfg.Warmup, "warmup", 2, "warm-up steps")
+	f.IntVar(&cfg.Steps, "steps", 10, "timed steps")
+	if err := f.Parse(args); err != nil {
+		return cfg, err
+	}
+	if cfg.URL == "" || cfg.Job == "" || cfg.Ranks < 1 || cfg.Steps < 1 || cfg.Warmup < 0 {
+		return cfg, fmt.Errorf("%s: --nats, --job, --ranks >= 1, --steps >= 1 and --warmup >= 0 are required", WorkersCommand)
+	}
+	return cfg, nil
 }
 
 // RunWorkers is the Go SDK side of the python scenario (`fanin bench-workers`).
@@ -96,10 +126,14 @@ func RunWorkers(ctx context.Context, cfg WorkersConfig) (*WorkersReport, error) 
 		took[i] = time.Since(t0)
 	}
 	el := time.Since(start)
+	stepMs := make([]float64, len(took))
+	for i, d := range took {
+		stepMs[i] = ms(d)
+	}
 	slices.Sort(took)
 	sum := sha256.Sum256(asBytes(last[0]))
 	return &WorkersReport{
-		StepsPerSec: float64(cfg.Steps) / el.Seconds(), P50ms: ms(took[len(took)/2]),
-		Sha256: hex.EncodeToString(sum[:]), Elements: n,
+		StepsPerSec: float64(cfg.Steps) / el.Seconds(), P50ms: ms(took[len(took)/2]), P99ms: ms(percentile(took, 0.99)),
+		StepMs: stepMs, Sha256: hex.EncodeToString(sum[:]), Elements: n,
 	}, nil
 }
