@@ -20,6 +20,7 @@ import (
 	"github.com/fanin-ml/fanin/gateway/api"
 	"github.com/fanin-ml/fanin/internal/devstack"
 	"github.com/fanin-ml/fanin/internal/testutil"
+	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/wire"
 )
 
@@ -65,6 +66,18 @@ func TestAuthScopes(t *testing.T) {
 		t.Fatalf("jobs quota: %s", p.Detail)
 	}
 	b.call("POST", "/v1/jobs", "application/json", specJSON(smallSpec("b1")), 201, &b1)
+	// Priority high is the admin's to give: a team may create normal and low jobs only.
+	hi := smallSpec("a-hi")
+	hi.Priority = job.PriorityHigh
+	p = a.problem("POST", "/v1/jobs", "application/json", specJSON(hi), 403, string(wire.ReasonForbidden))
+	if !strings.Contains(p.Detail, "only an admin token may create a job of priority high") {
+		t.Fatalf("high priority by a team: %s", p.Detail)
+	}
+	var hiRec api.JobCreated
+	c.call("POST", "/v1/jobs", "application/json", specJSON(hi), 201, &hiRec)
+	if hiRec.Record.Spec.Priority != job.PriorityHigh {
+		t.Fatalf("admin's high job stored as %+v", hiRec.Record.Spec)
+	}
 	c.awaitCount("a-big", wire.ReasonQuotaExceeded, 1)
 	c.awaitCount("a3", wire.ReasonQuotaExceeded, 1)
 

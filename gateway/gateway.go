@@ -34,6 +34,8 @@ var (
 	ErrJobNotFound = errors.New("job not found")
 	ErrBadState    = errors.New("job is not in a state that allows this")
 	ErrQuota       = errors.New("quota exceeded")
+	// ErrHighPriority: only an admin may create a job of priority high (job.Spec.Priority).
+	ErrHighPriority = errors.New("only an admin token may create a job of priority high")
 )
 
 // StateBucket is the gateway's own key-value bucket: job metadata (owner, quota, state, the record

@@ -50,6 +50,11 @@ func (s *Server) create(ctx context.Context, spec job.Spec, g grant) (*api.JobCr
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
+	if spec.Priority == job.PriorityHigh && !g.admin() {
+		// A tenant that could make its own jobs high would make every job high: the class is the
+		// platform's call. Low and normal are anyone's.
+		return nil, fmt.Errorf("job %q: %w (%s asked for it): use normal or low, or ask an admin", spec.ID, ErrHighPriority, ownerName(g))
+	}
 	if model := 4 * int64(spec.NumElements()); model > s.maxModel {
 		return nil, fmt.Errorf("%w: tensors: the model is %s of float32 parameters, this fanin accepts at most %s per job",
 			job.ErrInvalidSpec, job.ByteSize(model), job.ByteSize(s.maxModel))
@@ -440,6 +445,8 @@ func (s *Server) createJob(w http.ResponseWriter, r *http.Request) {
 		s.problem(w, http.StatusConflict, codeJobExists, err.Error())
 	case errors.Is(err, ErrQuota):
 		s.reject(w, wire.ReasonQuotaExceeded, err.Error(), recordAs)
+	case errors.Is(err, ErrHighPriority):
+		s.reject(w, wire.ReasonForbidden, err.Error(), recordAs)
 	case errors.Is(err, job.ErrInvalidSpec):
 		s.reject(w, specReason(spec, err), err.Error(), recordAs)
 	case err != nil:

@@ -30,6 +30,30 @@ type Spec struct {
 	Replicas  int      `json:"replicas,omitempty"` // JetStream replicas, 1 (default), 3 or 5
 	// AllowNonFinite accepts NaN and Inf in gradients; by default they are rejected.
 	AllowNonFinite bool `json:"allow_nonfinite,omitempty"`
+	// Priority is the job's class: high, normal (default) or low. When the pool is at its
+	// max_runtimes, lower classes absorb the slowdown first: the autoscaler gives high jobs' shards
+	// their headroom first, and a runtime runs ready high work before normal before low. Only an
+	// admin may create a high job (the gateway refuses it to team tokens). See docs/AUTOSCALING.md.
+	Priority string `json:"priority,omitempty"`
+}
+
+// Priority classes of Spec.Priority.
+const (
+	PriorityHigh   = "high"
+	PriorityNormal = "normal"
+	PriorityLow    = "low"
+)
+
+// PriorityClass is the spec's priority as a number that orders the classes: -1 low, 0 normal (also
+// for an empty Priority, as in records stored before the field existed), 1 high.
+func (s *Spec) PriorityClass() int {
+	switch s.Priority {
+	case PriorityHigh:
+		return 1
+	case PriorityLow:
+		return -1
+	}
+	return 0
 }
 
 // Tensor is one named parameter tensor; its elements are flattened row-major.
@@ -131,6 +155,9 @@ func (s *Spec) Normalize() {
 	if s.Replicas == 0 {
 		s.Replicas = 1
 	}
+	if s.Priority == "" {
+		s.Priority = PriorityNormal
+	}
 }
 
 // Validate checks every field and returns a *SpecError listing all problems, or nil.
@@ -216,6 +243,11 @@ func (s *Spec) Validate() error {
 	}
 	if s.Replicas != 1 && s.Replicas != 3 && s.Replicas != 5 {
 		bad("replicas", "must be 1, 3 or 5, got %d", s.Replicas)
+	}
+	switch s.Priority {
+	case PriorityHigh, PriorityNormal, PriorityLow:
+	default:
+		bad("priority", "must be high, normal or low, got %q", s.Priority)
 	}
 	if len(errs) == 0 && total > 0 {
 		if n := s.shardCount(); n > MaxShards {

@@ -42,6 +42,8 @@ func TestValidateSpecificErrors(t *testing.T) {
 		{"storage", func(s *Spec) { s.Storage = "disk" }, "storage", "memory or file"},
 		{"replicas", func(s *Spec) { s.Replicas = 2 }, "replicas", "1, 3 or 5"},
 		{"init", func(s *Spec) { s.Init.Kind = "xavier" }, "init.kind", "zeros, uniform, normal or upload"},
+		{"priority", func(s *Spec) { s.Priority = "urgent" }, "priority", `must be high, normal or low, got "urgent"`},
+		{"priority case", func(s *Spec) { s.Priority = "High" }, "priority", `got "High"`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -81,8 +83,20 @@ storage: file
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.ShardSize != 256<<10 || s.Sync != "bsp" || s.Replicas != 1 || s.Init.Kind != "zeros" {
+	if s.ShardSize != 256<<10 || s.Sync != "bsp" || s.Replicas != 1 || s.Init.Kind != "zeros" || s.Priority != PriorityNormal {
 		t.Fatalf("parsed %+v", s)
+	}
+	for _, c := range []struct {
+		priority string
+		class    int
+	}{{"high", 1}, {"normal", 0}, {"low", -1}} {
+		s, err := Parse([]byte(`{"id":"x","tensors":[{"name":"w","shape":[4]}],"ranks":1,"function":{"name":"sum"},"priority":"` + c.priority + `"}`))
+		if err != nil || s.Priority != c.priority || s.PriorityClass() != c.class {
+			t.Fatalf("priority %s: got %+v, %v", c.priority, s, err)
+		}
+	}
+	if (&Spec{}).PriorityClass() != 0 {
+		t.Fatalf("a record stored before priorities existed must read as normal")
 	}
 	if _, err := Parse([]byte(`{"id":"x","tensors":[{"name":"w","shape":[4]}],"ranks":1,"function":{"name":"sum"},"colour":"red"}`)); err == nil || !strings.Contains(err.Error(), "colour") {
 		t.Fatalf("unknown field: got %v", err)
