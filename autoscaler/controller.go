@@ -384,7 +384,7 @@ func (c *Controller) observe(snap view.Snapshot, now time.Time, lapses bool) Obs
 		rec := snap.Jobs[id]
 		for _, sh := range rec.Layout.Shards {
 			key := wire.PlacementKey(id, sh.ID)
-			so := ShardObs{Key: key, Job: id, Bytes: int64(rec.Spec.Ranks) * int64(sh.Bytes())}
+			so := ShardObs{Key: key, Job: id, Bytes: int64(rec.Spec.Ranks) * int64(sh.Bytes()), Priority: rec.Spec.PriorityClass()}
 			if p, ok := snap.Placement[key]; ok && live[p.Runtime] {
 				so.Runtime = p.Runtime
 			}

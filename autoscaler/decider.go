@@ -29,6 +29,8 @@ type Decider struct {
 	// headroom is the closed loop's state (Policy.SlowdownBudget): per observed job, the factor on
 	// its work that the model plans for, and when it last changed.
 	headroom map[string]jobHeadroom
+	// short: the last decision wanted more runtimes than max_runtimes allows.
+	short bool
 }
 
 // NewDecider returns a decider without history.
@@ -50,7 +52,10 @@ type round struct {
 	// Set by current:
 	byRuntime [][]int // the shards each runtime holds and keeps for now, by runtime index
 	mustPlace []int   // shards without a usable runtime: unplaced, or on one gone or draining
-	reasons   []string
+	// mixed: the shards are of more than one priority class; prio: priorities are in force (mixed,
+	// and the pool short), see placement.go.
+	mixed, prio bool
+	reasons     []string
 }
 
 func (r *round) say(format string, args ...any) {
@@ -66,12 +71,14 @@ func (d *Decider) Decide(p Policy, obs Observations, now time.Time) Decision {
 	d.record(p, now, demand)
 	r.health()
 	held := r.current()
-	target := d.scale(p, now, demand, held, r.capacity, r.healthy, len(r.shards) > 0, r.say)
+	target, capped := d.scale(p, now, demand, held, r.capacity, r.healthy, len(r.shards) > 0, r.say)
 	if target < r.healthy {
 		chooseVictims(r.rts, r.shards, r.healthy-target)
 	}
+	r.prioritize(capped || d.short)
 	homeless := r.place(r.voluntary())
-	target = d.grow(p, now, homeless, target, r.healthy, r.say)
+	target, grown := d.grow(p, now, homeless, target, r.healthy, r.say)
+	d.short = capped || grown
 	d.commit(now, target, r.healthy)
 	return r.decision(target, d.sized(p, now), d.panicking)
 }
@@ -101,7 +108,22 @@ func (r *round) observe(obs Observations, hr map[string]float64) {
 		if i, ok := rtIndex[s.Runtime]; ok && s.Runtime != "" {
 			from = i
 		}
-		r.shards[k] = shardState{obs: s, g: r.m.groupOf[oi], w: plannedWork(s, hr), from: from, to: from}
+		cls := min(max(s.Priority, PriorityLow), PriorityHigh)
+		r.shards[k] = shardState{obs: s, g: r.m.groupOf[oi], w: plannedWork(s, hr), cls: cls, from: from, to: from}
+		r.mixed = r.mixed || cls != r.shards[0].cls
+	}
+}
+
+// prioritize puts the priorities in force when the pool is short and the shards are of more than
+// one class; otherwise it drops the per-class loads, and placement weighs every shard alike.
+func (r *round) prioritize(short bool) {
+	r.prio = short && r.mixed
+	if r.prio {
+		r.say("pool short at max_runtimes %d: priorities in force (high and normal shards keep their headroom, low ones are packed up to the cores)", r.p.MaxRuntimes)
+		return
+	}
+	for _, rt := range r.rts {
+		rt.up = nil
 	}
 }
 
@@ -128,6 +150,9 @@ func (r *round) health() {
 		rt.hardCap = float64(rt.obs.Cores) * rt.speed
 		rt.fitCap = rt.hardCap * p.TargetUtilization
 		rt.load = r.m.newLoad()
+		if r.mixed {
+			rt.up = []load{r.m.newLoad(), r.m.newLoad()}
+		}
 	}
 	r.median = medianSpeed(r.rts)
 	if p.StragglerSpeed > 0 && r.median > 0 {
@@ -162,7 +187,7 @@ func (r *round) current() (held float64) {
 		case r.rts[s.from].draining:
 			s.to, s.cause = -1, "runtime "+s.obs.Runtime+" is draining"
 		default:
-			r.rts[s.from].place(s.g, s.w)
+			r.rts[s.from].place(s.g, s.w, s.cls)
 			r.byRuntime[s.from] = append(r.byRuntime[s.from], k)
 			continue
 		}
@@ -192,13 +217,21 @@ func (r *round) voluntary() (strag, over, vict []int) {
 			}
 			strag = append(strag, r.byRuntime[i]...)
 		case rt.victim:
-		case rt.load.demand > rt.moveCap()+eps:
+		default:
 			// Over the band between its share at target utilization (which sized the pool) and its
 			// full capacity: a runtime added for the load receives some of it instead of idling,
 			// and loads that only brush the target do not churn.
+			cls, demand, limit, ok := rt.overloaded()
+			if !ok {
+				continue
+			}
 			ks := overflow(r.m, rt, r.byRuntime[i], r.shards)
 			for _, k := range ks {
-				r.shards[k].cause = fmt.Sprintf("demand %.2f cores > %.2f of its %.2f", rt.load.demand, rt.moveCap(), rt.hardCap)
+				if r.prio {
+					r.shards[k].cause = fmt.Sprintf("%s demand %.2f cores > %.2f of its %.2f", classWord(cls), demand, limit, rt.hardCap)
+				} else {
+					r.shards[k].cause = fmt.Sprintf("demand %.2f cores > %.2f of its %.2f", demand, limit, rt.hardCap)
+				}
 			}
 			over = append(over, ks...)
 		}
@@ -215,7 +248,7 @@ func (r *round) voluntary() (strag, over, vict []int) {
 // place places what must be placed, then spends the migration budget on the voluntary moves in
 // order. It returns the demand of the shards that fit on no runtime, each counted alone.
 func (r *round) place(strag, over, vict []int) (homeless float64) {
-	pl := newPlacer(r.m, r.rts, r.shards)
+	pl := newPlacer(r.m, r.rts, r.shards, r.prio)
 	if n := pl.placeAll(r.mustPlace); n > 0 {
 		r.say("%d shards have no runtime to run on", n)
 	}
@@ -338,4 +371,15 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// classWord names the load a class competes with, for reasons.
+func classWord(cls int) string {
+	switch {
+	case cls >= PriorityHigh:
+		return "high-class"
+	case cls == PriorityNormal:
+		return "normal-and-high"
+	}
+	return "total"
 }

@@ -38,6 +38,10 @@ func plannedWork(s *ShardObs, hr map[string]float64) float64 {
 // job that has one other than 1 (nil with the feedback off) and forgets the jobs no longer observed.
 // Pending is not read: how many messages make a backlog depends on the job's ranks, which the
 // decider does not observe, and a backlog shows in QueueWait too.
+//
+// While the pool is short (the last decision wanted more than max_runtimes), a low-priority job's
+// headroom is not grown: the low class absorbs the slowdown, and more headroom for it would only
+// take cores from the others. It still shrinks when the job is well inside its budget.
 func (d *Decider) feedback(p Policy, obs Observations, now time.Time, say func(string, ...any)) map[string]float64 {
 	if p.SlowdownBudget <= 0 {
 		d.headroom = nil
@@ -45,9 +49,11 @@ func (d *Decider) feedback(p Policy, obs Observations, now time.Time, say func(s
 	}
 	slow := map[string]float64{} // job -> measured slowdown
 	seen := map[string]bool{}
+	low := map[string]bool{}
 	for i := range obs.Shards {
 		s := &obs.Shards[i]
 		seen[s.Job] = true
+		low[s.Job] = s.Priority < PriorityNormal
 		if s.Period > 0 {
 			slow[s.Job] = max(slow[s.Job], max(s.QueueWait, 0).Seconds()/s.Period.Seconds())
 		}
@@ -60,7 +66,7 @@ func (d *Decider) feedback(p Policy, obs Observations, now time.Time, say func(s
 			delete(d.headroom, job)
 		}
 	}
-	var up, down []string
+	var up, down, held []string
 	for _, job := range sortedKeys(slow) {
 		h, ok := d.headroom[job]
 		if !ok {
@@ -71,6 +77,8 @@ func (d *Decider) feedback(p Policy, obs Observations, now time.Time, say func(s
 		}
 		x, was := slow[job], h.factor
 		switch {
+		case x > p.SlowdownBudget && h.factor < maxHeadroom && d.short && low[job]:
+			held = append(held, fmt.Sprintf("%s %.2f at %.1f%%", job, h.factor, 100*x))
 		case x > p.SlowdownBudget && h.factor < maxHeadroom:
 			h = jobHeadroom{min(h.factor*headroomGrow, maxHeadroom), now}
 			up = append(up, fmt.Sprintf("%s %.2f->%.2f at %.1f%%", job, was, h.factor, 100*x))
@@ -88,6 +96,9 @@ func (d *Decider) feedback(p Policy, obs Observations, now time.Time, say func(s
 	}
 	if len(up) > 0 {
 		say("headroom up for %d jobs over the %.1f%% slowdown budget: %s", len(up), 100*p.SlowdownBudget, list(up))
+	}
+	if len(held) > 0 {
+		say("headroom held for %d low-priority jobs over the %.1f%% slowdown budget while the pool is short: %s", len(held), 100*p.SlowdownBudget, list(held))
 	}
 	if len(down) > 0 {
 		say("headroom down for %d jobs well inside the %.1f%% slowdown budget: %s", len(down), 100*p.SlowdownBudget, list(down))

@@ -13,17 +13,21 @@ type shardState struct {
 	obs   *ShardObs
 	g     int     // group
 	w     float64 // work
+	cls   int     // priority class: PriorityLow, PriorityNormal or PriorityHigh
 	from  int     // observed runtime index; -1 unplaced or on a runtime that is not observed
 	to    int     // decided runtime index; -1 unplaced
 	cause string  // why it moves
 }
 
 type rtState struct {
-	obs       RuntimeObs
-	speed     float64 // Speed, 0 read as 1
-	hardCap   float64 // cores x speed: above it work queues
-	fitCap    float64 // hardCap x target utilization: what placement fills to
-	load      load
+	obs     RuntimeObs
+	speed   float64 // Speed, 0 read as 1
+	hardCap float64 // cores x speed: above it work queues
+	fitCap  float64 // hardCap x target utilization: what placement fills to
+	load    load
+	// up is nil unless priorities are in force (see round.prio): then up[0] is the load of the
+	// normal and high shards, up[1] that of the high ones, what a shard of each class competes with.
+	up        []load
 	nShards   int
 	work      float64
 	grace     bool // inside startup grace
@@ -38,7 +42,55 @@ func (r *rtState) eligible() bool { return !r.draining && !r.straggler && !r.vic
 // utilization and its full capacity.
 func (r *rtState) moveCap() float64 { return (r.fitCap + r.hardCap) / 2 }
 
-func (r *rtState) ratio() float64 { return r.load.demand / max(r.fitCap, eps) }
+// Priorities. While the pool is short (it wants more runtimes than max_runtimes allows) and its
+// shards are of more than one class, a runtime is weighed per class: the runtime gives its cores to
+// ready high work before normal before low (runtime/cpu.go), so a shard is slowed by its own class
+// and the classes above it, not by those below. A high or normal shard then fits where the load of
+// its class and above stays within fitCap (its headroom); a low shard fits where the whole load
+// stays within hardCap (packed: it absorbs the slowdown). Otherwise every class sees the whole
+// load and fitCap, as before priorities existed.
+
+// loadFor is the load a shard of class cls competes with on the runtime.
+func (r *rtState) loadFor(cls int) *load {
+	if r.up == nil || cls < PriorityNormal {
+		return &r.load
+	}
+	return &r.up[min(cls, PriorityHigh)]
+}
+
+// capFor is what placement fills the runtime to with shards of class cls.
+func (r *rtState) capFor(cls int) float64 {
+	if r.up != nil && cls < PriorityNormal {
+		return r.hardCap
+	}
+	return r.fitCap
+}
+
+// moveCapFor is the load of class cls and above beyond which its shards move off: midway between
+// capFor and the full capacity.
+func (r *rtState) moveCapFor(cls int) float64 { return (r.capFor(cls) + r.hardCap) / 2 }
+
+// ratioFor is how full the runtime is for a shard of class cls; without priorities, for any shard.
+func (r *rtState) ratioFor(cls int) float64 { return r.loadFor(cls).demand / max(r.capFor(cls), eps) }
+
+// fits reports whether w more work of group g, class cls, fits on the runtime.
+func (r *rtState) fits(g int, w float64, cls int) bool {
+	return r.loadFor(cls).demandAfter(g, w) <= r.capFor(cls)+eps
+}
+
+// overloaded returns the class whose shards should move off the runtime, the highest whose load
+// (its own and above) exceeds its move cap, and that load and cap; ok is false when none does.
+func (r *rtState) overloaded() (cls int, demand, limit float64, ok bool) {
+	if r.up == nil {
+		return PriorityNormal, r.load.demand, r.moveCap(), r.load.demand > r.moveCap()+eps
+	}
+	for c := PriorityHigh; c >= PriorityLow; c-- {
+		if l := r.loadFor(c); l.demand > r.moveCapFor(c)+eps {
+			return c, l.demand, r.moveCapFor(c), true
+		}
+	}
+	return 0, 0, 0, false
+}
 
 // chooseVictims marks the n emptiest healthy runtimes (fewest shards, then least work, then id) to
 // be emptied and drained.
@@ -81,22 +133,32 @@ func victimOrder(rts []*rtState) []int {
 
 // overflow returns the shards of an over-capacity runtime that do not fit when its shards are
 // re-added job by job, the jobs with most shards on it first (they stay; the small ones move).
+// With priorities in force the higher classes are re-added first, each shard weighed as placement
+// weighs it (rtState.fits), so that the lower classes' shards are the ones that move.
 func overflow(m *model, r *rtState, ks []int, shards []shardState) []int {
 	per := map[int]int{}
 	for _, k := range ks {
 		per[shards[k].g]++
 	}
+	prio := r.up != nil
 	sorted := slices.Clone(ks)
 	slices.SortStableFunc(sorted, func(a, b int) int {
 		ga, gb := shards[a].g, shards[b].g
-		return cmp.Or(cmp.Compare(per[gb], per[ga]), cmp.Compare(m.groups[ga].job, m.groups[gb].job), cmp.Compare(ga, gb))
+		c := 0
+		if prio {
+			c = cmp.Compare(shards[b].cls, shards[a].cls)
+		}
+		return cmp.Or(c, cmp.Compare(per[gb], per[ga]), cmp.Compare(m.groups[ga].job, m.groups[gb].job), cmp.Compare(ga, gb))
 	})
-	scratch := m.newLoad()
+	scratch := &rtState{hardCap: r.hardCap, fitCap: r.fitCap, load: m.newLoad()}
+	if prio {
+		scratch.up = []load{m.newLoad(), m.newLoad()}
+	}
 	var out []int
 	for _, k := range sorted {
 		s := &shards[k]
-		if scratch.demandAfter(s.g, s.w) <= r.fitCap+eps {
-			scratch.add(s.g, s.w)
+		if scratch.fits(s.g, s.w, s.cls) {
+			scratch.place(s.g, s.w, s.cls)
 		} else {
 			out = append(out, k)
 		}
@@ -104,14 +166,24 @@ func overflow(m *model, r *rtState, ks []int, shards []shardState) []int {
 	return out
 }
 
-func (r *rtState) place(g int, w float64) {
+func (r *rtState) place(g int, w float64, cls int) {
 	r.load.add(g, w)
+	for c := range r.up {
+		if cls >= c {
+			r.up[c].add(g, w)
+		}
+	}
 	r.nShards++
 	r.work += w
 }
 
-func (r *rtState) unplace(g int, w float64) {
+func (r *rtState) unplace(g int, w float64, cls int) {
 	r.load.remove(g, w)
+	for c := range r.up {
+		if cls >= c {
+			r.up[c].remove(g, w)
+		}
+	}
 	r.nShards--
 	r.work -= w
 }
@@ -128,6 +200,7 @@ type placer struct {
 	shards []shardState
 	elig   []int
 	full   map[int]float64 // group -> least work that found no room in this decision
+	prio   bool            // priorities in force (the runtimes' up loads are kept)
 	// homeless is the demand of the shards that fit on no runtime, each counted alone.
 	homeless float64
 }
@@ -139,8 +212,8 @@ func (pl *placer) alone(k int) float64 {
 	return l.demandAfter(s.g, s.w)
 }
 
-func newPlacer(m *model, rts []*rtState, shards []shardState) *placer {
-	pl := &placer{m: m, rts: rts, shards: shards, full: map[int]float64{}}
+func newPlacer(m *model, rts []*rtState, shards []shardState, prio bool) *placer {
+	pl := &placer{m: m, rts: rts, shards: shards, full: map[int]float64{}, prio: prio}
 	for i, r := range rts {
 		if r.eligible() {
 			pl.elig = append(pl.elig, i)
@@ -162,7 +235,7 @@ func (pl *placer) target(k, not int) int {
 		}
 		// Insert i into the n least loaded so far, kept sorted by ratio then index.
 		j := n
-		for j > 0 && pl.rts[i].ratio() < pl.rts[best[j-1]].ratio() {
+		for j > 0 && pl.rts[i].ratioFor(s.cls) < pl.rts[best[j-1]].ratioFor(s.cls) {
 			j--
 		}
 		if j >= candidates {
@@ -177,8 +250,8 @@ func (pl *placer) target(k, not int) int {
 	to, toRatio := -1, math.Inf(1)
 	for _, i := range best[:n] {
 		r := pl.rts[i]
-		if d := r.load.demandAfter(s.g, s.w); d <= r.fitCap+eps && d/r.fitCap < toRatio {
-			to, toRatio = i, d/r.fitCap
+		if d, c := r.loadFor(s.cls).demandAfter(s.g, s.w), r.capFor(s.cls); d <= c+eps && d/c < toRatio {
+			to, toRatio = i, d/c
 		}
 	}
 	if to >= 0 || n < candidates {
@@ -190,9 +263,9 @@ func (pl *placer) target(k, not int) int {
 		return -1
 	}
 	cand := slices.DeleteFunc(slices.Clone(pl.elig), func(i int) bool { return i == not || slices.Contains(best[:n], i) })
-	slices.SortStableFunc(cand, func(a, b int) int { return cmp.Compare(pl.rts[a].ratio(), pl.rts[b].ratio()) })
+	slices.SortStableFunc(cand, func(a, b int) int { return cmp.Compare(pl.rts[a].ratioFor(s.cls), pl.rts[b].ratioFor(s.cls)) })
 	for _, i := range cand {
-		if r := pl.rts[i]; r.load.demandAfter(s.g, s.w) <= r.fitCap+eps {
+		if pl.rts[i].fits(s.g, s.w, s.cls) {
 			return i
 		}
 	}
@@ -200,7 +273,8 @@ func (pl *placer) target(k, not int) int {
 	return -1
 }
 
-// placeAll places shards that have no runtime, jobs in decreasing order of work. A shard that fits
+// placeAll places shards that have no runtime, jobs in decreasing order of work (with priorities in
+// force, higher classes first: they take their headroom before the lower ones). A shard that fits
 // nowhere goes to the least loaded runtime anyway (over capacity: the pool grows). It returns how
 // many shards could not be placed at all (no runtime).
 func (pl *placer) placeAll(ks []int) int {
@@ -210,7 +284,11 @@ func (pl *placer) placeAll(ks []int) int {
 	}
 	slices.SortStableFunc(ks, func(a, b int) int {
 		ga, gb := pl.shards[a].g, pl.shards[b].g
-		return cmp.Or(cmp.Compare(gw[gb], gw[ga]), cmp.Compare(ga, gb))
+		c := 0
+		if pl.prio {
+			c = cmp.Compare(pl.shards[b].cls, pl.shards[a].cls)
+		}
+		return cmp.Or(c, cmp.Compare(gw[gb], gw[ga]), cmp.Compare(ga, gb))
 	})
 	failed := 0
 	for _, k := range ks {
@@ -223,7 +301,7 @@ func (pl *placer) placeAll(ks []int) int {
 					continue
 				}
 				if to < 0 || r.eligible() && !pl.rts[to].eligible() ||
-					r.eligible() == pl.rts[to].eligible() && r.ratio() < pl.rts[to].ratio() {
+					r.eligible() == pl.rts[to].eligible() && r.ratioFor(s.cls) < pl.rts[to].ratioFor(s.cls) {
 					to = i
 				}
 			}
@@ -232,7 +310,7 @@ func (pl *placer) placeAll(ks []int) int {
 			failed++
 			continue
 		}
-		pl.rts[to].place(s.g, s.w)
+		pl.rts[to].place(s.g, s.w, s.cls)
 		s.to = to
 	}
 	return failed
@@ -245,8 +323,8 @@ func (pl *placer) move(k int) bool {
 	if to < 0 {
 		return false
 	}
-	pl.rts[s.to].unplace(s.g, s.w)
-	pl.rts[to].place(s.g, s.w)
+	pl.rts[s.to].unplace(s.g, s.w, s.cls)
+	pl.rts[to].place(s.g, s.w, s.cls)
 	s.to = to
 	return true
 }

@@ -39,8 +39,9 @@ func (d *Decider) sized(p Policy, now time.Time) float64 {
 	return d.windowMax(now, p.StableWindow)
 }
 
-// scale applies the panic and stable rules and returns the number of healthy runtimes wanted.
-func (d *Decider) scale(p Policy, now time.Time, demand, held, capacity float64, healthy int, anyShards bool, say func(string, ...any)) int {
+// scale applies the panic and stable rules and returns the number of healthy runtimes wanted, and
+// whether max_runtimes capped it (the pool is short).
+func (d *Decider) scale(p Policy, now time.Time, demand, held, capacity float64, healthy int, anyShards bool, say func(string, ...any)) (int, bool) {
 	perRuntime := float64(p.CoresPerRuntime) * p.TargetUtilization
 	need := func(x float64) int { return int(math.Ceil(x/perRuntime - eps)) }
 	cur := d.target
@@ -101,20 +102,23 @@ func (d *Decider) scale(p Policy, now time.Time, demand, held, capacity float64,
 		target = lo
 		say("held at min_runtimes %d", p.MinRuntimes)
 	}
-	if target > p.MaxRuntimes {
+	capped := target > p.MaxRuntimes
+	if capped {
 		say("capped at max_runtimes %d (wanted %d)", p.MaxRuntimes, target)
 		target = p.MaxRuntimes
 	}
-	return target
+	return target, capped
 }
 
 // grow asks for runtimes to hold the shards that fit nowhere (homeless: their demand, each counted
-// alone), subject to the scale-up cooldown outside panic, and returns the healthy runtimes wanted.
-func (d *Decider) grow(p Policy, now time.Time, homeless float64, target, healthy int, say func(string, ...any)) int {
+// alone), subject to the scale-up cooldown outside panic, and returns the healthy runtimes wanted,
+// and whether max_runtimes capped them (the pool is short).
+func (d *Decider) grow(p Policy, now time.Time, homeless float64, target, healthy int, say func(string, ...any)) (int, bool) {
 	if homeless <= eps {
-		return target
+		return target, false
 	}
 	extra := int(math.Ceil(homeless/(float64(p.CoresPerRuntime)*p.TargetUtilization) - eps))
+	capped := healthy+extra > p.MaxRuntimes
 	want := min(healthy+extra, p.MaxRuntimes)
 	switch {
 	case want <= target:
@@ -124,7 +128,7 @@ func (d *Decider) grow(p Policy, now time.Time, homeless float64, target, health
 		say("shards needing %.2f cores fit on no runtime: %d -> %d runtimes", homeless, target, want)
 		target = want
 	}
-	return target
+	return target, capped
 }
 
 // commit records the healthy runtimes wanted, and when that number last changed.
