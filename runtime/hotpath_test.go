@@ -30,7 +30,7 @@ func TestHandleDoesNotAllocate(t *testing.T) {
 	spec.Normalize()
 	rec := job.NewRecord(spec, time.Now())
 	log := slog.New(slog.DiscardHandler)
-	r := &Runtime{cpu: make(chan struct{}, 1), log: log, rejects: newRejectLog(log, time.Now)}
+	r := &Runtime{cpu: newCPUPool(1), log: log, rejects: newRejectLog(log, time.Now)}
 	x, err := newShardExec(r, &jobInfo{rec: &rec}, 0, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -67,7 +67,7 @@ func TestHandleDoesNotAllocateSSP(t *testing.T) {
 	spec.Normalize()
 	rec := job.NewRecord(spec, time.Now())
 	log := slog.New(slog.DiscardHandler)
-	r := &Runtime{cpu: make(chan struct{}, 1), log: log, rejects: newRejectLog(log, time.Now)}
+	r := &Runtime{cpu: newCPUPool(1), log: log, rejects: newRejectLog(log, time.Now)}
 	x, err := newShardExec(r, &jobInfo{rec: &rec}, 0, 1)
 	if err != nil {
 		t.Fatal(err)

@@ -40,7 +40,7 @@ type Runtime struct {
 	heartbeat time.Duration
 	sweep     time.Duration
 
-	cpu     chan struct{} // a token per core: bounds concurrent aggregation work
+	cpu     *cpuPool      // the cores, as tokens: bounds concurrent aggregation work (cpu.go)
 	hurry   chan struct{} // asks for a load report now (reportSoon)
 	buckets *store.Buckets
 	acks    *acker
@@ -149,7 +149,7 @@ func New(nc *nats.Conn, opts ...Option) (*Runtime, error) {
 	}
 	r.log = r.log.With("runtime", r.id)
 	r.origin = r.id + "@" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	r.cpu = make(chan struct{}, r.cores)
+	r.cpu = newCPUPool(r.cores)
 	r.hurry = make(chan struct{}, 1)
 	r.rejects = newRejectLog(r.log, r.now)
 	r.met = r.metrics.Runtime(r.id)

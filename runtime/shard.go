@@ -414,9 +414,9 @@ func (x *shardExec) handleSeq(m jetstream.Msg, seq uint64) {
 	case x.sync.mode == modeSSP:
 		x.sync.curSeq[meta.Rank] = seq
 	case x.sync.mode == modeASP:
-		x.r.cpu <- struct{}{}
+		x.takeCore()
 		x.applyOne(&meta, data)
-		<-x.r.cpu
+		x.giveCore()
 		x.snapshot()
 		return
 	}
@@ -426,7 +426,7 @@ func (x *shardExec) handleSeq(m jetstream.Msg, seq uint64) {
 		x.stats.stepStart = queued
 	}
 	x.observeGradient(m, meta.Step, meta.Rank, first, queued)
-	x.r.cpu <- struct{}{}
+	x.takeCore()
 	started := time.Now()
 	x.times.folding, x.times.lastRank = started, meta.Rank
 	x.fold(meta.Rank, meta.Weight, data)
@@ -434,7 +434,7 @@ func (x *shardExec) handleSeq(m jetstream.Msg, seq uint64) {
 	if complete {
 		x.apply()
 	}
-	<-x.r.cpu
+	x.giveCore()
 	work := time.Since(started)
 	x.stats.addWork(started.Sub(queued), work)
 	x.r.stats.workNanos.Add(int64(work))
@@ -444,9 +444,9 @@ func (x *shardExec) handleSeq(m jetstream.Msg, seq uint64) {
 		}
 		x.snapshot()
 		for x.sync.mode == modeSSP && x.promote() { // the next step was held whole: apply it too
-			x.r.cpu <- struct{}{}
+			x.takeCore()
 			x.apply()
-			<-x.r.cpu
+			x.giveCore()
 			x.snapshot()
 		}
 	}

@@ -1,0 +1,97 @@
+package runtime
+
+import (
+	goruntime "runtime"
+	"slices"
+	"sync"
+	"testing"
+)
+
+// The cores are one pool shared by all the runtime's work: any class takes any free core without
+// waiting, up to the number of cores.
+func TestCPUPoolIsShared(t *testing.T) {
+	p := newCPUPool(3)
+	for _, cls := range []int{-1, 0, 1} { // three shards of three classes: none waits
+		p.acquire(cls)
+	}
+	if p.free != 0 || p.queued() != 0 {
+		t.Fatalf("free %d, queued %d after taking the 3 cores", p.free, p.queued())
+	}
+	done := make(chan struct{})
+	go func() { p.acquire(1); close(done) }() // a fourth waits, even a high one: nothing is preempted
+	waitQueued(t, p, 1)
+	p.release()
+	<-done
+	for range 3 {
+		p.release()
+	}
+	if p.free != 3 {
+		t.Fatalf("free %d after all released, want 3", p.free)
+	}
+}
+
+// A freed core goes to the waiting work of the highest class, first come first served within a
+// class: with the one core held, work queues as low1, normal1, high1, low2, high2, normal2 and runs
+// as high1, high2, normal1, normal2, low1, low2.
+func TestCPUPoolOrdersByClassThenArrival(t *testing.T) {
+	p := newCPUPool(1)
+	p.acquire(0)
+	var mu sync.Mutex
+	var order []string
+	var wg sync.WaitGroup
+	arrivals := []struct {
+		name string
+		cls  int
+	}{{"low1", -1}, {"normal1", 0}, {"high1", 1}, {"low2", -1}, {"high2", 1}, {"normal2", 0}}
+	for i, a := range arrivals {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.acquire(a.cls)
+			mu.Lock()
+			order = append(order, a.name)
+			mu.Unlock()
+			p.release() // hands the core to the next in line
+		}()
+		waitQueued(t, p, i+1) // queued in this order
+	}
+	p.release()
+	wg.Wait()
+	want := []string{"high1", "high2", "normal1", "normal2", "low1", "low2"}
+	if !slices.Equal(order, want) {
+		t.Fatalf("ran in order %v, want %v", order, want)
+	}
+	if p.free != 1 || p.queued() != 0 {
+		t.Fatalf("free %d, queued %d at the end", p.free, p.queued())
+	}
+}
+
+// Waiting reuses its waiters: in the steady state a contended acquire allocates nothing.
+func TestCPUPoolWaitsWithoutAllocating(t *testing.T) {
+	p := newCPUPool(1)
+	handoff := func() {
+		p.acquire(0)
+		done := make(chan struct{})
+		go func() { p.acquire(-1); p.release(); close(done) }()
+		waitQueued(t, p, 1)
+		p.release()
+		<-done
+	}
+	handoff() // the first wait makes the waiter
+	before := len(p.spare)
+	for range 10 {
+		handoff()
+	}
+	if len(p.spare) != before || before != 1 {
+		t.Fatalf("spare waiters %d, then %d: want the one reused", before, len(p.spare))
+	}
+}
+
+// waitQueued yields until n pieces of work wait for a core (no clock: the test's own deadline
+// catches a hang).
+func waitQueued(t *testing.T, p *cpuPool, n int) {
+	t.Helper()
+	for p.queued() < n {
+		goruntime.Gosched()
+	}
+}
