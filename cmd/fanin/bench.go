@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime/pprof"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -14,7 +15,7 @@ import (
 
 func benchCmd() *cobra.Command {
 	var quick bool
-	var only, out, redis string
+	var only, out, redis, cpuProfile string
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure the data plane against baselines measured in the same run (writes docs/BENCHMARKS.md)",
@@ -26,6 +27,17 @@ markdown report with the command that produced it.`,
 			cfg := bench.Config{Quick: quick, Redis: redis, Log: slog.Default()}
 			if only != "" {
 				cfg.Only = strings.Split(only, ",")
+			}
+			if cpuProfile != "" {
+				f, err := os.Create(cpuProfile)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return err
+				}
+				defer pprof.StopCPUProfile()
 			}
 			// A failed scenario is a row of the report: write it, then report the failure.
 			results, runErr := bench.Run(cmd.Context(), cfg, cmd.ErrOrStderr())
@@ -43,6 +55,7 @@ markdown report with the command that produced it.`,
 	cmd.Flags().StringVar(&only, "only", "", "comma-separated scenarios to run (default: all)")
 	cmd.Flags().StringVar(&out, "out", "", "write the markdown report to this file (default: standard output)")
 	cmd.Flags().StringVar(&redis, "redis", "", "redis-server binary for the Redis baseline (default: from PATH)")
+	cmd.Flags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of this process to this file (with --only gloo: the service alone, its workers and gloo run in other processes)")
 	return cmd
 }
 

@@ -127,7 +127,7 @@ func runE2E(ctx context.Context, rs *runState) ([]Result, error) {
 		if err != nil {
 			return out, err
 		}
-		out = append(out, e2eResult("e2e-resnet50", bareBaseline, w, model, rs.e2ePlan(), 0.8, f, b))
+		out = append(out, e2eResult("e2e-resnet50", bareBaseline, w, model, rs.e2ePlan(), 1, f, b))
 	}
 	return out, nil
 }
