@@ -21,7 +21,8 @@ func benchCmd() *cobra.Command {
 		Short: "Measure the data plane against baselines measured in the same run (writes docs/BENCHMARKS.md)",
 		Long: "Scenarios: " + strings.Join(bench.Scenarios(), ", ") + `.
 Each reports fanin's figure, its baseline's on the same bytes, and the ratio. --out writes the
-markdown report with the command that produced it.`,
+markdown report with the command that produced it, keeping the file's hand-written last section
+("` + bench.HandWritten + `").`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg := bench.Config{Quick: quick, Redis: redis, Log: slog.Default()}
@@ -45,7 +46,12 @@ markdown report with the command that produced it.`,
 			md := bench.Markdown(results, command, bench.Environment(cfg))
 			if out == "" {
 				fmt.Fprint(cmd.OutOrStdout(), md)
-			} else if err := os.WriteFile(out, []byte(md), 0o644); err != nil {
+				return runErr
+			}
+			if old, err := os.ReadFile(out); err == nil { // keep its hand-written section
+				md = bench.KeepHandWritten(md, string(old))
+			}
+			if err := os.WriteFile(out, []byte(md), 0o644); err != nil {
 				return err
 			}
 			return runErr

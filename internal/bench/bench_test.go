@@ -100,6 +100,22 @@ func TestBaselinesComputeWhatFaninDoes(t *testing.T) {
 	}
 }
 
+// TestKeepHandWritten: a regenerated report keeps the old file's hand-written section, once.
+func TestKeepHandWritten(t *testing.T) {
+	md := Markdown(nil, "cmd", "env")
+	old := "# Benchmarks\n\nold figures\n\n" + HandWritten + " (not by `fanin bench`)\n\nby hand\n"
+	got := KeepHandWritten(md, old)
+	if !strings.HasPrefix(got, md[:len(md)-1]) || !strings.HasSuffix(got, "\n"+HandWritten+" (not by `fanin bench`)\n\nby hand\n") || strings.Contains(got, "old figures") {
+		t.Errorf("KeepHandWritten:\n%s", got)
+	}
+	if again := KeepHandWritten(md, got); again != got {
+		t.Errorf("a second regeneration differs:\n%s", again)
+	}
+	if got := KeepHandWritten(md, "# Benchmarks\nnothing by hand\n"); got != md {
+		t.Errorf("without a hand-written section: %q", got)
+	}
+}
+
 func TestPercentile(t *testing.T) {
 	d := make([]time.Duration, 200)
 	for i := range d {

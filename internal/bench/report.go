@@ -27,8 +27,8 @@ func Markdown(results []Result, command string, env string) string {
 	var b strings.Builder
 	b.WriteString("# Benchmarks\n\n")
 	b.WriteString("fanin's data plane against baselines measured in the same run, on the same machine and the same bytes.\n")
-	b.WriteString("This file is generated: do not edit it by hand; change `internal/bench` (the analysis at the end is\n")
-	b.WriteString("`internal/bench/analysis.md`) and run the command again.\n\n")
+	b.WriteString("This file is generated (the last section, \"Measured elsewhere\", is written by hand and kept by `--out`):\n")
+	b.WriteString("change `internal/bench` (the analysis is `internal/bench/analysis.md`) and run the command again.\n\n")
 	fmt.Fprintf(&b, "Produced by:\n\n```\n%s\n```\n\n", command)
 	b.WriteString("## Environment\n\n")
 	b.WriteString(strings.TrimSpace(env) + "\n\n")
@@ -120,6 +120,20 @@ func Markdown(results []Result, command string, env string) string {
 	}
 	b.WriteString(strings.TrimSpace(analysis) + "\n")
 	return b.String()
+}
+
+// HandWritten is the heading of the hand-written section at the end of docs/BENCHMARKS.md: figures
+// measured by other commands, copied there so that one page has every figure.
+const HandWritten = "## Measured elsewhere"
+
+// KeepHandWritten returns md followed by the hand-written section of old (from HandWritten to its
+// end), if old has one: regenerating the file keeps it.
+func KeepHandWritten(md, old string) string {
+	i := strings.Index(old, "\n"+HandWritten)
+	if i < 0 {
+		return md
+	}
+	return strings.TrimRight(md, "\n") + "\n" + old[i:]
 }
 
 func upperFirst(s string) string {
