@@ -355,7 +355,8 @@ func (c *Controller) observe(snap view.Snapshot, now time.Time, lapses bool) Obs
 		median = rates[len(rates)/2]
 	}
 	for id := range live {
-		ro := RuntimeObs{ID: id, Cores: 1, Draining: c.draining[id]}
+		// Its cores: from its load reports, or, before the first, from its registration.
+		ro := RuntimeObs{ID: id, Cores: max(1, runtimes[id].Cores), Draining: c.draining[id]}
 		if l, ok := loads[id]; ok {
 			ro.Cores = max(1, l.Cores)
 			if l.NanosPerByte > 0 && median > 0 {

@@ -45,6 +45,7 @@ type round struct {
 	m      *model
 	rts    []*rtState   // by id
 	shards []shardState // by key
+	demand float64      // the pool's demand (poolDemand)
 	// Set by health:
 	median   float64 // median speed of the runtimes that can be judged; 0 when fewer than two
 	healthy  int     // runtimes neither draining nor stragglers
@@ -70,6 +71,10 @@ func (d *Decider) Decide(p Policy, obs Observations, now time.Time) Decision {
 	demand := r.poolDemand()
 	d.record(p, now, demand)
 	r.health()
+	if p.CoresPerRuntime == 0 { // runtimes sized to their machine: count in the cores they report
+		p.CoresPerRuntime = r.reportedCores()
+		r.p = p
+	}
 	held := r.current()
 	target, capped := d.scale(p, now, demand, held, r.capacity, r.healthy, len(r.shards) > 0, r.say)
 	if target < r.healthy {
@@ -133,6 +138,7 @@ func (r *round) poolDemand() float64 {
 	for g := range r.m.groups {
 		pool.add(g, r.m.groups[g].work)
 	}
+	r.demand = pool.demand
 	return pool.demand
 }
 
@@ -168,6 +174,27 @@ func (r *round) health() {
 			r.capacity += float64(rt.obs.Cores) * p.TargetUtilization
 		}
 	}
+}
+
+// unknownCores is the unit of a pool of runtimes sized to their machine (cores_per_runtime 0) when
+// no runtime reports its cores: so large that any demand needs one runtime, and the pool grows one
+// at a time until the first reports.
+const unknownCores = 1 << 20
+
+// reportedCores is the size of a runtime of this pool: the median cores of the healthy runtimes
+// (the lower middle one of an even count), or unknownCores when there are none.
+func (r *round) reportedCores() int {
+	var cores []int
+	for _, rt := range r.rts {
+		if !rt.draining && !rt.straggler {
+			cores = append(cores, rt.obs.Cores)
+		}
+	}
+	if len(cores) == 0 {
+		return unknownCores
+	}
+	slices.Sort(cores)
+	return max(1, cores[(len(cores)-1)/2])
 }
 
 // current loads every runtime with the shards it holds, lists the shards that must be placed
@@ -248,7 +275,7 @@ func (r *round) voluntary() (strag, over, vict []int) {
 // place places what must be placed, then spends the migration budget on the voluntary moves in
 // order. It returns the demand of the shards that fit on no runtime, each counted alone.
 func (r *round) place(strag, over, vict []int) (homeless float64) {
-	pl := newPlacer(r.m, r.rts, r.shards, r.prio)
+	pl := newPlacer(r.m, r.rts, r.shards, r.prio, r.demand <= r.capacity+eps)
 	if n := pl.placeAll(r.mustPlace); n > 0 {
 		r.say("%d shards have no runtime to run on", n)
 	}
@@ -259,7 +286,7 @@ func (r *round) place(strag, over, vict []int) (homeless float64) {
 			if budget == 0 {
 				break
 			}
-			if pl.move(k) {
+			if pl.move(k) || li == 1 && pl.spill(k) {
 				budget--
 				continue
 			}

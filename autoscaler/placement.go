@@ -201,6 +201,9 @@ type placer struct {
 	elig   []int
 	full   map[int]float64 // group -> least work that found no room in this decision
 	prio   bool            // priorities in force (the runtimes' up loads are kept)
+	// slack: the pool as a whole has capacity (its demand is within its cores at target
+	// utilization). A runtime over its target then triggers moves, not a scale-up: see tolerates.
+	slack bool
 	// homeless is the demand of the shards that fit on no runtime, each counted alone.
 	homeless float64
 }
@@ -212,8 +215,8 @@ func (pl *placer) alone(k int) float64 {
 	return l.demandAfter(s.g, s.w)
 }
 
-func newPlacer(m *model, rts []*rtState, shards []shardState, prio bool) *placer {
-	pl := &placer{m: m, rts: rts, shards: shards, full: map[int]float64{}, prio: prio}
+func newPlacer(m *model, rts []*rtState, shards []shardState, prio, slack bool) *placer {
+	pl := &placer{m: m, rts: rts, shards: shards, full: map[int]float64{}, prio: prio, slack: slack}
 	for i, r := range rts {
 		if r.eligible() {
 			pl.elig = append(pl.elig, i)
@@ -295,7 +298,6 @@ func (pl *placer) placeAll(ks []int) int {
 		s := &pl.shards[k]
 		to := pl.target(k, -1)
 		if to < 0 {
-			pl.homeless += pl.alone(k)
 			for i, r := range pl.rts { // fallback: least loaded, eligible ones first
 				if r.draining {
 					continue
@@ -304,6 +306,9 @@ func (pl *placer) placeAll(ks []int) int {
 					r.eligible() == pl.rts[to].eligible() && r.ratioFor(s.cls) < pl.rts[to].ratioFor(s.cls) {
 					to = i
 				}
+			}
+			if !pl.tolerates(to, k) {
+				pl.homeless += pl.alone(k)
 			}
 		}
 		if to < 0 {
@@ -320,6 +325,50 @@ func (pl *placer) placeAll(ks []int) int {
 func (pl *placer) move(k int) bool {
 	s := &pl.shards[k]
 	to := pl.target(k, s.to)
+	if to < 0 {
+		return false
+	}
+	pl.rts[s.to].unplace(s.g, s.w, s.cls)
+	pl.rts[to].place(s.g, s.w, s.cls)
+	s.to = to
+	return true
+}
+
+// Work-conserving placement. A runtime is one pooled server: any ready shard of it runs on any of
+// its free cores (runtime/cpu.go), so its target utilization is a coarse affinity, not a
+// reservation per shard. While the pool as a whole has capacity (slack), a shard that fits within
+// target on no runtime may take a runtime up to its move threshold (midway from target to its
+// cores) without asking for a new runtime: the pool is sized from its total demand, not from its
+// fragments. Without slack, or beyond the threshold, such a shard is homeless and the pool grows.
+
+// tolerates reports whether shard k, which fits within target nowhere, may go to runtime i without
+// a new runtime: the pool has slack, i is eligible, and k keeps i within its move threshold.
+func (pl *placer) tolerates(i, k int) bool {
+	if !pl.slack || i < 0 || !pl.rts[i].eligible() {
+		return false
+	}
+	s, r := &pl.shards[k], pl.rts[i]
+	return r.loadFor(s.cls).demandAfter(s.g, s.w) <= r.moveCapFor(s.cls)+eps
+}
+
+// spill moves a shard off an overloaded runtime that fits within target nowhere else to the
+// eligible runtime, other than its own, that is least loaded once it holds it and that the pool's
+// slack tolerates; it reports whether it did.
+func (pl *placer) spill(k int) bool {
+	if !pl.slack {
+		return false
+	}
+	s := &pl.shards[k]
+	to, toRatio := -1, math.Inf(1)
+	for _, i := range pl.elig {
+		if i == s.to || !pl.tolerates(i, k) {
+			continue
+		}
+		r := pl.rts[i]
+		if x := r.loadFor(s.cls).demandAfter(s.g, s.w) / max(r.capFor(s.cls), eps); x < toRatio {
+			to, toRatio = i, x
+		}
+	}
 	if to < 0 {
 		return false
 	}

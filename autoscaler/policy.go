@@ -23,7 +23,9 @@ type Policy struct {
 	// one runtime even when MinRuntimes is 0.
 	MinRuntimes int `json:"min_runtimes" yaml:"min_runtimes"`
 	MaxRuntimes int `json:"max_runtimes" yaml:"max_runtimes"`
-	// CoresPerRuntime is the size of a new runtime: the unit in which Desired counts capacity.
+	// CoresPerRuntime is the size of a new runtime: the unit in which Desired counts capacity. 0
+	// means runtimes sized to their machine: the unit is the cores the pool's runtimes report (the
+	// median of the healthy ones; until one reports, the pool grows one runtime at a time).
 	CoresPerRuntime int `json:"cores_per_runtime" yaml:"cores_per_runtime"`
 	// TargetUtilization is the fraction of a runtime's cores that placement fills at the load's
 	// predicted peak; the rest is headroom for misprediction.
@@ -151,8 +153,8 @@ func (p Policy) Validate() error {
 	} else if p.MaxRuntimes < p.MinRuntimes {
 		bad("max_runtimes", "must be >= min_runtimes (%d), got %d", p.MinRuntimes, p.MaxRuntimes)
 	}
-	if p.CoresPerRuntime < 1 {
-		bad("cores_per_runtime", "must be >= 1, got %d", p.CoresPerRuntime)
+	if p.CoresPerRuntime < 0 {
+		bad("cores_per_runtime", "must be >= 1, or 0 for the cores the runtimes report, got %d", p.CoresPerRuntime)
 	}
 	if !(p.TargetUtilization > 0 && p.TargetUtilization <= 1) {
 		bad("target_utilization", "must be in (0, 1], got %v", p.TargetUtilization)

@@ -77,7 +77,7 @@ func TestParsePolicyErrors(t *testing.T) {
 		}
 	}
 	// Every problem is reported, each as a *PolicyError.
-	_, err := ParsePolicy([]byte("target_utilization: 2\ncores_per_runtime: 0\nbogus: 1"))
+	_, err := ParsePolicy([]byte("target_utilization: 2\ncores_per_runtime: -1\nbogus: 1"))
 	var pe *PolicyError
 	if !errors.As(err, &pe) {
 		t.Fatalf("%v is not a *PolicyError", err)

@@ -91,8 +91,13 @@ func (d *Decider) scale(p Policy, now time.Time, demand, held, capacity float64,
 			target = max(floor, cur-step)
 			say("scale down %d -> %d (want %d, placement needs %d; at most %.0f%% per decision)", cur, target, want, need(held), 100*p.MaxScaleDownFraction)
 		}
-		say("demand %.2f cores now, peak %.2f over the stable window %v: %d runtimes of %d cores at %.0f%%",
-			demand, peak, p.StableWindow, want, p.CoresPerRuntime, 100*p.TargetUtilization)
+		if p.CoresPerRuntime == unknownCores {
+			say("demand %.2f cores now, peak %.2f over the stable window %v: runtimes sized to their machine, none reports its cores yet: %d",
+				demand, peak, p.StableWindow, want)
+		} else {
+			say("demand %.2f cores now, peak %.2f over the stable window %v: %d runtimes of %d cores at %.0f%%",
+				demand, peak, p.StableWindow, want, p.CoresPerRuntime, 100*p.TargetUtilization)
+		}
 	}
 	lo := p.MinRuntimes
 	if anyShards {
