@@ -19,7 +19,7 @@ func TestRunQuick(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Run: %v\nprogress:\n%s", err, progress.String())
 	}
-	want := map[string]int{"kernel": 3, "latency-small": 4, "elastic": 11}
+	want := map[string]int{"kernel": 3, "latency-small": 6, "elastic": 11}
 	got := map[string]int{}
 	for _, r := range res {
 		got[r.Scenario]++
@@ -83,7 +83,7 @@ func TestBaselinesComputeWhatFaninDoes(t *testing.T) {
 	w := workload{Ranks: 3, Elements: 50_000, ShardSize: 64 << 10, Runtimes: 2}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	base := map[string]starter{"bare NATS": startBareNATS}
+	base := map[string]starter{"bare NATS": startBareNATS, "bare JetStream": startBareJetStream}
 	if _, err := findRedis(rs.cfg); err == nil {
 		base["redis"] = startRedis
 	} else {

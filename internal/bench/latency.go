@@ -174,6 +174,10 @@ func runLatency(ctx context.Context, rs *runState) ([]Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bare aggregator: %w", err)
 	}
+	bareJS, err := stepLatencies(ctx, rs, startBareJetStream, w, n)
+	if err != nil {
+		return nil, fmt.Errorf("bare aggregator over JetStream: %w", err)
+	}
 	baselines := []struct {
 		name, short string
 		lat         []time.Duration
@@ -183,6 +187,8 @@ func runLatency(ctx context.Context, rs *runState) ([]Result, error) {
 			"the issue's baseline: one 1 MiB request echoed by a responder; a fanin step moves 4 x 1 MiB in and 4 x 1 MiB out through a stored stream"},
 		{"bare aggregator over core NATS, same job", "bare aggregator", bare,
 			"the same job through the e2e-resnet50 bare aggregator: what JetStream storage and acks, and fanin's bookkeeping, add"},
+		{"bare aggregator over JetStream, same job", "bare JetStream", bareJS,
+			"the bare aggregator on fanin's JetStream path (gradients into a memory stream with message ids, acknowledged; a pull consumer per shard, AckNone; parameters into a memory stream, pushed to the ranks) and nothing else of fanin: the ratio is what fanin's own code adds to a step"},
 	}
 	setup := fmt.Sprintf("4 ranks, 1 MiB of parameters in 1 shard, sgd, fanin with %d runtimes; %d timed steps (or round trips) after %d warm-up, each timed from the ranks' first publish to the last rank holding the new parameters; nearest-rank percentiles",
 		w.Runtimes, n, latencyWarmup)

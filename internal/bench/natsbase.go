@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanin-ml/fanin/functions"
 	"github.com/fanin-ml/fanin/internal/embed"
@@ -62,7 +63,27 @@ func startBaselineNATS(dir string) (*server.Server, error) {
 // startBareNATS starts a baseline NATS server (startBaselineNATS), one aggregator on its own
 // connection and w.Ranks ranks on theirs. The aggregator applies the same function as fanin (sgd)
 // to the same rank-order sum, so the parameters after every step are bit-identical to fanin's.
-func startBareNATS(ctx context.Context, rs *runState, w workload, dir string) (_ *system, err error) {
+func startBareNATS(ctx context.Context, rs *runState, w workload, dir string) (*system, error) {
+	return startBare(ctx, w, dir, false)
+}
+
+// startBareJetStream is startBareNATS with fanin's JetStream data path and nothing else of fanin:
+// the ranks publish their gradients into a memory stream with a message id (de-duplicated) and
+// wait for JetStream's acknowledgements, the aggregator takes them from a pull consumer per shard
+// (AckNone, in memory, as fanin's runtimes), and publishes the parameters into a second memory
+// stream, which also pushes them to the ranks' subscriptions. No validation, no bookkeeping, no
+// snapshot or replay logic: what remains of a fanin step when fanin's own code is taken out.
+func startBareJetStream(ctx context.Context, rs *runState, w workload, dir string) (*system, error) {
+	return startBare(ctx, w, dir, true)
+}
+
+// Streams of the JetStream baseline.
+const (
+	bareGradStream   = "BENCH_G"
+	bareParamsStream = "BENCH_P"
+)
+
+func startBare(ctx context.Context, w workload, dir string, useJS bool) (_ *system, err error) {
 	ns, err := startBaselineNATS(dir)
 	if err != nil {
 		return nil, err
@@ -102,9 +123,22 @@ func startBareNATS(ctx context.Context, rs *runState, w workload, dir string) (_
 	if err != nil {
 		return nil, err
 	}
-	agg, err := newBareAggregator(anc, layout, w.Ranks, trip)
+	agg, err := newBareAggregator(anc, layout, w.Ranks, trip, !useJS)
 	if err != nil {
 		return nil, err
+	}
+	var stopConsumers []jetstream.ConsumeContext
+	if useJS {
+		if stopConsumers, err = agg.consumeJetStream(ctx, layout); err != nil {
+			return nil, err
+		}
+		inner := closeAll
+		closeAll = func() {
+			for _, cc := range stopConsumers {
+				cc.Stop()
+			}
+			inner()
+		}
 	}
 	sys := &system{close: closeAll}
 	var ranks []*bareRank
@@ -116,6 +150,11 @@ func startBareNATS(ctx context.Context, rs *runState, w workload, dir string) (_
 		br, err := newBareRank(nc, layout, r, trip)
 		if err != nil {
 			return nil, err
+		}
+		if useJS {
+			if br.js, err = jetstream.New(nc); err != nil {
+				return nil, err
+			}
 		}
 		ranks = append(ranks, br)
 		sys.ranks = append(sys.ranks, br)
@@ -134,7 +173,10 @@ func startBareNATS(ctx context.Context, rs *runState, w workload, dir string) (_
 		if n := ns.NumSlowConsumers(); n > 0 {
 			errs = append(errs, fmt.Errorf("the NATS server saw %d slow consumers", n))
 		}
-		subs := []*nats.Subscription{agg.sub}
+		var subs []*nats.Subscription
+		if agg.sub != nil {
+			subs = append(subs, agg.sub)
+		}
 		for _, r := range ranks {
 			subs = append(subs, r.sub)
 		}
@@ -146,6 +188,9 @@ func startBareNATS(ctx context.Context, rs *runState, w workload, dir string) (_
 		return errors.Join(errs...)
 	}
 	sys.notes = fmt.Sprintf("%d shards, 1 aggregator goroutine on its own connection, core NATS", layout.NumShards())
+	if useJS {
+		sys.notes = fmt.Sprintf("%d shards, 1 aggregator on its own connection with a pull consumer per shard, JetStream memory streams", layout.NumShards())
+	}
 	return sys, nil
 }
 
@@ -157,7 +202,8 @@ func noLimits(s *nats.Subscription) error { return s.SetPendingLimits(-1, -1) }
 // parameters. Its callback runs on the subscription's single goroutine, so the state needs no lock.
 type bareAggregator struct {
 	nc     *nats.Conn
-	sub    *nats.Subscription
+	js     jetstream.JetStream // JetStream baseline: parameters are published into a stream
+	sub    *nats.Subscription  // core NATS baseline
 	fn     functions.Func
 	ranks  int
 	shards []*bareShard
@@ -175,7 +221,9 @@ type bareShard struct {
 	out    []byte
 }
 
-func newBareAggregator(nc *nats.Conn, layout job.Layout, ranks int, trip *tripwire) (*bareAggregator, error) {
+// newBareAggregator makes the aggregator; with subscribe, it takes the gradients from a core NATS
+// subscription, else consumeJetStream must be called.
+func newBareAggregator(nc *nats.Conn, layout job.Layout, ranks int, trip *tripwire, subscribe bool) (*bareAggregator, error) {
 	fn, err := functions.New("sgd", map[string]float64{"lr": learningRate})
 	if err != nil {
 		return nil, err
@@ -187,10 +235,53 @@ func newBareAggregator(nc *nats.Conn, layout job.Layout, ranks int, trip *tripwi
 			acc: make([]float32, s.Len), params: make([]float32, s.Len), out: make([]byte, s.Bytes()),
 		})
 	}
+	if !subscribe {
+		return a, nil
+	}
 	if a.sub, err = nc.Subscribe(bareGrad+">", a.handle); err != nil {
 		return nil, err
 	}
 	return a, noLimits(a.sub)
+}
+
+// consumeJetStream creates the JetStream baseline's two streams and consumes each shard's
+// gradients from its own pull consumer, as fanin's runtimes do (each consumer's callbacks run on
+// one goroutine, and touch only their shard's state).
+func (a *bareAggregator) consumeJetStream(ctx context.Context, layout job.Layout) ([]jetstream.ConsumeContext, error) {
+	js, err := jetstream.New(a.nc)
+	if err != nil {
+		return nil, err
+	}
+	a.js = js
+	gs, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: bareGradStream, Subjects: []string{bareGrad + ">"},
+		Storage: jetstream.MemoryStorage, Duplicates: 2 * time.Minute})
+	if err != nil {
+		return nil, err
+	}
+	// Two steps of parameters, as fanin keeps.
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: bareParamsStream, Subjects: []string{bareParams + ">"},
+		Storage: jetstream.MemoryStorage, MaxMsgs: int64(2 * layout.NumShards()), Duplicates: 2 * time.Minute}); err != nil {
+		return nil, err
+	}
+	var ccs []jetstream.ConsumeContext
+	for _, s := range layout.Shards {
+		cons, err := gs.CreateConsumer(ctx, jetstream.ConsumerConfig{FilterSubject: bareGrad + strconv.Itoa(s.ID) + ".>",
+			AckPolicy: jetstream.AckNonePolicy, MaxDeliver: 1, MemoryStorage: true})
+		if err != nil {
+			return ccs, err
+		}
+		msgBytes := s.Bytes() + 1024
+		cc, err := cons.Consume(func(m jetstream.Msg) { a.handle(&nats.Msg{Subject: m.Subject(), Data: m.Data()}) },
+			jetstream.PullMaxBytes(max(min(2*a.ranks*msgBytes, 16<<20), 2*msgBytes)),
+			jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+				a.fail("consumer of shard %d: %v", s.ID, err)
+			}))
+		if err != nil {
+			return ccs, err
+		}
+		ccs = append(ccs, cc)
+	}
+	return ccs, nil
 }
 
 func (a *bareAggregator) fail(format string, args ...any) {
@@ -235,7 +326,26 @@ func (a *bareAggregator) handle(m *nats.Msg) {
 	x.next = 0
 	clear(x.have)
 	// Publish copies x.out into the connection's buffer before it returns.
-	if err := a.nc.Publish(bareParams+strconv.Itoa(shard)+"."+strconv.FormatInt(x.step, 10), x.out); err != nil {
+	subject := bareParams + strconv.Itoa(shard) + "." + strconv.FormatInt(x.step, 10)
+	if a.js != nil {
+		pm := nats.NewMsg(subject)
+		pm.Data = x.out
+		pm.Header.Set(nats.MsgIdHdr, subject)
+		fut, err := a.js.PublishMsgAsync(pm)
+		if err != nil {
+			a.fail("publish parameters of shard %d: %v", shard, err)
+			return
+		}
+		go func() { // the ack is not on the ranks' path: they have the parameters pushed
+			select {
+			case <-fut.Ok():
+			case err := <-fut.Err():
+				a.fail("parameters of shard %d not stored: %v", shard, err)
+			}
+		}()
+		return
+	}
+	if err := a.nc.Publish(subject, x.out); err != nil {
 		a.fail("publish parameters of shard %d: %v", shard, err)
 	}
 }
@@ -253,6 +363,7 @@ func (x *bareShard) fold(data []byte) {
 // copies each shard's pushed parameters into its vector until it has them all.
 type bareRank struct {
 	nc     *nats.Conn
+	js     jetstream.JetStream // JetStream baseline: gradients are published into a stream
 	layout job.Layout
 	rank   int
 	sub    *nats.Subscription
@@ -287,13 +398,35 @@ func (r *bareRank) Step(ctx context.Context, grads []float32) ([]float32, error)
 	ready := r.ready
 	r.mu.Unlock()
 	suffix := "." + strconv.Itoa(r.rank) + "." + strconv.FormatInt(t, 10)
+	var futs []jetstream.PubAckFuture
 	for _, s := range r.layout.Shards {
 		var buf []byte
 		if r.enc != nil {
 			buf = r.enc[4*s.Off:]
 		}
-		if err := r.nc.Publish(bareGrad+strconv.Itoa(s.ID)+suffix, wireBytes(grads[s.Off:s.Off+s.Len], buf)); err != nil {
+		subject, data := bareGrad+strconv.Itoa(s.ID)+suffix, wireBytes(grads[s.Off:s.Off+s.Len], buf)
+		if r.js != nil {
+			m := nats.NewMsg(subject)
+			m.Data = data
+			m.Header.Set(nats.MsgIdHdr, subject)
+			f, err := r.js.PublishMsgAsync(m)
+			if err != nil {
+				return nil, fmt.Errorf("rank %d: publish shard %d: %w", r.rank, s.ID, err)
+			}
+			futs = append(futs, f)
+			continue
+		}
+		if err := r.nc.Publish(subject, data); err != nil {
 			return nil, fmt.Errorf("rank %d: publish shard %d: %w", r.rank, s.ID, err)
+		}
+	}
+	for _, f := range futs { // stored, as fanin's Step waits for
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			return nil, fmt.Errorf("rank %d: step %d: gradient not stored: %w", r.rank, t, err)
+		case <-ctx.Done():
+			return nil, ctx.Err()
 		}
 	}
 	select {
