@@ -25,8 +25,9 @@ const redisShardSize = 4 << 20
 
 // The baselines of the end-to-end scenarios.
 const (
-	bareBaseline  = "bare aggregator over core NATS (no JetStream, no durability)"
-	redisBaseline = "Redis SET/GET with a polling aggregator"
+	bareBaseline   = "bare aggregator over core NATS (no JetStream, no durability)"
+	bareJSBaseline = "bare aggregator over JetStream (fanin's stream path: memory streams, message ids, acknowledgements, a pull consumer per shard; none of fanin's code)"
+	redisBaseline  = "Redis SET/GET with a polling aggregator"
 )
 
 // e2ePlan is how long each measurement runs.
@@ -129,7 +130,16 @@ func runE2E(ctx context.Context, rs *runState) ([]Result, error) {
 		}
 		out = append(out, e2eResult("e2e-resnet50", bareBaseline, w, model, rs.e2ePlan(), 1, f, b))
 	}
-	return out, nil
+	// What fanin's own code costs on top of the JetStream path it uses, at the best shard size.
+	w := workload{Ranks: 8, Elements: n, ShardSize: securedShardSize, Runtimes: e2eRuntimes}
+	f, b, err := rs.compare(ctx, w, startBareJetStream, bareJSBaseline)
+	if err != nil {
+		return out, err
+	}
+	r := e2eResult("e2e-resnet50", bareJSBaseline, w, model, rs.e2ePlan(), 0, f, b)
+	r.Case += " vs bare JetStream"
+	r.Notes += ". The bare aggregator takes every shard on one connection; fanin's runtimes have one each"
+	return append(out, r), nil
 }
 
 // openBaseline is the baseline of the e2e-secured scenario.
