@@ -22,7 +22,8 @@ func benchCmd() *cobra.Command {
 		Long: "Scenarios: " + strings.Join(bench.Scenarios(), ", ") + `.
 Each reports fanin's figure, its baseline's on the same bytes, and the ratio. --out writes the
 markdown report with the command that produced it, keeping the file's hand-written last section
-("` + bench.HandWritten + `").`,
+("` + bench.HandWritten + `") and, with --only, the sections of the scenarios not run, marked with
+the date of the run they come from.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg := bench.Config{Quick: quick, Redis: redis, Log: slog.Default()}
@@ -48,8 +49,11 @@ markdown report with the command that produced it, keeping the file's hand-writt
 				fmt.Fprint(cmd.OutOrStdout(), md)
 				return runErr
 			}
-			if old, err := os.ReadFile(out); err == nil { // keep its hand-written section
-				md = bench.KeepHandWritten(md, string(old))
+			if old, err := os.ReadFile(out); err == nil {
+				if len(cfg.Only) > 0 { // keep the figures of the scenarios not run, marked as older
+					md = bench.KeepScenarios(md, string(old), cfg.Only)
+				}
+				md = bench.KeepHandWritten(md, string(old)) // and its hand-written section
 			}
 			if err := os.WriteFile(out, []byte(md), 0o644); err != nil {
 				return err

@@ -116,6 +116,43 @@ func TestKeepHandWritten(t *testing.T) {
 	}
 }
 
+// TestKeepScenarios: a report of some scenarios keeps the others' rows and sections from the
+// earlier report, in scenario order and marked with the earlier run's date.
+func TestKeepScenarios(t *testing.T) {
+	r := func(sc, c string) Result {
+		return throughput(Result{Scenario: sc, Case: c, Metric: "steps/s", Baseline: "b", Fanin: 1, Base: 2})
+	}
+	old := KeepHandWritten(Markdown([]Result{r("kernel", "k-old"), r("e2e-redis", "redis-old"), r("python", "py-old")}, "cmd", "- date: 2026-11-22 03:06 UTC"),
+		"x\n"+HandWritten+"\n\nHANDMADE\n")
+	md := Markdown([]Result{r("kernel", "k-new"), r("gloo", "gloo-new")}, "cmd --only kernel,gloo", "- date: 2026-11-25 11:00 UTC")
+	got := KeepScenarios(md, old, []string{"kernel", "gloo"})
+	for _, want := range []string{
+		"| e2e-redis | redis-old (earlier run: see its section) |",
+		"| python | py-old (earlier run: see its section) |",
+		"*Not run by this report's command: carried over from the previous version of this file (dated 2026-11-22 03:06 UTC; a section that names its own run comes from that run).*",
+		"| k-new |",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("lacks %q", want)
+		}
+	}
+	if strings.Contains(got, "k-old") || strings.Contains(got, "HANDMADE") {
+		t.Errorf("kept the re-run scenario's old figures or the hand-written section:\n%s", got)
+	}
+	order := []string{"## Summary", "| gloo | gloo-new", "| e2e-redis | redis-old", "| python | py-old", "## kernel", "## e2e-redis", "## gloo", "## python", "## What limits"}
+	last := -1
+	for _, o := range order {
+		i := strings.Index(got, o)
+		if i <= last {
+			t.Fatalf("%q at %d, not after the previous (%d):\n%s", o, i, last, got)
+		}
+		last = i
+	}
+	if again := KeepScenarios(got, old, []string{"kernel", "gloo"}); again != got {
+		t.Errorf("carrying over twice changed the report")
+	}
+}
+
 func TestPercentile(t *testing.T) {
 	d := make([]time.Duration, 200)
 	for i := range d {

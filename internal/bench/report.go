@@ -136,6 +136,83 @@ func KeepHandWritten(md, old string) string {
 	return strings.TrimRight(md, "\n") + "\n" + old[i:]
 }
 
+// KeepScenarios carries over from old, the report of an earlier run, the summary rows and the
+// sections of the scenarios this run did not run (a run with --only; ran names those it ran), each
+// marked as carried over, so that one page keeps every figure.
+func KeepScenarios(md, old string, ran []string) string {
+	from := "the previous version of this file"
+	for _, l := range strings.Split(old, "\n") {
+		if d, ok := strings.CutPrefix(l, "- date: "); ok {
+			from += " (dated " + strings.TrimSpace(d) + "; a section that names its own run comes from that run)"
+			break
+		}
+	}
+	names := Scenarios()
+	for i, sc := range names {
+		if slices.Contains(ran, sc) || strings.Contains(md, "\n## "+sc+"\n") {
+			continue
+		}
+		body, ok := section(old, sc)
+		if !ok {
+			continue
+		}
+		// The section goes before the next scenario's that md has, else before the analysis.
+		at := -1
+		for _, next := range names[i+1:] {
+			if j := strings.Index(md, "\n## "+next+"\n"); j >= 0 {
+				at = j + 1
+				break
+			}
+		}
+		if at < 0 {
+			if j := strings.Index(md, "\n## What limits each figure"); j >= 0 {
+				at = j + 1
+			} else {
+				at = len(md)
+			}
+		}
+		head, rest, _ := strings.Cut(body, "\n\n")
+		body = head + "\n\n*Not run by this report's command: carried over from " + from + ".*\n\n" + rest
+		md = md[:at] + body + md[at:]
+		// Its summary rows, at the end of the summary table.
+		var rows []string
+		for _, l := range strings.Split(old, "\n") {
+			if cells, ok := strings.CutPrefix(l, "| "+sc+" | "); ok {
+				c, more, _ := strings.Cut(cells, " | ")
+				rows = append(rows, "| "+sc+" | "+c+" (earlier run: see its section) | "+more)
+			}
+		}
+		if len(rows) == 0 {
+			continue
+		}
+		sum := strings.Index(md, "\n## Summary\n")
+		tbl := strings.Index(md[max(sum, 0):], "\n|---")
+		if sum < 0 || tbl < 0 {
+			continue
+		}
+		end := strings.Index(md[sum+tbl+1:], "\n\n")
+		if end < 0 {
+			continue
+		}
+		end += sum + tbl + 1
+		md = md[:end] + "\n" + strings.Join(rows, "\n") + md[end:]
+	}
+	return md
+}
+
+// section is the "## name" section of a report, up to the next "## " heading.
+func section(md, name string) (string, bool) {
+	i := strings.Index(md, "\n## "+name+"\n")
+	if i < 0 {
+		return "", false
+	}
+	body := md[i+1:]
+	if j := strings.Index(body[3:], "\n## "); j >= 0 {
+		body = body[:3+j+1]
+	}
+	return body, true
+}
+
 func upperFirst(s string) string {
 	if s == "" {
 		return s
