@@ -22,7 +22,7 @@ import (
 
 	"github.com/fanin-ml/fanin/autoscaler"
 	"github.com/fanin-ml/fanin/internal/embed"
-	"github.com/fanin-ml/fanin/internal/sim"
+	"github.com/fanin-ml/fanin/sim"
 	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/sdk"

@@ -10,8 +10,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fanin-ml/fanin/autoscaler"
-	"github.com/fanin-ml/fanin/internal/sim"
 	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/sim"
 )
 
 func simCmd() *cobra.Command {
