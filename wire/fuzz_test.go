@@ -4,18 +4,18 @@ import (
 	"encoding/binary"
 	"math"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/nats-io/nats.go"
-
-	"github.com/fanin-ml/fanin/functions"
 )
 
 // FuzzGradMessage feeds the gradient decoder arbitrary headers and payloads: ParseGradHeaders and
 // the payload checks a runtime applies (length against the shard, NaN/Inf). Nothing panics; what
 // is accepted is well formed (a step >= 1 and a rank >= 0 written in plain decimal digits, leading
-// zeros allowed, a finite weight > 0, f32); what is refused carries a reason from the table and a detail;
-// and a payload that passes the checks holds exactly the shard's finite float32.
+// zeros allowed, a finite weight > 0, f32, bf16 or f16); what is refused carries a reason from the
+// table and a detail; and a payload that passes CheckPayload holds exactly the shard's finite
+// elements of its dtype.
 //
 //	go test -run '^$' -fuzz FuzzGradMessage -fuzztime 30s ./wire
 func FuzzGradMessage(f *testing.F) {
@@ -23,6 +23,9 @@ func FuzzGradMessage(f *testing.F) {
 	f.Add("12", "3", "f32", "128", "_INBOX.x", true, true, true, make([]byte, 4096), 1024)
 	f.Add("0", "0", "f32", "", "", true, true, true, []byte{}, 0)
 	f.Add("+1", "-1", "bf16", "NaN", "", true, true, true, []byte{1, 2, 3}, 1)
+	f.Add("2", "1", "bf16", "", "", true, true, true, []byte{0x80, 0x3f, 0xc0, 0x7f}, 2)
+	f.Add("2", "1", "f16", "", "", true, true, true, []byte{0x00, 0x3c, 0x00, 0x7c}, 2)
+	f.Add("2", "1", "f16", "", "", true, true, true, []byte{0x00, 0x3c, 0x00, 0x7c}, 1)
 	f.Add("999999999999999999", "2147483648", "f32", "1e309", "", true, true, true, []byte{0, 0, 192, 127}, 1)
 	f.Add("", "", "", "", "", false, false, false, []byte(nil), 4)
 	f.Add("1", "0", "f32", "0", "", true, true, false, []byte{0, 0, 128, 255}, 1)
@@ -51,8 +54,8 @@ func FuzzGradMessage(f *testing.F) {
 			}
 			return
 		}
-		if !hasStep || !hasRank || !hasDtype || dtype != DtypeF32 {
-			t.Fatalf("accepted without a required header: %v", h)
+		if !hasStep || !hasRank || !hasDtype || dtype != DtypeF32 && dtype != DtypeBF16 && dtype != DtypeF16 || meta.Dtype.String() != dtype {
+			t.Fatalf("accepted without a required header or with dtype %q as %v: %v", dtype, meta.Dtype, h)
 		}
 		if n, err := strconv.ParseInt(step, 10, 64); meta.Step < 1 || err != nil || n != meta.Step || !digits(step) {
 			t.Fatalf("step %q accepted as %d", step, meta.Step)
@@ -67,23 +70,40 @@ func FuzzGradMessage(f *testing.F) {
 			t.Fatalf("reply-to %q read as %q", replyTo, meta.ReplyTo)
 		}
 
-		// The payload checks of a shard of shardLen elements.
+		// The payload checks of a shard of shardLen elements, finite required, against a decoding
+		// of each element by its fields.
 		shardLen = int(uint(shardLen) % (1 << 16))
-		if len(payload) != 4*shardLen {
-			return // bad_length or oversized
-		}
-		if i := functions.NonFinite(payload); i >= 0 {
-			v := math.Float32frombits(binary.LittleEndian.Uint32(payload[4*i:]))
-			if !math.IsNaN(float64(v)) && !math.IsInf(float64(v), 0) {
-				t.Fatalf("element %d (%v) reported non-finite", i, v)
+		es := map[string]int{DtypeF32: 4, DtypeBF16: 2, DtypeF16: 2}[dtype]
+		rej = CheckPayload(payload, meta.Dtype, shardLen, 3, true)
+		if len(payload) != es*shardLen {
+			if rej == nil || rej.Reason != ReasonBadLength && rej.Reason != ReasonOversized || !strings.Contains(rej.Detail, dtype) || !strings.Contains(rej.Detail, strconv.Itoa(es*shardLen)+" bytes") {
+				t.Fatalf("%d bytes for %d %s elements: %v", len(payload), shardLen, dtype, rej)
 			}
 			return
 		}
-		for i := 0; i < shardLen; i++ {
-			v := float64(math.Float32frombits(binary.LittleEndian.Uint32(payload[4*i:])))
-			if math.IsNaN(v) || math.IsInf(v, 0) {
-				t.Fatalf("element %d is %v, but NonFinite found none", i, v)
+		bad := -1
+		for i := shardLen - 1; i >= 0; i-- {
+			var special bool
+			switch dtype {
+			case DtypeF32:
+				special = binary.LittleEndian.Uint32(payload[4*i:])>>23&0xff == 0xff
+			case DtypeBF16:
+				special = binary.LittleEndian.Uint16(payload[2*i:])>>7&0xff == 0xff
+			case DtypeF16:
+				special = binary.LittleEndian.Uint16(payload[2*i:])>>10&0x1f == 0x1f
 			}
+			if special {
+				bad = i
+			}
+		}
+		switch {
+		case bad < 0 && rej != nil:
+			t.Fatalf("a finite %s payload refused: %v", dtype, rej)
+		case bad >= 0 && (rej == nil || rej.Reason != ReasonNonFinite || !strings.Contains(rej.Detail, "element "+strconv.Itoa(bad)+" ")):
+			t.Fatalf("element %d is NaN or Inf, CheckPayload said %v", bad, rej)
+		}
+		if rej := CheckPayload(payload, meta.Dtype, shardLen, 3, false); rej != nil {
+			t.Fatalf("allow_nonfinite: %v", rej)
 		}
 	})
 }

@@ -12,7 +12,7 @@ import (
 const (
 	HdrStep    = "Fanin-Step"     // gradients: the step they belong to (1, 2, ...); params: the step they follow (0 = initial)
 	HdrRank    = "Fanin-Rank"     // gradients: the logical rank 0..N-1
-	HdrDtype   = "Fanin-Dtype"    // element type of the payload; only "f32" today
+	HdrDtype   = "Fanin-Dtype"    // element type of the payload: "f32", or for gradients "bf16" or "f16" (dtype.go)
 	HdrWeight  = "Fanin-Weight"   // gradients of weighted functions (fedavg): the rank's weight, e.g. its sample count
 	HdrReplyTo = "Fanin-Reply-To" // gradients: a subject where a rejection of this message is reported
 	HdrSeq     = "Fanin-Seq"      // params and checkpoints: the last gradient stream sequence folded in
@@ -30,9 +30,6 @@ const (
 	// Parameters of asp shards: "<rank>.<step>" of the gradient that made this version.
 	HdrApplied = "Fanin-Applied"
 )
-
-// DtypeF32 is little-endian IEEE-754 binary32, the only element type on the wire today.
-const DtypeF32 = "f32"
 
 // Headroom is what a message needs beyond its payload for subject, headers and protocol framing.
 // A NATS server must allow max_payload >= shard bytes + Headroom.
@@ -73,6 +70,7 @@ type GradMeta struct {
 	Weight  float64 // 1 unless HdrWeight is set
 	ReplyTo string
 	Version int64 // HdrVersion, -1 when absent
+	Dtype   Dtype // HdrDtype: the payload's element type
 }
 
 // ParseGradHeaders reads and checks the headers of a gradient message. It allocates nothing.
@@ -98,12 +96,12 @@ func ParseGradHeaders(h nats.Header) (GradMeta, *Reject) {
 		return m, Rejectf(ReasonBadHeader, "header %s: %q is not a rank number >= 0", HdrRank, rank)
 	}
 	m.Rank = int(r)
-	switch dt := first(h, HdrDtype); dt {
-	case DtypeF32:
-	case "":
+	dt := first(h, HdrDtype)
+	if dt == "" {
 		return m, Rejectf(ReasonMissingHeader, "header %s is missing", HdrDtype)
-	default:
-		return m, Rejectf(ReasonBadDtype, "header %s: %q is not supported (only %q)", HdrDtype, dt, DtypeF32)
+	}
+	if m.Dtype, ok = ParseDtype(dt); !ok {
+		return m, Rejectf(ReasonBadDtype, "header %s: %q is not supported (%q, %q or %q)", HdrDtype, dt, DtypeF32, DtypeBF16, DtypeF16)
 	}
 	if w := first(h, HdrWeight); w != "" {
 		f, err := strconv.ParseFloat(w, 64)
@@ -120,6 +118,25 @@ func ParseGradHeaders(h nats.Header) (GradMeta, *Reject) {
 		m.Version = n
 	}
 	return m, nil
+}
+
+// CheckPayload checks a gradient payload of dt against a shard of elems elements: its length must
+// be elems*dt.ElemSize() (ReasonOversized when longer, ReasonBadLength otherwise), and with finite
+// it must hold no NaN or Inf (ReasonNonFinite). The details name the dtype and the bytes expected.
+func CheckPayload(data []byte, dt Dtype, elems, shard int, finite bool) *Reject {
+	want := elems * dt.ElemSize()
+	switch {
+	case len(data) > want:
+		return Rejectf(ReasonOversized, "payload is %d bytes, shard %d holds %d %s elements (%d bytes)", len(data), shard, elems, dt, want)
+	case len(data) < want:
+		return Rejectf(ReasonBadLength, "payload is %d bytes, shard %d holds %d %s elements (%d bytes)", len(data), shard, elems, dt, want)
+	}
+	if finite {
+		if i := NonFinite(data, dt); i >= 0 {
+			return Rejectf(ReasonNonFinite, "element %d (%s) of shard %d is NaN or Inf and the job does not allow them", i, dt, shard)
+		}
+	}
+	return nil
 }
 
 // ParseStep reads HdrStep of a params or checkpoint message.

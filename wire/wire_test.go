@@ -46,6 +46,12 @@ func TestParseGradHeaders(t *testing.T) {
 	if m, rej = ParseGradHeaders(h); rej != nil || m.Version != 11 {
 		t.Fatalf("%s 11: got %+v %v", HdrVersion, m, rej)
 	}
+	for _, dt := range []Dtype{BF16, F16, F32} {
+		h.Set(HdrDtype, dt.String())
+		if m, rej = ParseGradHeaders(h); rej != nil || m.Dtype != dt {
+			t.Fatalf("%s %s: got %+v %v", HdrDtype, dt, m, rej)
+		}
+	}
 	if n := testing.AllocsPerRun(100, func() { ParseGradHeaders(h) }); n != 0 {
 		t.Errorf("ParseGradHeaders allocates %v times", n)
 	}
@@ -54,7 +60,7 @@ func TestParseGradHeaders(t *testing.T) {
 		want     Reason
 	}{
 		{HdrStep, "", ReasonMissingHeader}, {HdrStep, "0", ReasonBadHeader}, {HdrStep, "+1", ReasonBadHeader}, {HdrStep, "01", ReasonBadHeader}, {HdrRank, "00", ReasonBadHeader},
-		{HdrRank, "-1", ReasonBadHeader}, {HdrRank, "", ReasonMissingHeader}, {HdrDtype, "bf16", ReasonBadDtype},
+		{HdrRank, "-1", ReasonBadHeader}, {HdrRank, "", ReasonMissingHeader}, {HdrDtype, "f64", ReasonBadDtype}, {HdrDtype, "BF16", ReasonBadDtype}, {HdrDtype, "fp16", ReasonBadDtype},
 		{HdrWeight, "NaN", ReasonBadHeader}, {HdrWeight, "0", ReasonBadHeader},
 		{HdrVersion, "-1", ReasonBadHeader}, {HdrVersion, "v3", ReasonBadHeader}, {HdrVersion, "03", ReasonBadHeader}, {HdrVersion, " 3", ReasonBadHeader},
 	} {
