@@ -552,15 +552,20 @@ func bigObservations(nShards, nRuntimes int, seed uint64) Observations {
 }
 
 // BenchmarkDecide measures one decision; the goal is 10,000 shards on 200 runtimes in <= 50ms.
-// Placed: a pool in use (2% of the shards unplaced, a few stragglers); Cold: nothing placed yet.
+// Placed: a pool in use (2% of the shards unplaced, a few stragglers); Cold: nothing placed yet;
+// Classes=3,AtMax: placed, the jobs in three priority classes, 20x the work and the pool at
+// max_runtimes, so that placement weighs every runtime per class.
 func BenchmarkDecide(b *testing.B) {
 	for _, c := range []struct {
 		shards, runtimes int
-		cold             bool
-	}{{1000, 20, false}, {10000, 200, false}, {10000, 200, true}} {
+		cold, classes    bool
+	}{{1000, 20, false, false}, {10000, 200, false, false}, {10000, 200, true, false}, {10000, 200, false, true}} {
 		name := fmt.Sprintf("Shards=%d,Runtimes=%d,Placed", c.shards, c.runtimes)
 		if c.cold {
 			name = fmt.Sprintf("Shards=%d,Runtimes=%d,Cold", c.shards, c.runtimes)
+		}
+		if c.classes {
+			name += ",Classes=3,AtMax"
 		}
 		b.Run(name, func(b *testing.B) {
 			p := DefaultPolicy()
@@ -569,6 +574,16 @@ func BenchmarkDecide(b *testing.B) {
 			if c.cold {
 				for i := range obs.Shards {
 					obs.Shards[i].Runtime = ""
+				}
+			}
+			if c.classes {
+				p.MaxRuntimes = c.runtimes
+				for i := range obs.Shards {
+					obs.Shards[i].Priority = i/100%3 - 1 // by job (100 shards each)
+					obs.Shards[i].Work *= 20             // 780 cores of demand: 244 runtimes wanted
+				}
+				if d := NewDecider().Decide(p, obs, at(0)); !hasReason(d, "priorities in force") {
+					b.Fatalf("the pool is not short: %q", d.Reasons)
 				}
 			}
 			b.ReportAllocs()
