@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -108,7 +109,27 @@ func TestBadInputRejected(t *testing.T) {
 		{"missing rank", func() *nats.Msg { m := good(3, 0, zeros); m.Header.Del(wire.HdrRank); return m }, wire.ReasonMissingHeader},
 		{"missing dtype", func() *nats.Msg { m := good(3, 0, zeros); m.Header.Del(wire.HdrDtype); return m }, wire.ReasonMissingHeader},
 		{"bad step", func() *nats.Msg { m := good(3, 0, zeros); m.Header.Set(wire.HdrStep, "-3"); return m }, wire.ReasonBadHeader},
-		{"bad dtype", func() *nats.Msg { m := good(3, 0, zeros); m.Header.Set(wire.HdrDtype, "f16"); return m }, wire.ReasonBadDtype},
+		{"bad dtype", func() *nats.Msg { m := good(3, 0, zeros); m.Header.Set(wire.HdrDtype, "f64"); return m }, wire.ReasonBadDtype},
+		{"f16 of f32 length", func() *nats.Msg { m := good(3, 0, zeros); m.Header.Set(wire.HdrDtype, "f16"); return m }, wire.ReasonOversized},
+		{"bf16 short", func() *nats.Msg {
+			m := good(3, 0, zeros[:2*shard.Len-2])
+			m.Header.Set(wire.HdrDtype, wire.DtypeBF16)
+			return m
+		}, wire.ReasonBadLength},
+		{"bf16 NaN", func() *nats.Msg {
+			b := make([]byte, 2*shard.Len)
+			binary.LittleEndian.PutUint16(b[6:], 0xffc1)
+			m := good(3, 0, b)
+			m.Header.Set(wire.HdrDtype, wire.DtypeBF16)
+			return m
+		}, wire.ReasonNonFinite},
+		{"f16 Inf", func() *nats.Msg {
+			b := make([]byte, 2*shard.Len)
+			binary.LittleEndian.PutUint16(b[2*shard.Len-2:], 0x7c00)
+			m := good(3, 0, b)
+			m.Header.Set(wire.HdrDtype, wire.DtypeF16)
+			return m
+		}, wire.ReasonNonFinite},
 		{"unknown shard", func() *nats.Msg {
 			m := good(3, 0, zeros)
 			m.Subject = wire.GradSubject(rec.Spec.ID, 99)
@@ -141,6 +162,12 @@ func TestBadInputRejected(t *testing.T) {
 			}
 			if rej.Reason != c.want || m.Header.Get(wire.HdrReject) != string(c.want) {
 				t.Fatalf("reason %q (%s), want %q", rej.Reason, rej.Detail, c.want)
+			}
+			if want := map[string]string{
+				"bf16 short":        fmt.Sprintf("shard %d holds %d bf16 elements (%d bytes)", shard.ID, shard.Len, 2*shard.Len),
+				"f16 of f32 length": fmt.Sprintf("payload is %d bytes, shard %d holds %d f16 elements (%d bytes)", shard.Bytes(), shard.ID, shard.Len, 2*shard.Len),
+			}[c.name]; !strings.Contains(rej.Detail, want) {
+				t.Fatalf("detail %q, want it to say %q", rej.Detail, want)
 			}
 			if rej.Job != rec.Spec.ID || rej.Detail == "" {
 				t.Fatalf("report lacks job or detail: %+v", rej)

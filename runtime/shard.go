@@ -62,6 +62,7 @@ type shardExec struct {
 	next    int    // next rank to fold into acc
 	have    []bool // ranks received for step+1
 	pend    [][]byte
+	dts     []wire.Dtype // the element type of each rank's gradient for step+1 (ranks may differ)
 	weights []float64
 	wsum    float64
 
@@ -118,6 +119,7 @@ func newShardExec(r *Runtime, ji *jobInfo, shard int, epoch uint64) (*shardExec,
 		acc:       make([]float32, s.Len),
 		have:      make([]bool, n),
 		pend:      make([][]byte, n),
+		dts:       make([]wire.Dtype, n),
 		weights:   make([]float64, n),
 		outs:      make(chan *outBuf, 2),
 		ckptFree:  make(chan struct{}, 1),
@@ -429,7 +431,7 @@ func (x *shardExec) handleSeq(m jetstream.Msg, seq uint64) {
 	x.takeCore()
 	started := time.Now()
 	x.times.folding, x.times.lastRank = started, meta.Rank
-	x.fold(meta.Rank, meta.Weight, data)
+	x.fold(meta.Rank, meta.Weight, meta.Dtype, data)
 	complete := x.next == x.ranks
 	if complete {
 		x.apply()
@@ -468,25 +470,17 @@ func (x *shardExec) admit(meta *wire.GradMeta, data []byte, seq uint64) *wire.Re
 	if rej := x.admitStep(meta, seq); rej != nil {
 		return rej
 	}
-	switch {
-	case len(data) > x.shard.Bytes():
-		return wire.Rejectf(wire.ReasonOversized, "payload is %d bytes, shard %d holds %d bytes (%d float32)", len(data), x.shard.ID, x.shard.Bytes(), x.shard.Len)
-	case len(data) < x.shard.Bytes():
-		return wire.Rejectf(wire.ReasonBadLength, "payload is %d bytes, shard %d holds %d bytes (%d float32)", len(data), x.shard.ID, x.shard.Bytes(), x.shard.Len)
-	}
-	if x.finite {
-		if i := functions.NonFinite(data); i >= 0 {
-			return wire.Rejectf(wire.ReasonNonFinite, "element %d of shard %d is NaN or Inf and the job does not allow them", i, x.shard.ID)
-		}
-	}
-	return nil
+	return wire.CheckPayload(data, meta.Dtype, x.shard.Len, x.shard.ID, x.finite)
 }
 
 // fold adds rank's gradient to the running sum if it is the next rank in order, then every buffered
-// rank that follows it; a rank that arrives early waits in pend (its payload, not a copy).
-func (x *shardExec) fold(rank int, w float64, data []byte) {
+// rank that follows it; a rank that arrives early waits in pend (its payload, not a copy). A
+// 16-bit payload is converted exactly to float32 as it is added (functions.AddLE16): the sum is
+// the f32 rank-order sum of the converted values.
+func (x *shardExec) fold(rank int, w float64, dt wire.Dtype, data []byte) {
 	x.have[rank] = true
 	x.weights[rank] = w
+	x.dts[rank] = dt
 	if rank != x.next {
 		x.pend[rank] = data
 		return
@@ -499,16 +493,16 @@ func (x *shardExec) fold(rank int, w float64, data []byte) {
 }
 
 func (x *shardExec) foldOne(data []byte) {
-	w := x.weights[x.next]
+	w, dt := x.weights[x.next], x.dts[x.next]
 	switch {
 	case x.weighted && x.next == 0:
-		functions.ScaleLE(x.acc, float32(w), data)
+		functions.ScaleLE16(x.acc, float32(w), data, dt)
 	case x.weighted:
-		functions.AxpyLE(x.acc, float32(w), data)
+		functions.AxpyLE16(x.acc, float32(w), data, dt)
 	case x.next == 0:
-		functions.CopyLE(x.acc, data)
+		functions.CopyLE16(x.acc, data, dt)
 	default:
-		functions.AddLE(x.acc, data)
+		functions.AddLE16(x.acc, data, dt)
 	}
 	if x.weighted {
 		x.wsum += w

@@ -30,12 +30,13 @@ import (
 type gather struct {
 	have    []bool
 	pend    [][]byte
+	dts     []wire.Dtype
 	weights []float64
 	seqs    []uint64
 }
 
 func newGather(n int) *gather {
-	return &gather{have: make([]bool, n), pend: make([][]byte, n), weights: make([]float64, n), seqs: make([]uint64, n)}
+	return &gather{have: make([]bool, n), pend: make([][]byte, n), dts: make([]wire.Dtype, n), weights: make([]float64, n), seqs: make([]uint64, n)}
 }
 
 func (g *gather) reset() {
@@ -142,6 +143,7 @@ func (x *shardExec) versionExisted(v int64, seq uint64) bool {
 func (x *shardExec) hold(meta *wire.GradMeta, data []byte, seq uint64) {
 	g := x.sync.ahead[meta.Step-x.step-2]
 	g.have[meta.Rank], g.pend[meta.Rank], g.weights[meta.Rank], g.seqs[meta.Rank] = true, data, meta.Weight, seq
+	g.dts[meta.Rank] = meta.Dtype
 }
 
 // promote makes the held gradients of the new next step its gather (ssp), after apply; it
@@ -155,7 +157,7 @@ func (x *shardExec) promote() bool {
 	for r := range x.ranks {
 		if g.have[r] {
 			x.sync.curSeq[r] = g.seqs[r]
-			x.fold(r, g.weights[r], g.pend[r])
+			x.fold(r, g.weights[r], g.dts[r], g.pend[r])
 		}
 	}
 	return x.next == x.ranks
@@ -290,9 +292,9 @@ func (x *shardExec) applyOne(meta *wire.GradMeta, data []byte) {
 	w := meta.Weight
 	switch {
 	case x.weighted:
-		functions.ScaleLE(x.acc, float32(w), data)
+		functions.ScaleLE16(x.acc, float32(w), data, meta.Dtype)
 	default:
-		functions.CopyLE(x.acc, data)
+		functions.CopyLE16(x.acc, data, meta.Dtype)
 		w = 1
 	}
 	x.fn.Apply(&functions.Update{Params: x.params, Grad: x.acc, State: x.state, Step: x.step + 1, Ranks: 1, WeightSum: w})
