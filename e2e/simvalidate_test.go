@@ -4,12 +4,16 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
+	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	goruntime "runtime"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,10 +26,11 @@ import (
 
 	"github.com/fanin-ml/fanin/autoscaler"
 	"github.com/fanin-ml/fanin/internal/embed"
-	"github.com/fanin-ml/fanin/sim"
+	"github.com/fanin-ml/fanin/internal/metrics"
 	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/sdk"
+	"github.com/fanin-ml/fanin/sim"
 	"github.com/fanin-ml/fanin/wire"
 )
 
@@ -77,6 +82,35 @@ type liveRun struct {
 	voluntary    int                          // moves with a previous owner
 	startups     []time.Duration              // desired went up -> pool reached it
 	pool         []struct{ t, cores float64 } //
+	demand       []demandSample               // the autoscaler's gauges, scraped (liveOpts.metrics)
+	published    []demandSample               // the decisions it published (those that changed something)
+	obs          map[string]*jobObs           // per job: what the runtimes reported of its shards
+	runtimeCPU   float64                      // CPU seconds of the runtime processes (Linux; liveOpts.metrics)
+	selfCPU      float64                      // CPU seconds of the test process (workers, embedded NATS) in the run
+}
+
+// jobObs sums what the runtimes' load reports said of a job's shards (one sample per shard per
+// report with a measured period).
+type jobObs struct {
+	n                           int
+	burst, period, queueWait    float64 // seconds
+	maxBurstShard, maxQueueWait float64
+}
+
+// demandSample is the decider's demand at a moment of a live run, with the pool it saw.
+type demandSample struct {
+	t, demand, poolCores, desired float64
+}
+
+// liveOpts are the knobs of a live run beyond its workload and policy.
+type liveOpts struct {
+	shard int // shard size in bytes
+	// runtimeCores > 0 starts the runtimes with GOMAXPROCS set to it, so that they report (and use)
+	// that many cores; 0 leaves GOMAXPROCS alone.
+	runtimeCores int
+	// metrics scrapes the autoscaler's /metrics every 100 ms for its demand gauge, which it sets
+	// at every decision (the decisions it publishes are only those that changed something).
+	metrics bool
 }
 
 // TestSimValidate runs a small workload for real twice (a static pool of fixed size, then the
@@ -133,8 +167,8 @@ func TestSimValidate(t *testing.T) {
 	static := strings.Replace(strings.Replace(elastic, "min_runtimes: 1", "min_runtimes: 3", 1),
 		"max_runtimes: 4", "max_runtimes: 3", 1)
 
-	st := runLive(t, wl, static)
-	el := runLive(t, wl, elastic)
+	st := runLive(t, wl, static, liveOpts{shard: valShard})
+	el := runLive(t, wl, elastic, liveOpts{shard: valShard})
 
 	// Throughput: bytes one core aggregates per second, from the runtimes' reports.
 	var bytes, work float64
@@ -203,7 +237,7 @@ func TestSimValidate(t *testing.T) {
 	sb.WriteString("\n")
 	if os.Getenv("FANIN_VALIDATE_NOISE") == "1" {
 		// The noise floor: a second static run against the first, paired step by step.
-		st2 := runLive(t, wl, static)
+		st2 := runLive(t, wl, static, liveOpts{shard: valShard})
 		ns, nr := valSlowdown(st2, st)
 		fmt.Fprintf(&sb, "noise floor (static run 2 vs static run 1): floored mean %.2f%% p50 %.2f%% p90 %.2f%% p99 %.2f%%; unfloored mean %.2f%%\n",
 			100*valMean(ns), 100*q(ns, .5), 100*q(ns, .9), 100*q(ns, .99), 100*valMean(nr))
@@ -258,7 +292,7 @@ func valMedian(x []time.Duration) time.Duration {
 }
 
 // runLive runs the workload against a fresh NATS, gateway and autoscaler with the process driver.
-func runLive(t *testing.T, wl *sim.Workload, policy string) *liveRun {
+func runLive(t *testing.T, wl *sim.Workload, policy string, o liveOpts) *liveRun {
 	ns, err := embed.Start(embed.Config{Port: -1, StoreDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
@@ -272,9 +306,21 @@ func runLive(t *testing.T, wl *sim.Workload, policy string) *liveRun {
 	gw := start(t, "gateway", "gateway", "--nats", url, "--http", "127.0.0.1:0")
 	defer gw.stop(syscall.SIGTERM)
 	api := gw.waitFor(t, httpURL, 20*time.Second)
-	as := start(t, "autoscaler", "autoscaler", "--nats", url, "--driver", "process", "--policy", pf,
-		"--runtime-binary", faninBin, "--interval", "250ms")
+	asArgs := []string{"autoscaler", "--nats", url, "--driver", "process", "--policy", pf,
+		"--runtime-binary", faninBin, "--interval", "250ms"}
+	if o.metrics {
+		asArgs = append(asArgs, "--metrics", "127.0.0.1:0")
+	}
+	if o.runtimeCores > 0 {
+		// The autoscaler's environment is its runtimes': they report GOMAXPROCS cores.
+		t.Setenv("GOMAXPROCS", fmt.Sprint(o.runtimeCores))
+	}
+	as := start(t, "autoscaler", asArgs...)
 	defer as.stop(syscall.SIGTERM)
+	metricsURL := ""
+	if o.metrics {
+		metricsURL = as.waitFor(t, regexp.MustCompile(`metrics listening" url=(http://[0-9.:]+/metrics)`), 20*time.Second)
+	}
 
 	nc, err := nats.Connect(url)
 	if err != nil {
@@ -318,8 +364,15 @@ func runLive(t *testing.T, wl *sim.Workload, policy string) *liveRun {
 		time.Sleep(100 * time.Millisecond)
 	}
 
-	run := &liveRun{steps: map[string][]float64{}, work: map[string][]float64{}, bytesPerStep: map[string]float64{}}
+	run := &liveRun{steps: map[string][]float64{}, work: map[string][]float64{}, bytesPerStep: map[string]float64{},
+		obs: map[string]*jobObs{}}
 	var mu sync.Mutex
+	// A job's gradient bytes per step: all its shards, all its ranks.
+	jobBytes := map[string]float64{}
+	for _, j := range wl.Jobs {
+		jobBytes[j.ID] = float64(j.Params * 4 * int64(len(j.StepTimes[0])))
+	}
+	t0 := time.Now()
 	// Load reports: per-shard work per step; a shard's work is folded into its job's per report.
 	lastStep := map[string]int64{}
 	loadSub, err := nc.Subscribe(wire.LoadSubject("*"), func(m *nats.Msg) {
@@ -335,6 +388,19 @@ func runLive(t *testing.T, wl *sim.Workload, policy string) *liveRun {
 		per := map[string]float64{}
 		bytes := map[string]float64{}
 		for _, s := range rep.Shards {
+			if s.Period > 0 {
+				o := run.obs[s.Job]
+				if o == nil {
+					o = &jobObs{}
+					run.obs[s.Job] = o
+				}
+				o.n++
+				o.burst += s.Burst.Seconds()
+				o.period += s.Period.Seconds()
+				o.queueWait += s.QueueWait.Seconds()
+				o.maxBurstShard = max(o.maxBurstShard, s.Burst.Seconds())
+				o.maxQueueWait = max(o.maxQueueWait, s.QueueWait.Seconds())
+			}
 			if s.Work <= 0 || s.Step == lastStep[s.Key] {
 				continue
 			}
@@ -343,9 +409,13 @@ func runLive(t *testing.T, wl *sim.Workload, policy string) *liveRun {
 			bytes[s.Job] += float64(s.Bytes)
 		}
 		for j, w := range per {
-			// a report may cover a subset of a job's shards: scale to bytes per step later
-			run.work[j] = append(run.work[j], w*float64(valParams*4*valRanks)/bytes[j])
-			run.bytesPerStep[j] = float64(valParams * 4 * valRanks)
+			// a report may cover a subset of a job's shards: scale to the job's bytes per step
+			all := jobBytes[j]
+			if all == 0 || bytes[j] == 0 {
+				continue
+			}
+			run.work[j] = append(run.work[j], w*all/bytes[j])
+			run.bytesPerStep[j] = all
 		}
 	})
 	if err != nil {
@@ -376,6 +446,7 @@ func runLive(t *testing.T, wl *sim.Workload, policy string) *liveRun {
 				run.voluntary++
 			}
 		}
+		run.published = append(run.published, demandSample{t: time.Since(t0).Seconds(), demand: d.Demand, desired: float64(d.Desired)})
 		if d.Desired > prevDesired {
 			ups = append(ups, up{time.Now(), d.Desired})
 		}
@@ -388,7 +459,11 @@ func runLive(t *testing.T, wl *sim.Workload, policy string) *liveRun {
 
 	ctx := context.Background()
 	admin := sdk.NewAdmin(api)
-	t0 := time.Now()
+	t0 = time.Now()
+	cpu0 := selfCPU()
+	mu.Lock()
+	run.published = run.published[:0] // decisions before the first arrival: the idle pool
+	mu.Unlock()
 	end := 0.0
 	for _, j := range wl.Jobs {
 		end = max(end, j.Arrival+j.Duration)
@@ -398,10 +473,13 @@ func runLive(t *testing.T, wl *sim.Workload, policy string) *liveRun {
 	samplerDone := make(chan struct{})
 	var samplerWG sync.WaitGroup
 	samplerWG.Add(1)
+	asPid := as.cmd.Process.Pid
+	cpu := map[int]float64{} // runtime pid: CPU seconds, last read
 	go func() {
 		defer samplerWG.Done()
 		prev := time.Now()
 		var pending []up
+		tick := 0
 		for {
 			select {
 			case <-samplerDone:
@@ -409,6 +487,8 @@ func runLive(t *testing.T, wl *sim.Workload, policy string) *liveRun {
 			case <-time.After(100 * time.Millisecond):
 			}
 			n, c := poolCores()
+			var ds demandSample
+			scraped := metricsURL != "" && scrapeDemand(metricsURL, &ds)
 			now := time.Now()
 			el := now.Sub(t0).Seconds()
 			dt := now.Sub(prev).Seconds()
@@ -419,6 +499,13 @@ func runLive(t *testing.T, wl *sim.Workload, policy string) *liveRun {
 				run.peakCores = max(run.peakCores, c)
 			}
 			run.pool = append(run.pool, struct{ t, cores float64 }{el, float64(c)})
+			if scraped {
+				ds.t = el
+				run.demand = append(run.demand, ds)
+			}
+			if tick++; o.metrics && tick%10 == 0 {
+				childCPU(asPid, cpu)
+			}
 			pending = append(pending, ups...)
 			ups = ups[:0]
 			keep := pending[:0]
@@ -441,9 +528,10 @@ func runLive(t *testing.T, wl *sim.Workload, policy string) *liveRun {
 			defer wg.Done()
 			time.Sleep(time.Until(t0.Add(time.Duration(j.Arrival * float64(time.Second)))))
 			stopAt := t0.Add(time.Duration((j.Arrival + j.Duration) * float64(time.Second)))
+			ranks := len(j.StepTimes[0])
 			spec := job.Spec{
-				ID: j.ID, Ranks: valRanks, ShardSize: valShard,
-				Tensors:  []job.Tensor{{Name: "w", Shape: []int{valParams}}},
+				ID: j.ID, Ranks: ranks, ShardSize: job.ByteSize(o.shard),
+				Tensors:  []job.Tensor{{Name: "w", Shape: []int{int(j.Params)}}},
 				Function: job.Function{Name: "sgd", Hyper: map[string]float64{"lr": 0.01}},
 			}
 			if _, err := admin.CreateJob(ctx, spec); err != nil {
@@ -454,7 +542,7 @@ func runLive(t *testing.T, wl *sim.Workload, policy string) *liveRun {
 			var steps []float64
 			var stopK atomic.Int64
 			stopK.Store(math.MaxInt64)
-			for r := range valRanks {
+			for r := range ranks {
 				rwg.Add(1)
 				go func() {
 					defer rwg.Done()
@@ -469,7 +557,7 @@ func runLive(t *testing.T, wl *sim.Workload, policy string) *liveRun {
 						t.Error(err)
 						return
 					}
-					grads := make([]float32, valParams)
+					grads := make([]float32, j.Params)
 					for i := range grads {
 						grads[i] = float32(i%7) * 1e-3
 					}
@@ -512,7 +600,88 @@ func runLive(t *testing.T, wl *sim.Workload, policy string) *liveRun {
 	time.Sleep(time.Until(t0.Add(time.Duration(end * float64(time.Second)))))
 	close(samplerDone)
 	samplerWG.Wait()
+	if o.metrics {
+		childCPU(asPid, cpu)
+	}
+	run.selfCPU = selfCPU() - cpu0
+	for _, c := range cpu {
+		run.runtimeCPU += c
+	}
 	as.stop(syscall.SIGTERM)
 	gw.stop(syscall.SIGTERM)
 	return run
+}
+
+// selfCPU is the CPU seconds (user and system) of this process so far.
+func selfCPU() float64 {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+}
+
+// childCPU reads the CPU seconds (user and system) of the children of ppid from /proc into cpu,
+// keyed by pid: a child that exited keeps its last reading.
+func childCPU(ppid int, cpu map[int]float64) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		i := strings.LastIndexByte(string(data), ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(data[i+1:])) // state ppid ... utime(12) stime(13)
+		if len(f) < 14 || f[1] != strconv.Itoa(ppid) {
+			continue
+		}
+		ut, _ := strconv.ParseFloat(f[11], 64)
+		st, _ := strconv.ParseFloat(f[12], 64)
+		cpu[pid] = (ut + st) / 100 // USER_HZ
+	}
+}
+
+// scrapeDemand reads the autoscaler's gauges of its last decision: demand, pool cores, desired.
+func scrapeDemand(url string, ds *demandSample) bool {
+	cl := http.Client{Timeout: time.Second}
+	resp, err := cl.Get(url)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return false
+	}
+	found := 0
+	for _, line := range strings.Split(string(body), "\n") {
+		name, val, ok := strings.Cut(line, " ")
+		if !ok {
+			continue
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
+		if err != nil {
+			continue
+		}
+		switch name {
+		case metrics.AutoscalerDemandCores:
+			ds.demand = v
+			found++
+		case metrics.AutoscalerPoolCores:
+			ds.poolCores = v
+		case metrics.AutoscalerDesiredSize:
+			ds.desired = v
+		}
+	}
+	return found > 0
 }

@@ -1,0 +1,371 @@
+package e2e
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fanin-ml/fanin/autoscaler"
+	"github.com/fanin-ml/fanin/sim"
+)
+
+// operatingPolicy is the policy of the operating-point validation: the documented defaults
+// (docs/AUTOSCALING.md, "The policy"), with a pool of 1 to 3 one-core runtimes so that it can move
+// within this machine's 2 cores. FANIN_VALIDATE_POLICY names a file to use instead.
+const operatingPolicy = `min_runtimes: 1
+max_runtimes: 3
+cores_per_runtime: 1
+`
+
+// Operating-point workload: many small jobs. Its size is set by the environment so that it can be
+// fitted to the machine; the defaults are those of the run in docs/AUTOSCALING.md.
+const (
+	opShard = 512 << 10 // shard size, bytes
+	opSeed  = 1
+)
+
+// TestSimValidateOperating runs many small jobs for real, at the recommended policy, against a
+// static pool of the machine's size and against the elastic pool, recording the decider's demand
+// at every decision; then replays the same workload and policy in the simulator (default model and
+// measured parameters) and writes both side by side. For docs/AUTOSCALING.md, "Simulator vs
+// reality"; FANIN_VALIDATE=operating runs it.
+//
+//	FANIN_VALIDATE_JOBS      jobs (default 12)
+//	FANIN_VALIDATE_SECONDS   length of the workload (default 80)
+//	FANIN_VALIDATE_STEP      seconds of a normalized PAI batch time of 1000 (default 0.5)
+//	FANIN_VALIDATE_POLICY    policy file (default operatingPolicy)
+//	FANIN_VALIDATE_OUT       output directory (default $TMPDIR/fanin-validate-operating)
+//	FANIN_VALIDATE_DRY=1     only write workload.json and policy.yaml
+func TestSimValidateOperating(t *testing.T) {
+	if os.Getenv("FANIN_VALIDATE") != "operating" {
+		t.Skip("simulator validation at the operating point: set FANIN_VALIDATE=operating")
+	}
+	skipShort(t)
+	out := os.Getenv("FANIN_VALIDATE_OUT")
+	if out == "" {
+		out = filepath.Join(os.TempDir(), "fanin-validate-operating")
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	nJobs := envInt(t, "FANIN_VALIDATE_JOBS", 12)
+	length := envFloat(t, "FANIN_VALIDATE_SECONDS", 80)
+	stepScale := envFloat(t, "FANIN_VALIDATE_STEP", 0.5)
+	policyText := operatingPolicy
+	if f := os.Getenv("FANIN_VALIDATE_POLICY"); f != "" {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		policyText = string(data)
+	}
+	pol, err := autoscaler.ParsePolicy([]byte(policyText))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := sim.LoadTraces("/work/shared/traces")
+	if err != nil {
+		root, _ := filepath.Abs("..")
+		if tr, err = sim.LoadTraces(filepath.Join(root, "..", "shared", "traces")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wl, err := operatingWorkload(tr, nJobs, length, stepScale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(out, "workload.json"), wl.MarshalIndent(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(out, "policy.yaml"), []byte(policyText), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if os.Getenv("FANIN_VALIDATE_DRY") == "1" {
+		// The sim alone (default model): how much the decider's demand moves on this workload.
+		c := sim.DefaultConfig()
+		c.Duration = time.Duration(length * float64(time.Second))
+		c.Interval = 250 * time.Millisecond
+		c.ShardBytes = opShard
+		def, err := sim.Run(c, pol, wl, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var d []float64
+		for _, p := range def.Pool {
+			d = append(d, p.Demand)
+		}
+		t.Logf("wrote %s/workload.json and policy.yaml; FANIN_VALIDATE_DRY=1: no live run. Sim (default model): "+
+			"demand mean %.2f max %.2f cores, reserved %.0f core-s, %.1f%% of hindsight static, peak %.0f cores",
+			out, valMean(d), maxOf(d), def.ElasticCoreSeconds, 100*def.CostRatio(), def.PeakCores)
+		return
+	}
+	// Static: the machine, 2 one-core runtimes, for the whole run.
+	static := pol
+	static.MinRuntimes, static.MaxRuntimes = 2, 2
+	opts := liveOpts{shard: opShard, runtimeCores: 1, metrics: true}
+
+	load0 := loadavg()
+	st := runLive(t, wl, static.YAML(), opts)
+	load1 := loadavg()
+	el := runLive(t, wl, policyText, opts)
+	load2 := loadavg()
+
+	// Measured throughput: bytes one core aggregates per second, from the runtimes' reports.
+	var bytes, work float64
+	for id, ws := range el.work {
+		for _, w := range ws {
+			work += w
+			bytes += el.bytesPerStep[id]
+		}
+	}
+	thr := bytes / work
+	su := slices.Clone(el.startups)
+	slices.Sort(su)
+	startup := valMedian(su)
+	if startup == 0 {
+		startup = 50 * time.Millisecond // no start measured: what a local process took before
+	}
+
+	// The simulator on the same workload and policy, in-process, for its per-tick demand.
+	c := sim.DefaultConfig()
+	c.Duration = time.Duration(length * float64(time.Second))
+	c.Interval = 250 * time.Millisecond
+	c.ShardBytes = opShard
+	def, err := sim.Run(c, pol, wl, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm := c
+	cm.Throughput, cm.StartupDelay, cm.SlowFraction = thr, startup, 0
+	meas, err := sim.Run(cm, pol, wl, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Baselines, live: the sim's hindsight-tightest static (ceil(work/burst) cores per job, at the
+	// measured throughput) and one core per worker, each for the job's life.
+	var tightCS, perWorkerCS float64
+	for _, j := range wl.Jobs {
+		life := math.Min(j.Arrival+j.Duration, length) - j.Arrival
+		ranks := len(j.StepTimes[0])
+		perWorkerCS += float64(ranks) * life
+		tightCS += float64(staticCores(j, thr)) * life
+	}
+
+	q := valQuantile
+	var sb strings.Builder
+	w := func(f string, a ...any) { fmt.Fprintf(&sb, f, a...) }
+	w("workload: %d jobs, %.0f s, step scale %.2f s, shard %d KiB; policy:\n%s\n", len(wl.Jobs), length, stepScale, opShard>>10, pol.YAML())
+	w("machine load average (1 min) before the static run %s, before the elastic run %s, after it %s\n", load0, load1, load2)
+	w("measured throughput %.3g B/s per core (shard work); startup median %v of %d\n", thr, startup, len(su))
+	w("\n| | live elastic | live static (2 x 1 core) | sim default | sim measured |\n|---|---:|---:|---:|---:|\n")
+	w("| reserved core-seconds | %.1f | %.1f | %.1f | %.1f |\n", el.coreSeconds, st.coreSeconds, def.ElasticCoreSeconds, meas.ElasticCoreSeconds)
+	w("| hindsight static (sim def.), core-s | %.1f (measured thr.) | | %.1f | %.1f |\n", tightCS, def.StaticCoreSeconds, meas.StaticCoreSeconds)
+	w("| cost vs hindsight static | %.1f%% | %.1f%% | %.1f%% | %.1f%% |\n", 100*el.coreSeconds/tightCS, 100*st.coreSeconds/tightCS, 100*def.CostRatio(), 100*meas.CostRatio())
+	w("| one core per worker, core-s | %.1f | | | |\n", perWorkerCS)
+	w("| cost vs one core per worker | %.1f%% | %.1f%% | %.1f%% | %.1f%% |\n", 100*el.coreSeconds/perWorkerCS, 100*st.coreSeconds/perWorkerCS,
+		100*def.ElasticCoreSeconds/perWorkerCS, 100*meas.ElasticCoreSeconds/perWorkerCS)
+	w("| work floor, core-s | %.1f (live shard work) | | %.1f | %.1f |\n", work, def.WorkCoreSeconds, meas.WorkCoreSeconds)
+	slow, raw := valSlowdown(el, st)
+	w("| step slowdown mean / p99 (live: elastic vs static, paired) | %.2f%% / %.1f%% (unfloored mean %.2f%%, %d steps) | | %.2f%% / %.1f%% | %.2f%% / %.1f%% |\n",
+		100*valMean(slow), 100*q(slow, .99), 100*valMean(raw), len(slow), 100*def.Slowdown.Mean, 100*def.Slowdown.P99, 100*meas.Slowdown.Mean, 100*meas.Slowdown.P99)
+	eo, so := stepOverhead(el, wl), stepOverhead(st, wl)
+	w("| step time over compute (max rank), mean / p99 | %.1f%% / %.1f%% | %.1f%% / %.1f%% | | |\n", 100*valMean(eo), 100*q(eo, .99), 100*valMean(so), 100*q(so, .99))
+	w("| CPU of the runtime processes / of the test process (workers, NATS), s | %.1f / %.1f | %.1f / %.1f | | |\n", el.runtimeCPU, el.selfCPU, st.runtimeCPU, st.selfCPU)
+	w("| peak cores | %d | %d | %.0f | %.0f |\n", el.peakCores, st.peakCores, def.PeakCores, meas.PeakCores)
+	w("| decisions published (changed) / panic | %d / %d | %d / %d | %d / %d (all ticks) | %d / %d (all ticks) |\n",
+		el.decisions, el.panics, st.decisions, st.panics, def.Decisions, def.PanicDecisions, meas.Decisions, meas.PanicDecisions)
+	w("| moves incl. first placements (voluntary) | %d (%d) | %d (%d) | %d + %d | %d + %d |\n", el.moves, el.voluntary, st.moves, st.voluntary,
+		def.Migrations, def.Placements, meas.Migrations, meas.Placements)
+	w("| runtimes started | | | %d (%d slow) | %d |\n", def.RuntimesStarted, def.SlowRuntimes, meas.RuntimesStarted)
+
+	// Demand and pool over time, in 5 s buckets: live (scraped gauges) against both sims.
+	w("\ndemand and pool over time (5 s buckets: mean demand, max demand, mean reserved cores)\n")
+	w("| t (s) | live demand mean/max | live pool | sim default demand mean/max | sim default pool | sim measured demand mean/max | sim measured pool |\n|---:|---:|---:|---:|---:|---:|---:|\n")
+	var tsv strings.Builder
+	tsv.WriteString("source\tt\tdemand\tpool_cores\tdesired\n")
+	for _, d := range el.demand {
+		fmt.Fprintf(&tsv, "live\t%.2f\t%.4f\t%g\t%g\n", d.t, d.demand, d.poolCores, d.desired)
+	}
+	for _, p := range def.Pool {
+		fmt.Fprintf(&tsv, "sim-default\t%.2f\t%.4f\t%g\t%d\n", p.T, p.Demand, p.Reserved, p.Runtimes)
+	}
+	for _, p := range meas.Pool {
+		fmt.Fprintf(&tsv, "sim-measured\t%.2f\t%.4f\t%g\t%d\n", p.T, p.Demand, p.Reserved, p.Runtimes)
+	}
+	for b := 0.0; b < length; b += 5 {
+		in := func(x float64) bool { return x >= b && x < b+5 }
+		var ld, lp, dd, dp, md, mp []float64
+		for _, d := range el.demand {
+			if in(d.t) {
+				ld = append(ld, d.demand)
+			}
+		}
+		for _, p := range el.pool {
+			if in(p.t) {
+				lp = append(lp, p.cores)
+			}
+		}
+		for _, p := range def.Pool {
+			if in(p.T) {
+				dd, dp = append(dd, p.Demand), append(dp, p.Reserved)
+			}
+		}
+		for _, p := range meas.Pool {
+			if in(p.T) {
+				md, mp = append(md, p.Demand), append(mp, p.Reserved)
+			}
+		}
+		w("| %.0f | %.2f / %.2f | %.1f | %.2f / %.2f | %.1f | %.2f / %.2f | %.1f |\n", b, valMean(ld), maxOf(ld), valMean(lp),
+			valMean(dd), maxOf(dd), valMean(dp), valMean(md), maxOf(md), valMean(mp))
+	}
+	// What the decider saw of each job, live, against the workload's own figures (the sim's
+	// decider sees the spread of the step times as the burst, and work = bytes / throughput).
+	w("\nper job: live load reports (mean over shards and reports) against the workload\n")
+	w("| job | ranks | params | live burst | workload spread (median) | live period | workload period (median max rank) | live queue wait mean/max | live work/step (ms) | sim work/step at measured thr. (ms) | sim static cores |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, j := range wl.Jobs {
+		o := el.obs[j.ID]
+		if o == nil {
+			o = &jobObs{n: 0}
+		}
+		n := float64(max(o.n, 1))
+		spread, period := spreadPeriod(j)
+		lw := valMean(el.work[j.ID])
+		ranks := len(j.StepTimes[0])
+		w("| %s | %d | %d | %.0f ms | %.0f ms | %.3f s | %.3f s | %.1f / %.0f ms | %.2f | %.2f | %d |\n", j.ID, ranks, j.Params,
+			1000*o.burst/n, 1000*spread, o.period/n, period, 1000*o.queueWait/n, 1000*o.maxQueueWait, 1000*lw,
+			1000*float64(j.Params*4*int64(ranks))/thr, staticCores(j, thr))
+	}
+	w("\npublished live decisions (t, demand, desired):")
+	for _, d := range el.published {
+		w(" %.1f:%.2f/%g", d.t, d.demand, d.desired)
+	}
+	w("\nsim flags for measured parameters: --throughput %.3g --startup %v --slow-fraction 0\n", thr, startup)
+	t.Log("\n" + sb.String())
+	if err := os.WriteFile(filepath.Join(out, "live.md"), []byte(sb.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(out, "demand.tsv"), []byte(tsv.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if len(el.demand) == 0 {
+		t.Error("no demand scraped from the autoscaler's metrics")
+	}
+}
+
+// operatingWorkload draws nJobs small jobs (0.25-1 M float32 parameters, 2-4 ranks), arriving
+// over the first half of the run and training until a time in its second half, with step times
+// from the PAI traces (one row per iteration, the first `ranks` workers of a trace from a random
+// iteration on), scaled so that a normalized 1000 is stepScale seconds.
+func operatingWorkload(tr *sim.Traces, nJobs int, length, stepScale float64) (*sim.Workload, error) {
+	rng := rand.New(rand.NewPCG(opSeed, 0))
+	names := []string{"pai-1", "pai-2", "pai-3"}
+	wl := &sim.Workload{}
+	for i := range nJobs {
+		its := tr.PAI[names[i%len(names)]]
+		if len(its) == 0 {
+			return nil, fmt.Errorf("trace %s: not in the trace directory", names[i%len(names)])
+		}
+		ranks := 2 + rng.IntN(3)
+		params := int64(1+rng.IntN(4)) * (1 << 18)
+		arrival := math.Round(10*float64(i)*length/2/float64(nJobs)) / 10
+		end := length/2 + rng.Float64()*length/2
+		off := rng.IntN(len(its))
+		var rows [][]float64
+		for k := range 300 {
+			src := its[(off+k)%len(its)]
+			row := make([]float64, ranks)
+			for r := range row {
+				row[r] = math.Round(src[r%len(src)]*stepScale) / 1000
+			}
+			rows = append(rows, row)
+		}
+		wl.Jobs = append(wl.Jobs, sim.JobSpec{ID: fmt.Sprintf("o%02d", i+1), Arrival: arrival,
+			Duration: math.Round(10*(end-arrival)) / 10, Params: params, StepTimes: rows})
+	}
+	return wl, nil
+}
+
+// spreadPeriod is a job's median spread of its ranks' step times and median slowest rank.
+func spreadPeriod(j sim.JobSpec) (spread, period float64) {
+	var spreads, periods []float64
+	for _, row := range j.StepTimes {
+		spreads = append(spreads, slices.Max(row)-slices.Min(row))
+		periods = append(periods, slices.Max(row))
+	}
+	slices.Sort(spreads)
+	slices.Sort(periods)
+	return spreads[len(spreads)/2], periods[len(periods)/2]
+}
+
+// staticCores is the sim's static reservation of a job: ceil(work per step / typical burst), the
+// burst at least 5% of the median step.
+func staticCores(j sim.JobSpec, thr float64) int {
+	spread, period := spreadPeriod(j)
+	burst := max(spread, 0.05*period)
+	w := float64(j.Params*4*int64(len(j.StepTimes[0]))) / thr
+	return max(1, int(math.Ceil(w/burst-1e-9)))
+}
+
+// stepOverhead is, per step of rank 0, the step time over the slowest rank's compute time, - 1:
+// what the messaging and aggregation add to a step, sorted.
+func stepOverhead(r *liveRun, wl *sim.Workload) []float64 {
+	var x []float64
+	for _, j := range wl.Jobs {
+		for k, s := range r.steps[j.ID] {
+			if k == 0 {
+				continue // includes the first connection
+			}
+			x = append(x, s/slices.Max(j.StepTimes[k%len(j.StepTimes)])-1)
+		}
+	}
+	slices.Sort(x)
+	return x
+}
+
+// loadavg is the machine's 1-minute load average, as /proc/loadavg says.
+func loadavg() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	return strings.Fields(string(data))[0]
+}
+
+func maxOf(x []float64) float64 {
+	if len(x) == 0 {
+		return math.NaN()
+	}
+	return slices.Max(x)
+}
+
+func envInt(t *testing.T, name string, def int) int {
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		t.Fatalf("%s: want a positive integer, got %q", name, s)
+	}
+	return n
+}
+
+func envFloat(t *testing.T, name string, def float64) float64 {
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || !(f > 0) {
+		t.Fatalf("%s: want a positive number, got %q", name, s)
+	}
+	return f
+}
