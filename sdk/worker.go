@@ -33,13 +33,14 @@ type Worker struct {
 	ranks  []int  // the logical ranks it publishes for, in the order of StepRanks' gradients
 	weight string // HdrWeight value, or "" for unweighted
 	fetch  time.Duration
+	dtype  wire.Dtype // the element type of the gradients it publishes (WithGradDtype)
 
 	step    int64 // step of the parameters held in w.vec; -1 before the first fetch
 	vec     []float32
 	attempt int         // Step calls for the same step after a failure: makes the message ids new
 	msgs    []*nats.Msg // the gradient messages: rank ranks[j]'s of shard i at j*shards+i
 	all     []int       // 0..len(ranks)-1: publish every rank
-	enc     []byte      // encoding buffer on big-endian machines
+	enc     []byte      // encoding buffer: 16-bit gradients, and f32 ones on big-endian machines
 	inbox   string
 	psub    *nats.Subscription
 	rsub    *nats.Subscription
@@ -107,7 +108,24 @@ func WithParamsBuffer(buf []float32) WorkerOption {
 	}
 }
 
-// Worker joins job id as rank. Options: WithWeight, WithFetchAfter, WithParamsBuffer.
+// WithGradDtype makes the worker publish its gradients as dt: wire.F32 (the default), wire.BF16
+// or wire.F16, half the bytes on the wire. Step still takes []float32 gradients; each is rounded
+// to dt (round to nearest even, see wire.F32ToBF16 and wire.F32ToF16) into a buffer the worker
+// reuses from step to step, and the runtime converts it back to float32 exactly before the
+// float32 rank-order sum: the result is the reference's for the rounded gradients (wire.Round).
+// Parameters stay float32. Ranks of one job may use different dtypes.
+func WithGradDtype(dt wire.Dtype) WorkerOption {
+	return func(wk *Worker) error {
+		if !dt.Valid() {
+			return fmt.Errorf("gradient dtype %v: %w", dt, wire.Rejectf(wire.ReasonBadDtype, "dtype %v is not %s, %s or %s", dt, wire.DtypeF32, wire.DtypeBF16, wire.DtypeF16))
+		}
+		wk.dtype = dt
+		return nil
+	}
+}
+
+// Worker joins job id as rank. Options: WithWeight, WithFetchAfter, WithParamsBuffer,
+// WithGradDtype.
 func (c *Client) Worker(ctx context.Context, id string, rank int, opts ...WorkerOption) (*Worker, error) {
 	return c.WorkerRanks(ctx, id, []int{rank}, opts...)
 }
@@ -398,7 +416,7 @@ func (w *Worker) msg(j, i int) *nats.Msg {
 	}
 	m := nats.NewMsg(wire.GradSubject(w.rec.Spec.ID, w.rec.Layout.Shards[i].ID))
 	m.Header.Set(wire.HdrRank, strconv.Itoa(w.ranks[j]))
-	m.Header.Set(wire.HdrDtype, wire.DtypeF32)
+	m.Header.Set(wire.HdrDtype, w.dtype.String())
 	m.Header.Set(wire.HdrReplyTo, w.inbox)
 	if w.weight != "" {
 		m.Header.Set(wire.HdrWeight, w.weight)
@@ -674,20 +692,22 @@ func (w *Worker) onReject(m *nats.Msg) {
 	}
 }
 
-// bytesOf returns the little-endian bytes of v: the memory itself on little-endian machines; on
-// others, an encoding at element off of the worker's buffer (rank j's gradient at j*elements).
+// bytesOf returns the little-endian bytes of v in the worker's gradient dtype: for f32 on
+// little-endian machines the memory itself; otherwise an encoding at element off of the worker's
+// buffer (rank j's gradient at j*elements), made once and reused by every step.
 func (w *Worker) bytesOf(v []float32, off int) []byte {
 	if len(v) == 0 {
 		return nil
 	}
-	if littleEndian {
+	if littleEndian && w.dtype == wire.F32 {
 		return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v))
 	}
-	if len(w.enc) < 4*len(w.vec)*len(w.ranks) {
-		w.enc = make([]byte, 4*len(w.vec)*len(w.ranks))
+	es := w.dtype.ElemSize()
+	if n := es * len(w.vec) * len(w.ranks); len(w.enc) < n {
+		w.enc = make([]byte, n)
 	}
-	b := w.enc[4*off : 4*off+4*len(v)]
-	functions.EncodeLE(b, v)
+	b := w.enc[es*off : es*(off+len(v))]
+	wire.Encode(b, v, w.dtype)
 	return b
 }
 
