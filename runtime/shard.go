@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -344,10 +343,10 @@ func (x *shardExec) load(m *jetstream.RawStreamMsg, withState bool) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	b := x.shard.Bytes()
-	functions.CopyLE(x.params, m.Data[:b])
+	wire.Decode(x.params, m.Data[:b], wire.F32)
 	if withState {
 		for i, s := range x.state {
-			functions.CopyLE(s, m.Data[(i+1)*b:(i+2)*b])
+			wire.Decode(s, m.Data[(i+1)*b:(i+2)*b], wire.F32)
 		}
 		x.ckptAt.Store(step)
 	} else if len(x.state) > 0 {
@@ -548,9 +547,9 @@ func (x *shardExec) resetGather() {
 // of this shard are still unacknowledged.
 func (x *shardExec) publishParams() {
 	ob := <-x.outs
-	functions.EncodeLE(ob.data, x.params)
+	wire.Encode(ob.data, x.params, wire.F32)
 	ob.msg.Data = ob.data
-	store.SetParamsHeaders(ob.msg.Header, x.ji.rec.Spec.ID, x.shard.ID, x.step, x.stepSeq)
+	wire.SetParamsHeaders(ob.msg.Header, x.ji.rec.Spec.ID, x.shard.ID, x.step, x.stepSeq)
 	x.setSyncHeaders(ob.msg.Header)
 	done := x.completeStep(ob.msg)
 	purgeTo := uint64(0)
@@ -592,15 +591,12 @@ func (x *shardExec) checkpointAsync() {
 
 func (x *shardExec) fillCkpt() {
 	b := x.shard.Bytes()
-	functions.EncodeLE(x.ckptBuf.data[:b], x.params)
+	wire.Encode(x.ckptBuf.data[:b], x.params, wire.F32)
 	for i, s := range x.state {
-		functions.EncodeLE(x.ckptBuf.data[(i+1)*b:(i+2)*b], s)
+		wire.Encode(x.ckptBuf.data[(i+1)*b:(i+2)*b], s, wire.F32)
 	}
 	h := x.ckptBuf.msg.Header
-	h.Set(wire.HdrStep, strconv.FormatInt(x.step, 10))
-	h.Set(wire.HdrSeq, strconv.FormatUint(x.stepSeq, 10))
-	h.Set(wire.HdrDtype, wire.DtypeF32)
-	h.Set(wire.HdrMsgID, x.ji.rec.Spec.ID+".c."+strconv.Itoa(x.shard.ID)+"."+strconv.FormatInt(x.step, 10))
+	wire.SetCheckpointHeaders(h, x.ji.rec.Spec.ID, x.shard.ID, x.step, x.stepSeq)
 	x.setSyncHeaders(h)
 	x.ckptBuf.msg.Data = x.ckptBuf.data
 }

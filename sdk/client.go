@@ -12,7 +12,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/fanin-ml/fanin/functions"
 	"github.com/fanin-ml/fanin/internal/telemetry"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/wire"
@@ -220,12 +219,8 @@ func (c *Client) UploadParams(ctx context.Context, id string, params []float32) 
 		return fmt.Errorf("upload to job %q: %d parameters, the job has %d", id, len(params), rec.Layout.Elements)
 	}
 	for _, s := range rec.Layout.Shards {
-		m := nats.NewMsg(wire.InitSubject(id, s.ID))
-		m.Header.Set(wire.HdrStep, "0")
-		m.Header.Set(wire.HdrDtype, wire.DtypeF32)
-		m.Header.Set(wire.HdrMsgID, wire.InitMsgID(id, s.ID))
-		m.Data = make([]byte, s.Bytes())
-		functions.EncodeLE(m.Data, params[s.Off:s.Off+s.Len])
+		m := wire.InitMsg(id, s.ID, make([]byte, s.Bytes()))
+		wire.Encode(m.Data, params[s.Off:s.Off+s.Len], wire.F32)
 		if _, err := c.js.PublishMsg(ctx, m); err != nil {
 			if strings.Contains(err.Error(), "maximum messages per subject exceeded") {
 				return fmt.Errorf("upload shard %d of job %q: %w", s.ID, id, ErrUploaded)

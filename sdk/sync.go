@@ -11,7 +11,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/fanin-ml/fanin/functions"
 	"github.com/fanin-ml/fanin/wire"
 )
 
@@ -74,7 +73,7 @@ func (w *Worker) stageParams(id int, step int64, m *nats.Msg) {
 	if step <= w.as.stageStep[id] || step <= w.got[id] || len(m.Data) != s.Bytes() {
 		return
 	}
-	functions.CopyLE(w.as.stage[s.Off:s.Off+s.Len], m.Data)
+	wire.Decode(w.as.stage[s.Off:s.Off+s.Len], m.Data, wire.F32)
 	w.as.stageStep[id] = step
 	close(w.as.stageAt)
 	w.as.stageAt = make(chan struct{})

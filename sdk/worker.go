@@ -16,7 +16,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 
-	"github.com/fanin-ml/fanin/functions"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/wire"
 )
@@ -325,7 +324,7 @@ func (w *Worker) copyShard(s job.Shard, m *nats.Msg, want int64) (int64, error) 
 	if want < 0 || step == want {
 		w.mu.Lock()
 		if w.got[s.ID] < step || want < 0 || step == want {
-			functions.CopyLE(w.vec[s.Off:s.Off+s.Len], m.Data)
+			wire.Decode(w.vec[s.Off:s.Off+s.Len], m.Data, wire.F32)
 			w.got[s.ID] = step
 		}
 		w.mu.Unlock()
@@ -673,7 +672,7 @@ func (w *Worker) onParams(m *nats.Msg) {
 	if w.want == 0 || step != w.want || w.got[id] >= step || len(m.Data) != s.Bytes() {
 		return
 	}
-	functions.CopyLE(w.vec[s.Off:s.Off+s.Len], m.Data)
+	wire.Decode(w.vec[s.Off:s.Off+s.Len], m.Data, wire.F32)
 	w.got[id] = step
 	w.traceReceive(m, id, step, received)
 	if w.missing--; w.missing == 0 {

@@ -146,3 +146,28 @@ func TestRejectTally(t *testing.T) {
 		}
 	}
 }
+
+// The builders make the messages PROTOCOL.md describes, and the parsers read them back.
+func TestMessageBuilders(t *testing.T) {
+	m := ParamsMsg("j", 3, 12, 99, []byte{1, 2, 3, 4})
+	if m.Subject != ParamsSubject("j", 3) || m.Header.Get(HdrMsgID) != "j.p.3.12" || m.Header.Get(HdrDtype) != DtypeF32 || len(m.Data) != 4 {
+		t.Fatalf("params message: %s %v", m.Subject, m.Header)
+	}
+	if step, err := ParseStep(m.Header); err != nil || step != 12 {
+		t.Fatalf("step %d %v", step, err)
+	}
+	if seq, err := ParseSeq(m.Header); err != nil || seq != 99 {
+		t.Fatalf("seq %d %v", seq, err)
+	}
+	SetCheckpointHeaders(m.Header, "j", 3, 13, 100)
+	if m.Header.Get(HdrMsgID) != "j.c.3.13" || m.Header.Get(HdrStep) != "13" || m.Header.Get(HdrSeq) != "100" || len(m.Header[HdrStep]) != 1 {
+		t.Fatalf("checkpoint headers: %v", m.Header)
+	}
+	if n := testing.AllocsPerRun(100, func() { setSnapshotHeaders(m.Header, 7, 8) }); n > 2 { // the two numbers' strings at most
+		t.Errorf("setting the headers of a reused message allocates %v times", n)
+	}
+	i := InitMsg("j", 2, nil)
+	if i.Subject != InitSubject("j", 2) || i.Header.Get(HdrMsgID) != InitMsgID("j", 2) || i.Header.Get(HdrStep) != "0" || i.Header.Get(HdrDtype) != DtypeF32 {
+		t.Fatalf("init message: %s %v", i.Subject, i.Header)
+	}
+}

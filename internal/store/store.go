@@ -13,7 +13,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/fanin-ml/fanin/functions"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/wire"
 )
@@ -338,7 +337,7 @@ func PublishInitial(ctx context.Context, js jetstream.JetStream, rec *job.Record
 		buf = resize(buf, s.Len)
 		rec.Spec.InitShard(s.Off, buf)
 		out = resizeBytes(out, s.Bytes())
-		functions.EncodeLE(out, buf)
+		wire.Encode(out, buf, wire.F32)
 		if err := PublishParams(ctx, js, rec.Spec.ID, s.ID, 0, 0, out); err != nil {
 			return err
 		}
@@ -348,27 +347,11 @@ func PublishInitial(ctx context.Context, js jetstream.JetStream, rec *job.Record
 
 // PublishParams publishes (idempotently, by message id) one shard's parameters after step.
 func PublishParams(ctx context.Context, js jetstream.JetStream, jobID string, shard int, step int64, seq uint64, data []byte) error {
-	m := ParamsMsg(jobID, shard, step, seq, data)
+	m := wire.ParamsMsg(jobID, shard, step, seq, data)
 	if _, err := js.PublishMsg(ctx, m); err != nil {
 		return fmt.Errorf("publish parameters of shard %d step %d: %w", shard, step, err)
 	}
 	return nil
-}
-
-// ParamsMsg builds a parameters message.
-func ParamsMsg(jobID string, shard int, step int64, seq uint64, data []byte) *nats.Msg {
-	m := nats.NewMsg(wire.ParamsSubject(jobID, shard))
-	SetParamsHeaders(m.Header, jobID, shard, step, seq)
-	m.Data = data
-	return m
-}
-
-// SetParamsHeaders fills the headers of a parameters message.
-func SetParamsHeaders(h nats.Header, jobID string, shard int, step int64, seq uint64) {
-	h.Set(wire.HdrStep, fmt.Sprint(step))
-	h.Set(wire.HdrSeq, fmt.Sprint(seq))
-	h.Set(wire.HdrDtype, wire.DtypeF32)
-	h.Set(wire.HdrMsgID, wire.ParamsMsgID(jobID, shard, step))
 }
 
 func resize(b []float32, n int) []float32 {

@@ -1,0 +1,66 @@
+package wire
+
+import (
+	"strconv"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Message building. Every message fanin stores (parameters, checkpoints, uploaded initial
+// parameters) has its subject, headers and de-duplication id made here, by runtime, store, SDK and
+// bench alike; docs/PROTOCOL.md describes what they are. Parameters, checkpoints and uploads are
+// always f32 (gradients may be 16-bit: see dtype.go).
+
+// CheckpointMsgID is the de-duplication id of one shard's checkpoint after one step.
+func CheckpointMsgID(job string, shard int, step int64) string {
+	return job + ".c." + strconv.Itoa(shard) + "." + strconv.FormatInt(step, 10)
+}
+
+// SetParamsHeaders fills the headers of a parameters message: the step it follows, the last
+// gradient sequence folded in, dtype f32, and its message id. A reused message keeps its header
+// slices (no allocation but the id's string).
+func SetParamsHeaders(h nats.Header, job string, shard int, step int64, seq uint64) {
+	setSnapshotHeaders(h, step, seq)
+	set(h, HdrMsgID, ParamsMsgID(job, shard, step))
+}
+
+// SetCheckpointHeaders fills the headers of a checkpoint message, as SetParamsHeaders with the
+// checkpoint's message id. Sync-mode headers (HdrReplayFrom, HdrStepSeqs, HdrRankSteps,
+// HdrApplied) are the caller's.
+func SetCheckpointHeaders(h nats.Header, job string, shard int, step int64, seq uint64) {
+	setSnapshotHeaders(h, step, seq)
+	set(h, HdrMsgID, CheckpointMsgID(job, shard, step))
+}
+
+func setSnapshotHeaders(h nats.Header, step int64, seq uint64) {
+	set(h, HdrStep, strconv.FormatInt(step, 10))
+	set(h, HdrSeq, strconv.FormatUint(seq, 10))
+	set(h, HdrDtype, DtypeF32)
+}
+
+// ParamsMsg is a parameters message of one shard after step (data: its f32 little-endian bytes).
+func ParamsMsg(job string, shard int, step int64, seq uint64, data []byte) *nats.Msg {
+	m := nats.NewMsg(ParamsSubject(job, shard))
+	SetParamsHeaders(m.Header, job, shard, step, seq)
+	m.Data = data
+	return m
+}
+
+// InitMsg is the upload of one shard's initial parameters (step 0, f32, its InitMsgID).
+func InitMsg(job string, shard int, data []byte) *nats.Msg {
+	m := nats.NewMsg(InitSubject(job, shard))
+	m.Header.Set(HdrStep, "0")
+	m.Header.Set(HdrDtype, DtypeF32)
+	m.Header.Set(HdrMsgID, InitMsgID(job, shard))
+	m.Data = data
+	return m
+}
+
+// set is h.Set(k, v) reusing the value slice of a header set before.
+func set(h nats.Header, k, v string) {
+	if s := h[k]; len(s) == 1 {
+		s[0] = v
+		return
+	}
+	h[k] = []string{v}
+}
