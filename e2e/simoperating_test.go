@@ -148,6 +148,16 @@ func TestSimValidateOperating(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The same, with each job's step times stretched to the period and burst the runtimes measured
+	// live: does the decider, fed what it saw live, ask for what it asked live?
+	lwl := liveShaped(wl, el)
+	lin, err := sim.Run(cm, pol, lwl, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(out, "workload-live-shaped.json"), lwl.MarshalIndent(), 0o644); err != nil {
+		t.Fatal(err)
+	}
 
 	// Baselines, live: the sim's hindsight-tightest static (ceil(work/burst) cores per job, at the
 	// measured throughput) and one core per worker, each for the job's life.
@@ -186,9 +196,12 @@ func TestSimValidateOperating(t *testing.T) {
 		def.Migrations, def.Placements, meas.Migrations, meas.Placements)
 	w("| runtimes started | | | %d (%d slow) | %d |\n", def.RuntimesStarted, def.SlowRuntimes, meas.RuntimesStarted)
 
-	// Demand and pool over time, in 5 s buckets: live (scraped gauges) against both sims.
+	w("\nsim, measured parameters, step times shaped to the live periods and bursts: %.1f core-s (%.1f%% of its hindsight static %.1f), slowdown mean %.2f%% p99 %.1f%%, peak %.0f cores\n",
+		lin.ElasticCoreSeconds, 100*lin.CostRatio(), lin.StaticCoreSeconds, 100*lin.Slowdown.Mean, 100*lin.Slowdown.P99, lin.PeakCores)
+
+	// Demand and pool over time, in 5 s buckets: live (scraped gauges) against the sims.
 	w("\ndemand and pool over time (5 s buckets: mean demand, max demand, mean reserved cores)\n")
-	w("| t (s) | live demand mean/max | live pool | sim default demand mean/max | sim default pool | sim measured demand mean/max | sim measured pool |\n|---:|---:|---:|---:|---:|---:|---:|\n")
+	w("| t (s) | live demand mean/max | live pool | sim default demand mean/max | sim default pool | sim measured demand mean/max | sim measured pool | sim live-shaped demand mean/max | pool |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	var tsv strings.Builder
 	tsv.WriteString("source\tt\tdemand\tpool_cores\tdesired\n")
 	for _, d := range el.demand {
@@ -200,9 +213,17 @@ func TestSimValidateOperating(t *testing.T) {
 	for _, p := range meas.Pool {
 		fmt.Fprintf(&tsv, "sim-measured\t%.2f\t%.4f\t%g\t%d\n", p.T, p.Demand, p.Reserved, p.Runtimes)
 	}
+	for _, p := range lin.Pool {
+		fmt.Fprintf(&tsv, "sim-live-shaped\t%.2f\t%.4f\t%g\t%d\n", p.T, p.Demand, p.Reserved, p.Runtimes)
+	}
 	for b := 0.0; b < length; b += 5 {
 		in := func(x float64) bool { return x >= b && x < b+5 }
-		var ld, lp, dd, dp, md, mp []float64
+		var ld, lp, dd, dp, md, mp, sd, sp []float64
+		for _, p := range lin.Pool {
+			if in(p.T) {
+				sd, sp = append(sd, p.Demand), append(sp, p.Reserved)
+			}
+		}
 		for _, d := range el.demand {
 			if in(d.t) {
 				ld = append(ld, d.demand)
@@ -223,8 +244,8 @@ func TestSimValidateOperating(t *testing.T) {
 				md, mp = append(md, p.Demand), append(mp, p.Reserved)
 			}
 		}
-		w("| %.0f | %.2f / %.2f | %.1f | %.2f / %.2f | %.1f | %.2f / %.2f | %.1f |\n", b, valMean(ld), maxOf(ld), valMean(lp),
-			valMean(dd), maxOf(dd), valMean(dp), valMean(md), maxOf(md), valMean(mp))
+		w("| %.0f | %.2f / %.2f | %.1f | %.2f / %.2f | %.1f | %.2f / %.2f | %.1f | %.2f / %.2f | %.1f |\n", b, valMean(ld), maxOf(ld), valMean(lp),
+			valMean(dd), maxOf(dd), valMean(dp), valMean(md), maxOf(md), valMean(mp), valMean(sd), maxOf(sd), valMean(sp))
 	}
 	// What the decider saw of each job, live, against the workload's own figures (the sim's
 	// decider sees the spread of the step times as the burst, and work = bytes / throughput).
@@ -291,6 +312,36 @@ func operatingWorkload(tr *sim.Traces, nJobs int, length, stepScale float64) (*s
 			Duration: math.Round(10*(end-arrival)) / 10, Params: params, StepTimes: rows})
 	}
 	return wl, nil
+}
+
+// liveShaped is the workload with each job's step times stretched to what the runtimes measured
+// live: every row is scaled so that its slowest rank matches the live period (the workload's
+// median slowest rank times live period / that median), and its ranks' distances from the slowest
+// scaled so that the median spread matches the live burst. A job without live reports is unchanged.
+func liveShaped(wl *sim.Workload, r *liveRun) *sim.Workload {
+	out := &sim.Workload{}
+	for _, j := range wl.Jobs {
+		o := r.obs[j.ID]
+		spread, period := spreadPeriod(j)
+		if o == nil || o.n == 0 || spread <= 0 || period <= 0 {
+			out.Jobs = append(out.Jobs, j)
+			continue
+		}
+		ps := o.period / float64(o.n) / period
+		bs := o.burst / float64(o.n) / spread
+		nj := j
+		nj.StepTimes = nil
+		for _, row := range j.StepTimes {
+			top := slices.Max(row)
+			nr := make([]float64, len(row))
+			for i, x := range row {
+				nr[i] = max(0.001, math.Round(1000*(top*ps-(top-x)*bs))/1000)
+			}
+			nj.StepTimes = append(nj.StepTimes, nr)
+		}
+		out.Jobs = append(out.Jobs, nj)
+	}
+	return out
 }
 
 // spreadPeriod is a job's median spread of its ranks' step times and median slowest rank.
