@@ -9,6 +9,13 @@
 // function's Apply is called once with that sum as Update.Grad. Reference does exactly this in
 // one process; the runtime does it over JetStream; both must give the same bits.
 //
+// A rank's input may arrive as 16-bit floats (Fanin-Dtype bf16 or f16, wire.BF16 and wire.F16):
+// each element is first converted to float32 exactly (wire.BF16ToF32, wire.F16ToF32: both formats
+// are subsets of binary32), then summed as above, so ranks and steps may mix dtypes. The result is
+// Reference's for the converted inputs: a caller that starts from float32 and rounds with
+// wire.F32ToBF16 or wire.F32ToF16 (round to nearest even, overflow to Inf) feeds Reference
+// wire.Round of its gradients. Parameters, state and the arithmetic stay float32.
+//
 // Let scale = float32(1/WeightSum) (WeightSum is N, or for a weighted function the float64 sum of
 // the weights in rank order, see SumWeights). Every optimizer sees the mean gradient
 //
@@ -102,4 +109,10 @@
 // float32 bytes; Add, Scale and Axpy are their float32 counterparts, which the Reference uses;
 // every pair gives the same bits. SumLE sums N payloads at once, with the bits of CopyLE + AddLE
 // in rank order, for a runtime that has gathered every rank. None of them allocates.
+//
+// CopyLE16, AddLE16, ScaleLE16 and AxpyLE16 take a payload of any wire dtype: a bf16 or f16 one is
+// converted element by element, exactly, and then added, scaled or multiplied in float32 as by
+// its f32 counterpart (an f32 payload goes to that counterpart). SumLE16 sums N payloads of mixed
+// dtypes with the bits of CopyLE16 + AddLE16 in rank order, chunk by chunk so the accumulator stays
+// in cache. They do not allocate.
 package functions

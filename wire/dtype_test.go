@@ -206,6 +206,8 @@ func TestCheckPayload(t *testing.T) {
 		{make([]byte, 12), BF16, ReasonOversized, "shard 5 holds 3 bf16 elements (6 bytes)"},
 		{make([]byte, 4), F16, ReasonBadLength, "payload is 4 bytes, shard 5 holds 3 f16 elements (6 bytes)"},
 		{make([]byte, 6), F32, ReasonBadLength, "3 f32 elements (12 bytes)"},
+		{make([]byte, 13), F32, ReasonBadLength, "not whole f32 elements"},
+		{make([]byte, 9), BF16, ReasonBadLength, "9 bytes, not whole bf16 elements (2 bytes each); shard 5 holds 3 bf16 elements (6 bytes)"},
 		{[]byte{0, 0, 0, 0, 0x80, 0xff}, BF16, ReasonNonFinite, "element 2 (bf16)"}, // -Inf
 		{[]byte{0, 0, 1, 0x7c, 0, 0}, F16, ReasonNonFinite, "element 1 (f16)"},      // NaN
 		{[]byte{0, 0, 0, 0x7b, 0, 0x80}, F16, "", ""},                               // 61440, -0

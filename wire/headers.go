@@ -121,11 +121,13 @@ func ParseGradHeaders(h nats.Header) (GradMeta, *Reject) {
 }
 
 // CheckPayload checks a gradient payload of dt against a shard of elems elements: its length must
-// be elems*dt.ElemSize() (ReasonOversized when longer, ReasonBadLength otherwise), and with finite
+// be elems*dt.ElemSize() (ReasonOversized when longer and whole elements, ReasonBadLength otherwise), and with finite
 // it must hold no NaN or Inf (ReasonNonFinite). The details name the dtype and the bytes expected.
 func CheckPayload(data []byte, dt Dtype, elems, shard int, finite bool) *Reject {
 	want := elems * dt.ElemSize()
 	switch {
+	case len(data)%dt.ElemSize() != 0:
+		return Rejectf(ReasonBadLength, "payload is %d bytes, not whole %s elements (%d bytes each); shard %d holds %d %s elements (%d bytes)", len(data), dt, dt.ElemSize(), shard, elems, dt, want)
 	case len(data) > want:
 		return Rejectf(ReasonOversized, "payload is %d bytes, shard %d holds %d %s elements (%d bytes)", len(data), shard, elems, dt, want)
 	case len(data) < want:
