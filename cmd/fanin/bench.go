@@ -93,6 +93,7 @@ func benchWorkersCmd() *cobra.Command {
 	f.IntVar(&cfg.Ranks, "ranks", 8, "ranks")
 	f.IntVar(&cfg.Warmup, "warmup", 2, "warm-up steps")
 	f.IntVar(&cfg.Steps, "steps", 10, "timed steps")
+	f.StringVar(&cfg.Dtype, "dtype", "", "gradient dtype: f32 (default), bf16 or f16")
 	return cmd
 }
 

@@ -138,7 +138,7 @@ var scenarios = []scenario{
 	{"e2e-resnet50", "BSP steps/s of 8 SDK workers on a ResNet-50-size model vs a bare aggregator over core NATS", runE2E},
 	{"e2e-secured", "the cost of tenant isolation: BSP steps/s of 8 workers using their job's own NATS account (security on) vs the same fanin open (no security)", runSecured},
 	{"e2e-redis", "the same workload vs workers and an aggregator exchanging shards through Redis keys", runRedis},
-	{"gloo", "fanin against PyTorch's own all-reduce (gloo, one process per rank) on the same gradients: steps/s at ResNet-50 size with 8 ranks and step p50/p99 of 4 ranks on 1 MiB; and the service's cost, GB of gradient per core-second of the NATS server and runtimes, next to BytePS's published figure", runGloo},
+	{"gloo", "fanin against PyTorch's own all-reduce (gloo, one process per rank) on the same gradients: steps/s at ResNet-50 size with 8 ranks (fanin's gradients float32, and bfloat16 on the wire) and step p50/p99 of 4 ranks on 1 MiB; and the service's cost, GB of gradient per core-second of the NATS server and runtimes, next to BytePS's published figure", runGloo},
 	{"latency-small", "step latency of 4 ranks on 1 MiB of parameters vs a 1 MiB NATS request-reply, the bare aggregator, and the bare aggregator on fanin's JetStream path", runLatency},
 	{"elastic", "elastic jobs on the demo model: the time to absorb a lost worker, and a slow worker (2x) or jittery workers under ssp s=2 and asp vs bsp: steps/s and test accuracy after a fixed wall time", runElastic},
 	{"python", "a Python worker process (numpy, and fanin.torch) vs a Go SDK worker process: steps/s at ResNet-50 size with 8 ranks, and the p50 step of 4 ranks on 1 MiB", runPython},

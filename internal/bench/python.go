@@ -81,7 +81,7 @@ func runWorkerProcess(ctx context.Context, rs *runState, env *pythonEnv, mode st
 // workerProcess is runWorkerProcess with security on or off. It also returns the CPU time this
 // process (the NATS server, gateway and runtimes: the service, without its workers) used while
 // the worker process ran.
-func workerProcess(ctx context.Context, rs *runState, env *pythonEnv, mode string, w workload, warmup, steps int, secured bool) (*WorkersReport, time.Duration, error) {
+func workerProcess(ctx context.Context, rs *runState, env *pythonEnv, mode string, w workload, warmup, steps int, secured bool, extra ...string) (*WorkersReport, time.Duration, error) {
 	dir, err := os.MkdirTemp("", "fanin-bench-py-")
 	if err != nil {
 		return nil, 0, err
@@ -110,7 +110,7 @@ func workerProcess(ctx context.Context, rs *runState, env *pythonEnv, mode strin
 	}
 	var cmd *exec.Cmd
 	if mode == "go" {
-		cmd = exec.CommandContext(ctx, env.fanin, append([]string{WorkersCommand}, args...)...)
+		cmd = exec.CommandContext(ctx, env.fanin, append(append([]string{WorkersCommand}, args...), extra...)...)
 		cmd.Env = append(os.Environ(), WorkersEnv+"=1")
 	} else {
 		cmd = exec.CommandContext(ctx, env.python, append([]string{"-m", "fanin._bench", "--mode", mode}, args...)...)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/fanin-ml/fanin/gateway/api"
 	"github.com/fanin-ml/fanin/sdk"
+	"github.com/fanin-ml/fanin/wire"
 )
 
 // WorkersConfig is a worker process of the python scenario: Ranks ranks of Job in one process,
@@ -21,6 +22,7 @@ import (
 type WorkersConfig struct {
 	URL, CredsFile, Job  string
 	Ranks, Warmup, Steps int
+	Dtype                string // of the gradients: f32 (default), bf16 or f16
 }
 
 // WorkersReport is what a worker process of the python scenario prints, as JSON: the Go one
@@ -54,6 +56,7 @@ func ParseWorkers(args []string) (WorkersConfig, error) {
 	f.IntVar(&cfg.Ranks, "ranks", 8, "ranks")
 	f.IntVar(&cfg.Warmup, "warmup", 2, "warm-up steps")
 	f.IntVar(&cfg.Steps, "steps", 10, "timed steps")
+	f.StringVar(&cfg.Dtype, "dtype", "", "gradient dtype: f32 (default), bf16 or f16")
 	if err := f.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -77,6 +80,14 @@ func RunWorkers(ctx context.Context, cfg WorkersConfig) (*WorkersReport, error) 
 		}
 		opts = append(opts, sdk.WithJobCredentials(&cr))
 	}
+	var wopts []sdk.WorkerOption
+	if cfg.Dtype != "" {
+		dt, ok := wire.ParseDtype(cfg.Dtype)
+		if !ok {
+			return nil, fmt.Errorf("gradient dtype %q: want %s, %s or %s", cfg.Dtype, wire.DtypeF32, wire.DtypeBF16, wire.DtypeF16)
+		}
+		wopts = append(wopts, sdk.WithGradDtype(dt))
+	}
 	workers := make([]*sdk.Worker, cfg.Ranks)
 	for r := range workers {
 		c, err := sdk.Connect(ctx, cfg.URL, opts...)
@@ -84,7 +95,7 @@ func RunWorkers(ctx context.Context, cfg WorkersConfig) (*WorkersReport, error) 
 			return nil, err
 		}
 		defer c.Close()
-		if workers[r], err = c.Worker(ctx, cfg.Job, r); err != nil {
+		if workers[r], err = c.Worker(ctx, cfg.Job, r, wopts...); err != nil {
 			return nil, err
 		}
 	}
