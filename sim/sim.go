@@ -15,21 +15,29 @@ import (
 
 // The model (docs/AUTOSCALING.md, "The simulator"):
 //
-// A job trains in synchronous (BSP) steps. Step k starts at T_k, when the parameters of step k-1 are
-// out; rank i computes for c_i(k) (its PAI batch time) and then publishes one gradient per shard,
-// all at T_k + c_i(k). The step's aggregation burst runs from the fastest rank's gradients to the
-// slowest's. Summing one rank's gradient of a shard costs shard bytes / Throughput core-seconds (at
-// speed 1). Step k ends, and k+1 starts, when every shard has summed every rank.
+// A job trains in synchronous (BSP) steps, a fixed number of them: as many as its Philly run time
+// holds at its ideal step time. Step k starts at T_k, when the parameters of step k-1 are out;
+// rank i computes for c_i(k) (its PAI batch time) and then publishes one gradient per shard, all at
+// T_k + c_i(k). Summing one rank's gradient of a shard costs shard bytes / Throughput core-seconds
+// (at speed 1). Step k ends, and k+1 starts, when every shard has summed every rank and its new
+// parameters have left the runtime.
 //
-// A runtime is a FIFO fluid server: the work one rank brings to the shards of a job that the
-// runtime hosts is a batch; batches are served in arrival order at cores x speed core-seconds per
-// second, and a batch takes at least the time of one shard's unit on one core (a shard runs on one
-// core). A runtime is paid for from the moment it is asked for (it is ready StartupDelay later)
+// A runtime is a server: its NIC (NIC bytes per second into the runtime, first come first served,
+// 0 = unlimited) takes in the gradients, and its cores sum them as they come in (pipelined: a
+// batch's sum starts once its first shard is in and ends no sooner than its last shard is in and
+// summed). The work one rank brings to the shards of a job that the runtime hosts is a batch; the
+// cores serve batches as a fluid preemptive-priority server at cores x speed core-seconds per
+// second: higher classes first, arrival order within a class (work of a class waits only for the
+// work of its class and above); a batch takes at least one shard's unit on one core. The new
+// parameters of a shard leave once per step through the NIC (the NATS server fans them out to the
+// ranks: its bandwidth, and the ranks' downloads, which a static reservation pays too, are not
+// modelled). A runtime is paid for from the moment it is asked for (it is ready StartupDelay later)
 // until it is drained and has finished its queue.
 //
 // The ideal step is the same step on the job's static reservation: ceil(work per step / typical
-// burst) cores of its own, speed 1, no migrations. A step's slowdown is how much longer it took
-// than its ideal, as a fraction of the ideal step time (never negative).
+// burst) cores of its own, speed 1, no migrations, and no network time (the reservation's network
+// keeps up). A step's slowdown is how much longer it took than its ideal, as a fraction of the
+// ideal step time.
 
 // epoch is the simulated clock's origin.
 var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -41,12 +49,24 @@ const history = 8
 type Result struct {
 	Policy autoscaler.Policy
 	// Cost: core-seconds reserved by the elastic pool, and by static peak provisioning (every job
-	// reserving its static cores for its whole life).
+	// reserving its hindsight-tightest static cores for its ideal life: baseline b).
 	ElasticCoreSeconds, StaticCoreSeconds float64
+	// ReservedCoreSeconds is baseline a: every job reserving StaticCoresPerWorker cores per worker
+	// (rank) for its ideal life, as parameter-server jobs request.
+	ReservedCoreSeconds float64
+	// OracleCoreSeconds is baseline c, the clairvoyant oracle: every job runs its ideal schedule
+	// (zero slowdown), and the pool is resized every Interval to the peak of the cores busy in that
+	// interval (Oracle in docs/AUTOSCALING.md).
+	OracleCoreSeconds float64
 	// WorkCoreSeconds is the aggregation work that arrived (at speed 1): what a pool that always had
 	// exactly the cores busy would cost, the floor no real pool reaches.
-	WorkCoreSeconds               float64
-	Slowdown                      Dist // per step, as a fraction of the ideal step time
+	WorkCoreSeconds float64
+	Slowdown        Dist    // per step, as a fraction of the ideal step time, floored at 0
+	RawSlowdown     float64 // the mean per-step slowdown, not floored (a step faster than ideal counts negative)
+	// Stretch is per job: its duration (to the end of its last step) over the ideal duration of the
+	// steps it ran.
+	Stretch                       Dist
+	Classes                       []ClassRow // slowdown and stretch per priority class and size class
 	Jobs, Steps                   int
 	Migrations                    int // moves of placed shards
 	Placements                    int // first placements of new shards
@@ -57,12 +77,34 @@ type Result struct {
 	JobRows                       []JobRow
 }
 
-// CostRatio is elastic over static core-seconds.
-func (r *Result) CostRatio() float64 {
-	if r.StaticCoreSeconds == 0 {
+// CostRatio is elastic over static (baseline b) core-seconds.
+func (r *Result) CostRatio() float64 { return ratio(r.ElasticCoreSeconds, r.StaticCoreSeconds) }
+
+// OracleRatio is elastic over the clairvoyant oracle's core-seconds (baseline c).
+func (r *Result) OracleRatio() float64 { return ratio(r.ElasticCoreSeconds, r.OracleCoreSeconds) }
+
+// Saved is the fraction of the per-job reservation (baseline a) that the elastic pool saves.
+func (r *Result) Saved() float64 {
+	if r.ReservedCoreSeconds == 0 {
 		return 0
 	}
-	return r.ElasticCoreSeconds / r.StaticCoreSeconds
+	return 1 - r.ElasticCoreSeconds/r.ReservedCoreSeconds
+}
+
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
+}
+
+// ClassRow is the slowdown of one class of jobs.
+type ClassRow struct {
+	Class       string // "high", "normal", "low", "small models", "large models"
+	Jobs        int
+	Slowdown    Dist // per step, floored
+	RawSlowdown float64
+	Stretch     Dist // per job
 }
 
 // Dist summarizes a distribution.
@@ -98,14 +140,16 @@ type PoolSample struct {
 
 // JobRow is one job's outcome.
 type JobRow struct {
-	ID, Model, Trace          string
-	Shards, Ranks             int
-	Arrival, Lifetime         float64 // seconds
-	WorkPerStep               float64 // core-seconds at speed 1
-	StaticCores               int
-	MeanPeriod                float64 // seconds
-	Steps                     int
-	MeanSlowdown, P99Slowdown float64
+	ID, Model, Trace, Priority string
+	Shards, Ranks              int
+	Arrival, Lifetime          float64 // seconds; the lifetime on the elastic pool, cut at the end of the run
+	IdealDuration              float64 // seconds: its steps at their ideal times
+	WorkPerStep                float64 // core-seconds at speed 1
+	StaticCores                int
+	MeanPeriod                 float64 // seconds
+	Steps, TotalSteps          int     // steps done (within the run), and the job's fixed number of steps
+	MeanSlowdown, P99Slowdown  float64
+	Stretch                    float64 // elapsed over ideal time of the steps done
 }
 
 type evKind uint8
@@ -143,16 +187,58 @@ func (q *queue) Pop() any {
 	return e
 }
 
+// server is a runtime's (or a static reservation's) NIC and cores.
+type server struct {
+	cores      int
+	speed      float64 // true speed
+	nic        float64 // ingress bytes per second; 0 = unlimited
+	throughput float64 // bytes one core sums per second at speed 1
+	nicBusy    float64 // when the NIC has taken in what it was given
+	// busy[c] is when the cores will have done the work of class index c and above (0 high,
+	// 1 normal, 2 low): work of a higher class pushes the horizons of the lower ones.
+	busy [3]float64
+}
+
+// classIndex maps autoscaler.PriorityHigh/Normal/Low to 0/1/2.
+func classIndex(priority int) int { return min(2, max(0, 1-priority)) }
+
+// serve takes in bytes (one rank's gradients of shards of one job, the largest unit bytes) at t, of
+// the given class index, and returns when their sum is done. start is when the cores start on it.
+func (v *server) serve(t float64, bytes, unit int64, class int) (start, done float64) {
+	ready, in := t, t // the first shard is in; all of it is in
+	if v.nic > 0 {
+		s := max(t, v.nicBusy)
+		v.nicBusy = s + float64(bytes)/v.nic
+		in, ready = v.nicBusy, s+float64(unit)/v.nic
+	}
+	d := float64(bytes) / v.throughput / (float64(v.cores) * v.speed)
+	start = max(ready, v.busy[class])
+	for k := class; k < len(v.busy); k++ {
+		v.busy[k] = max(ready, v.busy[k]) + d
+	}
+	u := float64(unit) / v.throughput / v.speed
+	return start, max(v.busy[class], start+u, in+u)
+}
+
+// idle is when the server has done all its work.
+func (v *server) idle() float64 { return max(v.busy[2], v.nicBusy) }
+
+// egress is the time a server's NIC takes to send bytes out.
+func (v *server) egress(bytes int64) float64 {
+	if v.nic <= 0 {
+		return 0
+	}
+	return float64(bytes) / v.nic
+}
+
 type runtimeSim struct {
+	server
 	id       string
-	cores    int
-	speed    float64 // true speed
 	created  float64
 	ready    float64
 	end      float64 // when it stops costing: +Inf while in the pool
 	isReady  bool
 	draining bool // drained or cancelled: no longer part of the pool
-	busy     float64
 	worked   bool
 	nShards  int
 }
@@ -160,7 +246,11 @@ type runtimeSim struct {
 type jobSim struct {
 	spec        JobSpec
 	model       string
+	class       int // classIndex of its priority
+	priority    int
 	steps       [][]float64 // seconds per rank, per iteration (cycled)
+	ideal       []float64   // ideal step time of each iteration
+	busyIdeal   [][]span    // per iteration: when its static cores are busy, from the step's start
 	pos         int
 	ranks       int
 	shardBytes  []int64
@@ -174,7 +264,8 @@ type jobSim struct {
 	dirty       bool
 	staticCores int
 	work        float64 // core-seconds per step at speed 1
-	end         float64
+	nSteps      int     // the job's fixed number of steps
+	idealDur    float64 // their ideal duration
 	ended       bool
 
 	step      int
@@ -184,9 +275,12 @@ type jobSim struct {
 	stepEnd   float64
 
 	starts, bursts, waits []float64 // recent history
-	slow                  []float64
+	slow, raw             []float64
 	periodSum             float64
+	idealDone, lastEnd    float64 // ideal time of the steps done within the run, and the end of the last
 }
+
+type span struct{ from, to float64 }
 
 type jobGroup struct {
 	rt              int
@@ -213,6 +307,16 @@ type state struct {
 	workIn  float64 // core-seconds arrived since the last tick
 	lastT   float64
 	slows   []float64
+	raws    []float64
+}
+
+// runtimeCores is the cores of a runtime the pool starts: cores_per_runtime, or the machine's
+// (Config.RuntimeCores) when the policy says 0.
+func (s *state) runtimeCores() int {
+	if s.pol.CoresPerRuntime > 0 {
+		return s.pol.CoresPerRuntime
+	}
+	return s.c.RuntimeCores
 }
 
 // Run simulates the workload under the policy. tr may be nil when every job of the workload carries
@@ -279,7 +383,8 @@ func (s *state) clock(t float64) time.Time {
 }
 
 func (s *state) startRuntime(t, delay float64) {
-	r := &runtimeSim{id: fmt.Sprintf("rt-%d", len(s.rts)+1), cores: s.pol.CoresPerRuntime, speed: 1,
+	r := &runtimeSim{id: fmt.Sprintf("rt-%d", len(s.rts)+1),
+		server:  server{cores: s.runtimeCores(), speed: 1, nic: s.c.NIC, throughput: s.c.Throughput},
 		created: t, ready: t + delay, end: math.Inf(1)}
 	if s.rtRNG.Float64() < s.c.SlowFraction {
 		r.speed = s.c.SlowSpeed
@@ -296,9 +401,12 @@ func (s *state) startRuntime(t, delay float64) {
 }
 
 func (s *state) newJob(js JobSpec, tr *Traces) (*jobSim, error) {
-	j := &jobSim{spec: js, model: js.Model, end: js.Arrival + js.Duration}
+	j := &jobSim{spec: js, model: js.Model}
+	j.priority, _ = priorityOf(js.Priority)
+	j.class = classIndex(j.priority)
 	if len(js.StepTimes) > 0 {
 		j.steps = js.StepTimes
+		j.pos = js.Offset % len(js.StepTimes)
 	} else {
 		norm := tr.PAI[js.Trace]
 		scale := s.c.StepScale.Seconds() / 1000
@@ -326,7 +434,8 @@ func (s *state) newJob(js JobSpec, tr *Traces) (*jobSim, error) {
 	j.work = float64(total) * float64(j.ranks) / s.c.Throughput
 	// Static peak provisioning: the cores that aggregate the job's work within its typical burst
 	// (median spread of rank times over the trace, at least 5% of the median step), so that the
-	// work of a step is done as fast as it arrives.
+	// work of a step is done as fast as it arrives. The reservation's network is assumed to keep up
+	// (a lower bound on what static costs: it counts cores only).
 	var spreads, periods []float64
 	for _, row := range j.steps {
 		spreads = append(spreads, slices.Max(row)-slices.Min(row))
@@ -336,7 +445,42 @@ func (s *state) newJob(js JobSpec, tr *Traces) (*jobSim, error) {
 	slices.Sort(periods)
 	burst := max(spreads[len(spreads)/2], 0.05*periods[len(periods)/2])
 	j.staticCores = max(1, int(math.Ceil(j.work/burst-1e-9)))
+	// The ideal step of each iteration, and the job's fixed number of steps: as many as its run
+	// time holds at their ideal times (at least one).
+	j.ideal = make([]float64, len(j.steps))
+	j.busyIdeal = make([][]span, len(j.steps))
+	for i, row := range j.steps {
+		delay, busy := j.idealRun(row, s.c.Throughput)
+		j.ideal[i] = slices.Max(row) + delay
+		j.busyIdeal[i] = busy
+	}
+	for p := j.pos; j.nSteps == 0 || j.idealDur < js.Duration; p = (p + 1) % len(j.steps) {
+		j.idealDur += j.ideal[p]
+		j.nSteps++
+	}
 	return j, nil
+}
+
+// idealRun runs one iteration (rank compute times) on the job's static cores alone: it returns the
+// time from the last gradient to the end of the step and when the cores are busy. Its network is
+// not modelled: the ideal is the job's aggregation on its own cores, with no transfer time.
+func (j *jobSim) idealRun(row []float64, throughput float64) (float64, []span) {
+	arr := slices.Clone(row)
+	slices.Sort(arr)
+	v := server{cores: j.staticCores, speed: 1, throughput: throughput}
+	per := int64(len(j.shardBytes)-1)*j.shardBytes[0] + j.shardBytes[len(j.shardBytes)-1]
+	done := 0.0
+	var busy []span
+	for _, a := range arr {
+		start, d := v.serve(a, per, j.maxShard, 0)
+		done = max(done, d)
+		if n := len(busy); n > 0 && start <= busy[n-1].to {
+			busy[n-1].to = max(busy[n-1].to, d)
+		} else {
+			busy = append(busy, span{start, d})
+		}
+	}
+	return done - arr[len(arr)-1], busy
 }
 
 func (s *state) arrive(ji int, t float64) {
@@ -346,7 +490,6 @@ func (s *state) arrive(ji int, t float64) {
 		s.byKey[k] = shardRef{ji, i}
 	}
 	s.res.Jobs++
-	s.push(event{t: j.end, kind: evJobEnd, job: ji})
 	s.startStep(ji, t)
 	s.decide(t, false) // the control loop reacts to a new job at once
 }
@@ -399,12 +542,15 @@ func (s *state) groupsOf(j *jobSim) []jobGroup {
 	return j.groups
 }
 
-// serve queues work (core-seconds at speed 1) on a runtime at time t and returns when it is done.
-func (s *state) serve(r *runtimeSim, t, work, unit float64) float64 {
-	start := max(t, r.busy)
-	r.busy = start + work/(float64(r.cores)*r.speed)
+// serve queues bytes of a job on a runtime at time t and returns when they are summed and the
+// new parameters are out (bytes/NIC after the sum: the parameters of those shards leave once).
+func (s *state) serve(j *jobSim, r *runtimeSim, t float64, bytes, unit int64) float64 {
+	_, done := r.serve(t, bytes, unit, j.class)
 	r.worked = true
-	return max(r.busy, start+unit/r.speed)
+	work := float64(bytes) / s.c.Throughput
+	s.workIn += work
+	s.res.WorkCoreSeconds += work
+	return done + r.egress(bytes)
 }
 
 func (s *state) rank(ji, step, rank int, t float64) {
@@ -413,11 +559,7 @@ func (s *state) rank(ji, step, rank int, t float64) {
 		return
 	}
 	for _, g := range s.groupsOf(j) {
-		work := float64(g.bytes) / s.c.Throughput
-		done := s.serve(s.rts[g.rt], max(t, g.avail), work, float64(g.maxBytes)/s.c.Throughput)
-		j.stepEnd = max(j.stepEnd, done)
-		s.workIn += work
-		s.res.WorkCoreSeconds += work
+		j.stepEnd = max(j.stepEnd, s.serve(j, s.rts[g.rt], max(t, g.avail), g.bytes, g.maxBytes))
 	}
 	for i, r := range j.place {
 		if r < 0 {
@@ -438,11 +580,8 @@ func (s *state) flush(ji int, t float64) {
 		if n == 0 || j.place[i] < 0 {
 			continue
 		}
-		work := float64(n) * float64(j.shardBytes[i]) / s.c.Throughput
-		done := s.serve(s.rts[j.place[i]], max(t, j.avail[i]), work, float64(j.shardBytes[i])/s.c.Throughput)
-		j.stepEnd = max(j.stepEnd, done)
-		s.workIn += work
-		s.res.WorkCoreSeconds += work
+		b := int64(n) * j.shardBytes[i]
+		j.stepEnd = max(j.stepEnd, s.serve(j, s.rts[j.place[i]], max(t, j.avail[i]), b, j.shardBytes[i]))
 		j.nDeferred -= n
 		j.deferred[i] = 0
 	}
@@ -451,31 +590,18 @@ func (s *state) flush(ji int, t float64) {
 	}
 }
 
-// idealDelay is the time from the last gradient to the end of the step on the job's static cores.
-func (j *jobSim) idealDelay(throughput float64) float64 {
-	arr := slices.Clone(j.cur)
-	slices.Sort(arr)
-	per := j.work / float64(j.ranks)
-	unit := float64(j.maxShard) / throughput
-	busy, done := 0.0, 0.0
-	for _, a := range arr {
-		start := max(a, busy)
-		busy = start + per/float64(j.staticCores)
-		done = max(done, busy, start+unit)
-	}
-	return done - arr[len(arr)-1]
-}
-
 func (s *state) finishStep(ji int, t float64) {
 	j := s.jobs[ji]
 	cmin, cmax := slices.Min(j.cur), slices.Max(j.cur)
-	ideal := j.idealDelay(s.c.Throughput)
+	ideal := j.ideal[j.pos]
 	took := j.stepEnd - j.stepStart
-	if j.stepEnd <= min(j.end, s.c.Duration.Seconds()) {
-		slow := max(0, took-(cmax+ideal)) / (cmax + ideal)
-		j.slow = append(j.slow, slow)
-		s.slows = append(s.slows, slow)
+	if j.stepEnd <= s.c.Duration.Seconds() {
+		raw := (took - ideal) / ideal
+		j.slow = append(j.slow, max(0, raw))
+		j.raw = append(j.raw, raw)
 		j.periodSum += took
+		j.idealDone += ideal
+		j.lastEnd = j.stepEnd
 	}
 	keep := func(h []float64, v float64) []float64 {
 		h = append(h, v)
@@ -486,11 +612,13 @@ func (s *state) finishStep(ji int, t float64) {
 	}
 	j.starts = keep(j.starts, j.stepStart+cmin)
 	j.bursts = keep(j.bursts, cmax-cmin)
-	j.waits = keep(j.waits, max(0, took-cmax-ideal))
+	j.waits = keep(j.waits, max(0, took-ideal))
 	j.step++
 	j.pos = (j.pos + 1) % len(j.steps)
-	if j.stepEnd < j.end {
+	if j.step < j.nSteps {
 		s.startStep(ji, j.stepEnd)
+	} else {
+		s.push(event{t: j.stepEnd, kind: evJobEnd, job: ji})
 	}
 }
 
@@ -554,6 +682,7 @@ func (s *state) observe(t float64) autoscaler.Observations {
 			obs.Shards = append(obs.Shards, autoscaler.ShardObs{
 				Key: k, Job: j.spec.ID, Runtime: id, Bytes: b, Work: float64(b) / s.c.Throughput,
 				Period: period, Phase: phase, Burst: burst, QueueWait: wait, Pending: j.deferred[i],
+				Priority: j.priority,
 			})
 		}
 	}
@@ -596,7 +725,7 @@ func (s *state) decide(t float64, tick bool) {
 		r := s.rts[s.rtIndex[id]]
 		if r.nShards == 0 && !r.draining {
 			r.draining = true
-			r.end = max(t, r.busy)
+			r.end = max(t, r.idle())
 		}
 	}
 	active := 0
@@ -640,28 +769,134 @@ func (s *state) decide(t float64, tick bool) {
 	}
 }
 
-func (s *state) finish(end float64) {
-	for _, r := range s.rts {
-		s.res.ElasticCoreSeconds += float64(r.cores) * max(0, min(r.end, end)-r.created)
+// oracle is baseline c: every job runs its ideal schedule (its steps back to back at their ideal
+// times, from its arrival), busy on its static cores exactly when its ideal run is; the pool is
+// resized every interval to the most cores busy at once within it, and pays for that many over
+// the interval.
+func (s *state) oracle(end float64) float64 {
+	type edge struct {
+		t     float64
+		cores int
 	}
+	var edges []edge
 	for _, j := range s.jobs {
 		if j.spec.Arrival >= end {
 			continue
 		}
-		life := min(j.end, end) - j.spec.Arrival
+		t, p := j.spec.Arrival, j.spec.Offset%len(j.steps)
+		for k := 0; k < j.nSteps && t < end; k++ {
+			for _, b := range j.busyIdeal[p] {
+				if b.to > b.from {
+					edges = append(edges, edge{t + b.from, j.staticCores}, edge{t + b.to, -j.staticCores})
+				}
+			}
+			t += j.ideal[p]
+			p = (p + 1) % len(j.steps)
+		}
+	}
+	slices.SortFunc(edges, func(a, b edge) int {
+		if a.t != b.t {
+			return cmpFloat(a.t, b.t)
+		}
+		return a.cores - b.cores // ends before starts at the same instant
+	})
+	iv := s.c.Interval.Seconds()
+	total, busy, i := 0.0, 0, 0
+	for from := 0.0; from < end; from += iv {
+		to := min(from+iv, end)
+		for i < len(edges) && edges[i].t <= from {
+			busy += edges[i].cores
+			i++
+		}
+		peak := busy
+		for i < len(edges) && edges[i].t < to {
+			busy += edges[i].cores
+			peak = max(peak, busy)
+			i++
+		}
+		total += float64(peak) * (to - from)
+	}
+	return total
+}
+
+func cmpFloat(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func (s *state) finish(end float64) {
+	for _, r := range s.rts {
+		s.res.ElasticCoreSeconds += float64(r.cores) * max(0, min(r.end, end)-r.created)
+	}
+	type acc struct {
+		jobs            int
+		slow, raw, strt []float64
+	}
+	classes := map[string]*acc{}
+	add := func(name string, j *jobSim, stretch float64) {
+		a := classes[name]
+		if a == nil {
+			a = &acc{}
+			classes[name] = a
+		}
+		a.jobs++
+		a.slow = append(a.slow, j.slow...)
+		a.raw = append(a.raw, j.raw...)
+		if len(j.slow) > 0 {
+			a.strt = append(a.strt, stretch)
+		}
+	}
+	var stretches []float64
+	for _, j := range s.jobs {
+		if j.spec.Arrival >= end {
+			continue
+		}
+		life := min(j.spec.Arrival+j.idealDur, end) - j.spec.Arrival
 		s.res.StaticCoreSeconds += float64(j.staticCores) * life
+		s.res.ReservedCoreSeconds += math.Ceil(s.c.StaticCoresPerWorker*float64(j.ranks)-1e-9) * life
 		d := summarize(j.slow)
-		row := JobRow{ID: j.spec.ID, Model: j.model, Trace: j.spec.Trace, Shards: len(j.keys), Ranks: j.ranks,
-			Arrival: j.spec.Arrival, Lifetime: life, WorkPerStep: j.work, StaticCores: j.staticCores,
-			Steps: len(j.slow), MeanSlowdown: d.Mean, P99Slowdown: d.P99}
+		elastic := end - j.spec.Arrival
+		if j.ended {
+			elastic = min(elastic, j.lastEnd-j.spec.Arrival)
+		}
+		row := JobRow{ID: j.spec.ID, Model: j.model, Trace: j.spec.Trace, Priority: priorityName(j.priority),
+			Shards: len(j.keys), Ranks: j.ranks, Arrival: j.spec.Arrival, Lifetime: elastic, IdealDuration: j.idealDur,
+			WorkPerStep: j.work, StaticCores: j.staticCores, Steps: len(j.slow), TotalSteps: j.nSteps,
+			MeanSlowdown: d.Mean, P99Slowdown: d.P99}
 		if len(j.slow) > 0 {
 			row.MeanPeriod = j.periodSum / float64(len(j.slow))
+			row.Stretch = (j.lastEnd - j.spec.Arrival) / j.idealDone
+			stretches = append(stretches, row.Stretch)
 		}
 		if row.Trace == "" {
 			row.Trace = "(file)"
 		}
 		s.res.JobRows = append(s.res.JobRows, row)
+		add(row.Priority, j, row.Stretch)
+		size := "small models"
+		if j.spec.Params >= LargeModel {
+			size = "large models"
+		}
+		add(size, j, row.Stretch)
+	}
+	for _, name := range []string{"high", "normal", "low", "small models", "large models"} {
+		if a := classes[name]; a != nil {
+			s.res.Classes = append(s.res.Classes, ClassRow{Class: name, Jobs: a.jobs, Slowdown: summarize(a.slow),
+				RawSlowdown: mean(a.raw), Stretch: summarize(a.strt)})
+		}
+	}
+	for _, j := range s.jobs {
+		s.slows = append(s.slows, j.slow...)
+		s.raws = append(s.raws, j.raw...)
 	}
 	s.res.Slowdown = summarize(s.slows)
+	s.res.RawSlowdown = mean(s.raws)
+	s.res.Stretch = summarize(stretches)
 	s.res.Steps = len(s.slows)
+	s.res.OracleCoreSeconds = s.oracle(end)
 }

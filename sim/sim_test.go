@@ -16,7 +16,7 @@ import (
 )
 
 // tracesDir is ../shared/traces from the repository root, seen from this package's directory.
-const tracesDir = "../../../shared/traces"
+const tracesDir = "../../shared/traces"
 
 func traces(t *testing.T) *Traces {
 	t.Helper()
@@ -139,7 +139,9 @@ func TestSimWritesReportAndPlots(t *testing.T) {
 		t.Fatalf("wrote %v", slices.Sorted(maps.Keys(fs)))
 	}
 	md := string(fs["report.md"])
-	for _, want := range []string{"# fanin sim report", "| cost against static |", "mean step slowdown",
+	for _, want := range []string{"# fanin sim report", "| (a) per-job reservation, 1 core(s) per worker |", "| (b) hindsight-tightest static |",
+		"| (c) clairvoyant oracle |", "mean step slowdown", "| job-time stretch (actual / ideal duration) mean / p99 / max |",
+		"| normal | ", "| small models | ", "| large models | ", "Goals of issue 13:",
 		"## Sweep: target_utilization", "| 0.6 |", "| 1 |", "![pool size against load](pool.svg)",
 		"![cost against slowdown](frontier.svg)", "target_utilization: 0.8", "## Jobs", "| j001 |"} {
 		if !strings.Contains(md, want) {
@@ -148,7 +150,7 @@ func TestSimWritesReportAndPlots(t *testing.T) {
 	}
 	for name, want := range map[string][]string{
 		"pool.svg":     {"pool (reserved)", "decider demand", "mean load", "static provisioning", "time (minutes)", "cores", "<polyline"},
-		"frontier.svg": {"goal", "% of static peak provisioning", "mean step slowdown", "<circle", ">0.6<", ">1<"},
+		"frontier.svg": {"goal", "x the clairvoyant oracle", "mean step slowdown", "<circle", ">0.6<", ">1<"},
 	} {
 		svg := string(fs[name])
 		if !strings.HasPrefix(svg, `<svg xmlns="http://www.w3.org/2000/svg"`) || !strings.HasSuffix(svg, "</svg>\n") {

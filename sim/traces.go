@@ -4,6 +4,7 @@ import (
 	"encoding/csv"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -113,7 +114,7 @@ func LoadTraces(dir string) (*Traces, error) {
 			t.Philly = append(t.Philly, rt...)
 			t.Files = append(t.Files, TraceFile{Name: name, Rows: len(rt)})
 		default:
-			return nil, fmt.Errorf("%s: not a trace: want a PAI mini-batch trace (columns worker, time, "+
+			return nil, fmt.Errorf("%s: line 1: not a trace: want a PAI mini-batch trace (columns worker, time, "+
 				"batch_time_norm) or run times (one column, runtime), got the columns %q", path, rows[0])
 		}
 	}
@@ -146,9 +147,16 @@ func openCSV(path string) ([][]string, error) {
 	defer f.Close()
 	r := csv.NewReader(f)
 	r.FieldsPerRecord = -1
-	rows, err := r.ReadAll()
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+	var rows [][]string
+	for {
+		row, err := r.Read()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err) // a csv.ParseError names the line
+		}
+		rows = append(rows, row)
 	}
 	if len(rows) < 2 {
 		return nil, fmt.Errorf("%s: no data", path)
@@ -168,16 +176,16 @@ func readPAI(path string, rows [][]string) ([][]float64, error) {
 	var its, workers []int
 	for n, r := range rows[1:] {
 		if len(r) != len(rows[0]) {
-			return nil, fmt.Errorf("%s: row %d: %d fields, want %d", path, n+2, len(r), len(rows[0]))
+			return nil, fmt.Errorf("%s: line %d: %d fields, want %d", path, n+2, len(r), len(rows[0]))
 		}
 		w, e1 := strconv.Atoi(r[col["worker"]])
 		it, e2 := strconv.Atoi(r[col["time"]])
 		v, e3 := strconv.ParseFloat(r[col["batch_time_norm"]], 64)
 		if err := errors.Join(e1, e2, e3); err != nil {
-			return nil, fmt.Errorf("%s: row %d: %w", path, n+2, err)
+			return nil, fmt.Errorf("%s: line %d: %w", path, n+2, err)
 		}
 		if w < 0 || !(v > 0) {
-			return nil, fmt.Errorf("%s: row %d: want a worker >= 0 and a batch time > 0", path, n+2)
+			return nil, fmt.Errorf("%s: line %d: want a worker >= 0 and a batch time > 0", path, n+2)
 		}
 		val[key{it, w}] = v
 		its = append(its, it)
@@ -218,7 +226,7 @@ func readPhilly(path string, rows [][]string) ([]float64, error) {
 		}
 		v, err := strconv.ParseFloat(r[0], 64)
 		if err != nil {
-			return nil, fmt.Errorf("%s: row %d: %w", path, n+2, err)
+			return nil, fmt.Errorf("%s: line %d: %w", path, n+2, err)
 		}
 		out = append(out, v)
 	}

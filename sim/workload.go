@@ -10,6 +10,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/fanin-ml/fanin/autoscaler"
 )
 
 // Config is the simulator's model of the world (not the autoscaler's policy).
@@ -35,6 +37,20 @@ type Config struct {
 	// bad node).
 	SlowFraction float64
 	SlowSpeed    float64
+	// NIC is a runtime's network bandwidth in bytes per second, each way (0: unlimited). Gradients
+	// come in through it before the cores can sum them; new parameters go out through it.
+	NIC float64
+	// RuntimeCores is the cores of a runtime when the policy's cores_per_runtime is 0 (runtimes
+	// sized to their machine).
+	RuntimeCores int
+	// StaticCoresPerWorker sizes baseline a, the per-job reservation: this many cores per worker
+	// (rank), rounded up per job, for the job's life.
+	StaticCoresPerWorker float64
+	// HighFraction and LowFraction of the jobs drawn are of priority high and low (the others
+	// normal).
+	HighFraction, LowFraction float64
+	// Synth, when set, gives every job drawn its own synthesized step times instead of a PAI trace.
+	Synth *Synth
 }
 
 // DefaultConfig is the model documented in docs/AUTOSCALING.md.
@@ -53,6 +69,10 @@ func DefaultConfig() Config {
 		MigrationPause: 20 * time.Millisecond,
 		SlowFraction:   0.1,
 		SlowSpeed:      0.4,
+		NIC:            25e9 / 8,
+		RuntimeCores:   16,
+
+		StaticCoresPerWorker: 1,
 	}
 }
 
@@ -93,8 +113,28 @@ func (c Config) Validate() error {
 	if !(c.SlowSpeed > 0 && c.SlowSpeed <= 1) {
 		bad("slow speed must be in (0, 1], got %v", c.SlowSpeed)
 	}
+	if !(c.NIC >= 0) || math.IsInf(c.NIC, 0) {
+		bad("NIC bandwidth must be >= 0 (0: unlimited), got %v", c.NIC)
+	}
+	if c.RuntimeCores < 1 {
+		bad("runtime cores must be >= 1, got %d", c.RuntimeCores)
+	}
+	if !(c.StaticCoresPerWorker > 0) || math.IsInf(c.StaticCoresPerWorker, 0) {
+		bad("static cores per worker must be > 0, got %v", c.StaticCoresPerWorker)
+	}
+	if !(c.HighFraction >= 0 && c.LowFraction >= 0 && c.HighFraction+c.LowFraction <= 1) {
+		bad("priority fractions: want high (%v) and low (%v) >= 0 with a sum <= 1", c.HighFraction, c.LowFraction)
+	}
+	if c.Synth != nil {
+		if err := c.Synth.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	return errors.Join(errs...)
 }
+
+// LargeModel is the size (parameters) from which a model counts as large in the report's classes.
+const LargeModel = 50_000_000
 
 // Model is a well-known model and its parameter count.
 type Model struct {
@@ -116,7 +156,7 @@ var Models = []Model{
 //
 //	{"jobs": [
 //	  {"id": "j001", "arrival_s": 12.5, "duration_s": 600, "model": "resnet-50", "params": 25600000,
-//	   "trace": "pai-1", "offset": 17},
+//	   "trace": "pai-1", "offset": 17, "priority": "low"},
 //	  {"id": "mine", "arrival_s": 0, "duration_s": 60, "params": 1000000,
 //	   "step_times_s": [[0.50, 0.52, 0.61], [0.49, 0.55, 0.70]]}
 //	]}
@@ -124,8 +164,9 @@ var Models = []Model{
 // A job's iteration times come either from a PAI trace of the trace directory (trace "pai-1" for
 // pai-minibatch-job_1_norm.csv, or another file's name without .csv: see Traces), starting at
 // iteration offset, scaled by the config's StepScale, or from step_times_s: seconds of compute per
-// rank, one row per iteration. Either way they are cycled for as long as the job runs; the number
-// of ranks is the number of workers of a row.
+// rank, one row per iteration. Either way they are cycled, from iteration offset, for the job's
+// fixed number of steps: as many as duration_s holds at their ideal step times. The number of
+// ranks is the number of workers of a row. priority is "high", "normal" (the default) or "low".
 type Workload struct {
 	Jobs []JobSpec `json:"jobs"`
 }
@@ -140,6 +181,32 @@ type JobSpec struct {
 	Trace     string      `json:"trace,omitempty"`
 	Offset    int         `json:"offset,omitempty"`
 	StepTimes [][]float64 `json:"step_times_s,omitempty"`
+	// Priority is the job's class: "high", "normal" (also "") or "low"; the decider sees it as
+	// ShardObs.Priority and the runtimes serve higher classes first.
+	Priority string `json:"priority,omitempty"`
+}
+
+// priorityOf maps a JobSpec.Priority to autoscaler.PriorityHigh/Normal/Low.
+func priorityOf(p string) (int, error) {
+	switch p {
+	case "high":
+		return autoscaler.PriorityHigh, nil
+	case "", "normal":
+		return autoscaler.PriorityNormal, nil
+	case "low":
+		return autoscaler.PriorityLow, nil
+	}
+	return 0, fmt.Errorf("priority must be high, normal or low, got %q", p)
+}
+
+func priorityName(p int) string {
+	switch p {
+	case autoscaler.PriorityHigh:
+		return "high"
+	case autoscaler.PriorityLow:
+		return "low"
+	}
+	return "normal"
 }
 
 // Generate draws a workload from the traces: Poisson arrivals, Philly run times, a PAI trace per
@@ -155,7 +222,7 @@ func Generate(c Config, tr *Traces) (*Workload, error) {
 		}
 		rate = float64(c.Jobs) / c.Duration.Seconds()
 	}
-	if len(tr.PAI) == 0 || len(tr.Philly) == 0 {
+	if (len(tr.PAI) == 0 && c.Synth == nil) || len(tr.Philly) == 0 {
 		return nil, fmt.Errorf("%w: drawing a workload needs a PAI mini-batch trace and run times, read %v", ErrNoTraces, tr.Files)
 	}
 	rng := rand.New(rand.NewPCG(c.Seed, 0x776f726b6c6f6164)) // "workload"
@@ -170,16 +237,28 @@ func Generate(c Config, tr *Traces) (*Workload, error) {
 		d := tr.Philly[rng.IntN(len(tr.Philly))]
 		d = min(max(d, c.MinJob.Seconds()), c.MaxJob.Seconds())
 		m := Models[rng.IntN(len(Models))]
-		name := names[rng.IntN(len(names))]
-		wl.Jobs = append(wl.Jobs, JobSpec{
+		js := JobSpec{
 			ID:       fmt.Sprintf("j%03d", len(wl.Jobs)+1),
 			Arrival:  math.Round(t*1000) / 1000,
 			Duration: d,
 			Model:    m.Name,
 			Params:   m.Params,
-			Trace:    name,
-			Offset:   rng.IntN(len(tr.PAI[name])),
-		})
+		}
+		if c.Synth != nil {
+			js.StepTimes = c.Synth.Generate(c.Seed, len(wl.Jobs))
+		} else {
+			js.Trace = names[rng.IntN(len(names))]
+			js.Offset = rng.IntN(len(tr.PAI[js.Trace]))
+		}
+		if c.HighFraction+c.LowFraction > 0 { // drawn only then, so that other workloads stay the same
+			switch x := rng.Float64(); {
+			case x < c.HighFraction:
+				js.Priority = "high"
+			case x < c.HighFraction+c.LowFraction:
+				js.Priority = "low"
+			}
+		}
+		wl.Jobs = append(wl.Jobs, js)
 	}
 	return wl, nil
 }
@@ -213,6 +292,8 @@ func (wl *Workload) check(tr *Traces) error {
 			return fmt.Errorf("%s: params must be > 0", where)
 		case j.Offset < 0:
 			return fmt.Errorf("%s: offset must be >= 0", where)
+		case j.Priority != "" && j.Priority != "high" && j.Priority != "normal" && j.Priority != "low":
+			return fmt.Errorf("%s: priority must be high, normal or low, got %q", where, j.Priority)
 		case len(j.StepTimes) == 0 && j.Trace == "":
 			return fmt.Errorf("%s: needs a trace or step_times_s", where)
 		case len(j.StepTimes) == 0 && (tr == nil || tr.PAI[j.Trace] == nil):

@@ -16,7 +16,8 @@ import (
 
 func simCmd() *cobra.Command {
 	c := sim.DefaultConfig()
-	var traces, policyFile, sweep, out, workload, saveWorkload, shardSize string
+	var traces, policyFile, sweep, out, workload, saveWorkload, shardSize, synth string
+	nicGbit := c.NIC * 8 / 1e9
 	cmd := &cobra.Command{
 		Use:   "sim",
 		Short: "Replay a training workload against the autoscaler's decider in simulated time",
@@ -41,6 +42,17 @@ The same inputs and seed give the same bytes.`,
 					return fmt.Errorf("--shard-size: %w", err)
 				}
 				c.ShardBytes = int64(n)
+			}
+			c.NIC = nicGbit * 1e9 / 8
+			if synth != "" {
+				if workload != "" {
+					return errors.New("--synth and --workload: choose one (a saved synthesized workload is a workload file)")
+				}
+				s, err := sim.ParseSynth(synth)
+				if err != nil {
+					return fmt.Errorf("--synth: %w", err)
+				}
+				c.Synth = s
 			}
 			if err := c.Validate(); err != nil {
 				return fmt.Errorf("sim: %w", err)
@@ -86,12 +98,14 @@ The same inputs and seed give the same bytes.`,
 			}
 			w := cmd.OutOrStdout()
 			r := rep.Base
-			fmt.Fprintf(w, "%d jobs, %d steps: elastic %.0f core-s = %.1f%% of static %.0f; mean step slowdown %.2f%% (p99 %.2f%%); %d migrations\n",
-				r.Jobs, r.Steps, r.ElasticCoreSeconds, 100*r.CostRatio(), r.StaticCoreSeconds, 100*r.Slowdown.Mean, 100*r.Slowdown.P99, r.Migrations)
+			fmt.Fprintf(w, "%d jobs, %d steps: elastic %.0f core-s = %.2fx oracle, %.1f%% saved vs per-job reservation, %.1f%% of static; "+
+				"mean step slowdown %.2f%% (p99 %.2f%%), stretch p99 %.4f; %d migrations\n",
+				r.Jobs, r.Steps, r.ElasticCoreSeconds, r.OracleRatio(), 100*r.Saved(), 100*r.CostRatio(), 100*r.Slowdown.Mean, 100*r.Slowdown.P99, r.Stretch.P99, r.Migrations)
 			if rep.Sweep != nil {
 				for _, pt := range rep.Sweep.Points {
-					fmt.Fprintf(w, "  %s=%-8s cost %5.1f%%  slowdown %5.2f%%  p99 %6.2f%%  migrations %d\n", rep.Sweep.Knob, pt.Value,
-						100*pt.Result.CostRatio(), 100*pt.Result.Slowdown.Mean, 100*pt.Result.Slowdown.P99, pt.Result.Migrations)
+					x := pt.Result
+					fmt.Fprintf(w, "  %s=%-8s oracle %.2fx  saved %5.1f%%  static %5.1f%%  slowdown %5.2f%%  p99 %6.2f%%  migrations %d\n", rep.Sweep.Knob, pt.Value,
+						x.OracleRatio(), 100*x.Saved(), 100*x.CostRatio(), 100*x.Slowdown.Mean, 100*x.Slowdown.P99, x.Migrations)
 				}
 			}
 			fmt.Fprintf(w, "wrote %s\n", filepath.Join(out, "report.md"))
@@ -119,6 +133,12 @@ The same inputs and seed give the same bytes.`,
 	f.DurationVar(&c.MigrationPause, "migration-pause", c.MigrationPause, "pause of a shard when it moves")
 	f.Float64Var(&c.SlowFraction, "slow-fraction", c.SlowFraction, "fraction of runtimes that are stragglers")
 	f.Float64Var(&c.SlowSpeed, "slow-speed", c.SlowSpeed, "speed of a straggler runtime (1 = normal)")
+	f.Float64Var(&nicGbit, "nic", nicGbit, "a runtime's NIC bandwidth each way, Gbit/s (0: unlimited)")
+	f.IntVar(&c.RuntimeCores, "runtime-cores", c.RuntimeCores, "cores of a runtime when the policy's cores_per_runtime is 0")
+	f.Float64Var(&c.StaticCoresPerWorker, "static-cores-per-worker", c.StaticCoresPerWorker, "baseline a: cores each job reserves per worker")
+	f.Float64Var(&c.HighFraction, "high-fraction", 0, "fraction of the jobs drawn that are of priority high")
+	f.Float64Var(&c.LowFraction, "low-fraction", 0, "fraction of the jobs drawn that are of priority low")
+	f.StringVar(&synth, "synth", "", "synthesize each drawn job's step times: spread=0.8,cov=0.6,groups=2,ranks=10,steps=200,step=1.5s (any subset)")
 	return cmd
 }
 

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/fanin-ml/fanin/sim"
 )
 
 // fanin sim reads every trace file of --traces: a PAI trace added next to the shared ones is drawn
@@ -76,5 +78,83 @@ func TestSimUsesAnExtraTraceFile(t *testing.T) {
 	if !strings.Contains(report, "read from jobs.json") || !strings.Contains(report, "| g |  | two-groups |") ||
 		!strings.Contains(report, "two-groups.csv (two-groups: 40 iterations of 4 workers): 1 of the workload's jobs") {
 		t.Errorf("the workload's job does not follow the new trace:\n%s", report)
+	}
+}
+
+// A trace file of the wrong format, or with a bad row, stops fanin sim with an error naming the
+// file and the line: no trace is silently left out.
+func TestSimRejectsABadTraceFile(t *testing.T) {
+	for name, tc := range map[string]struct{ content, want string }{
+		"columns.csv": {"a,b\n1,2\n", "columns.csv: line 1: not a trace"},
+		"badrow.csv":  {",worker,gpu,time,batch_time_norm\n0,0,25,1,500\n1,1,25,1,fast\n", "badrow.csv: line 3:"},
+		"runtime.csv": {"runtime\n120\nlong\n", "runtime.csv: line 3:"},
+	} {
+		traces := t.TempDir()
+		if err := os.WriteFile(filepath.Join(traces, name), []byte(tc.content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cmd := simCmd()
+		var out bytes.Buffer
+		cmd.SetOut(&out)
+		cmd.SetErr(&out)
+		cmd.SilenceUsage, cmd.SilenceErrors = true, true
+		cmd.SetArgs([]string{"--traces", traces, "--out", t.TempDir(), "--duration", "1m"})
+		err := cmd.Execute()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error saying %q", name, err, tc.want)
+		}
+	}
+}
+
+// fanin sim --synth draws the jobs with synthesized step times of the spread and CoV asked for,
+// and says so in the report; a bad description is refused.
+func TestSimSynth(t *testing.T) {
+	shared := filepath.Join("..", "..", "..", "shared", "traces")
+	if _, err := os.Stat(filepath.Join(shared, "philly-job-runtime.csv")); err != nil {
+		t.Skipf("the shared traces are not at %s", shared)
+	}
+	out := t.TempDir()
+	wl := filepath.Join(out, "wl.json")
+	cmd := simCmd()
+	var stdout bytes.Buffer
+	cmd.SetOut(&stdout)
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	cmd.SetArgs([]string{"--traces", shared, "--out", out, "--duration", "5m", "--rate", "4", "--max-job", "2m",
+		"--synth", "spread=0.6,cov=0.5,groups=2,steps=300", "--save-workload", wl, "--high-fraction", "0.3", "--low-fraction", "0.3"})
+	if err := cmd.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	report, err := os.ReadFile(filepath.Join(out, "report.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(report), "step times synthesized (spread=0.6,cov=0.5,groups=2,ranks=10,steps=300,step=1.5s)") {
+		t.Errorf("the report does not say the step times are synthesized")
+	}
+	w, err := sim.ReadWorkload(wl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	classes := map[string]int{}
+	for _, j := range w.Jobs {
+		spread, cov := sim.MeasureSteps(j.StepTimes)
+		if j.Trace != "" || len(j.StepTimes) != 300 || spread < 0.59 || spread > 0.61 || cov < 0.35 || cov > 0.65 {
+			t.Errorf("job %s: trace %q, %d steps, spread %.3f, cov %.3f", j.ID, j.Trace, len(j.StepTimes), spread, cov)
+		}
+		classes[j.Priority]++
+	}
+	if len(w.Jobs) < 4 || classes["high"] == 0 || classes["low"] == 0 {
+		t.Errorf("%d jobs, priorities %v", len(w.Jobs), classes)
+	}
+	for _, c := range []string{"| high | ", "| low | "} {
+		if !strings.Contains(string(report), c) {
+			t.Errorf("the report has no row %q", c)
+		}
+	}
+	cmd = simCmd()
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	cmd.SetArgs([]string{"--traces", shared, "--out", out, "--synth", "spread=1.2"})
+	if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), "spread must be in [0, 1)") {
+		t.Errorf("--synth spread=1.2: %v", err)
 	}
 }
