@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"math"
 	"strconv"
+	"unsafe"
 
 	"github.com/fanin-ml/fanin/wire"
 )
@@ -24,6 +25,30 @@ func bf16At(src []byte, i int) float32 {
 	return math.Float32frombits(uint32(binary.LittleEndian.Uint16(src[2*i:])) << 16)
 }
 
+// asHalves returns b reinterpreted as uint16s when that is the same as decoding it
+// little-endian: on a little-endian machine with b 2-byte aligned (payloads normally are).
+func asHalves(b []byte) ([]uint16, bool) {
+	if !littleEndian || len(b) < 2 || uintptr(unsafe.Pointer(&b[0]))%2 != 0 {
+		return nil, false
+	}
+	return unsafe.Slice((*uint16)(unsafe.Pointer(&b[0])), len(b)/2), true
+}
+
+func addBF16(dst []float32, h []uint16) {
+	h = h[:len(dst)]
+	for i, x := range h {
+		dst[i] += math.Float32frombits(uint32(x) << 16)
+	}
+}
+
+func addF16(dst []float32, h []uint16) {
+	h = h[:len(dst)]
+	t := wire.F16Table()
+	for i, x := range h {
+		dst[i] += t[x]
+	}
+}
+
 // CopyLE16 sets dst[i] to element i of the dt payload src, converted exactly.
 func CopyLE16(dst []float32, src []byte, dt wire.Dtype) {
 	if dt == wire.F32 {
@@ -41,12 +66,20 @@ func AddLE16(dst []float32, src []byte, dt wire.Dtype) {
 		AddLE(dst, src)
 	case wire.BF16:
 		check16(len(dst), src, dt)
+		if h, ok := asHalves(src); ok {
+			addBF16(dst, h)
+			return
+		}
 		src = src[:2*len(dst)]
 		for i := range dst {
 			dst[i] += bf16At(src, i)
 		}
 	default:
 		check16(len(dst), src, dt)
+		if h, ok := asHalves(src); ok {
+			addF16(dst, h)
+			return
+		}
 		src = src[:2*len(dst)]
 		t := wire.F16Table()
 		for i := range dst {

@@ -137,11 +137,16 @@ func BenchmarkAddLE16(b *testing.B) {
 	const n = 1 << 20
 	dst := make([]float32, n)
 	src := make([]byte, 2*n)
-	for _, dt := range []wire.Dtype{wire.BF16, wire.F16} {
-		b.Run(dt.String(), func(b *testing.B) {
-			b.SetBytes(2 * n)
+	src32 := make([]byte, 4*n)
+	for _, dt := range []wire.Dtype{wire.BF16, wire.F16, wire.F32} {
+		b.Run(dt.String(), func(b *testing.B) { // bytes/s of the accumulator, to compare dtypes
+			b.SetBytes(4 * n)
+			s := src
+			if dt == wire.F32 {
+				s = src32
+			}
 			for b.Loop() {
-				AddLE16(dst, src, dt)
+				AddLE16(dst, s, dt)
 			}
 		})
 	}
