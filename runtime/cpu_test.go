@@ -1,10 +1,14 @@
 package runtime
 
 import (
+	"log/slog"
 	goruntime "runtime"
 	"slices"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/fanin-ml/fanin/job"
 )
 
 // The cores are one pool shared by all the runtime's work: any class takes any free core without
@@ -93,5 +97,45 @@ func waitQueued(t *testing.T, p *cpuPool, n int) {
 	t.Helper()
 	for p.queued() < n {
 		goruntime.Gosched()
+	}
+}
+
+// A shard's work takes its cores at its job's class, read from the job record the runtime holds:
+// with the one core busy, a low job's shard that asked first runs after a high job's.
+func TestShardTakesCoresAtItsJobsPriority(t *testing.T) {
+	log := slog.New(slog.DiscardHandler)
+	r := &Runtime{cpu: newCPUPool(1), log: log, rejects: newRejectLog(log, time.Now)}
+	execOf := func(id, priority string) *shardExec {
+		spec := job.Spec{ID: id, Tensors: []job.Tensor{{Name: "w", Shape: []int{1024}}}, Ranks: 2,
+			Function: job.Function{Name: "sum"}, ShardSize: 4 << 10, Priority: priority}
+		spec.Normalize()
+		rec := job.NewRecord(spec, time.Now())
+		x, err := newShardExec(r, &jobInfo{rec: &rec}, 0, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return x
+	}
+	low, high := execOf("backfill", job.PriorityLow), execOf("urgent", job.PriorityHigh)
+	r.cpu.acquire(0) // the core is busy
+	var mu sync.Mutex
+	var order []string
+	var wg sync.WaitGroup
+	for i, x := range []*shardExec{low, high} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			x.takeCore()
+			mu.Lock()
+			order = append(order, x.ji.rec.Spec.ID)
+			mu.Unlock()
+			x.giveCore()
+		}()
+		waitQueued(t, r.cpu, i+1)
+	}
+	r.cpu.release()
+	wg.Wait()
+	if want := []string{"urgent", "backfill"}; !slices.Equal(order, want) {
+		t.Fatalf("ran %v, want %v", order, want)
 	}
 }
