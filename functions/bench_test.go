@@ -53,33 +53,41 @@ func BenchmarkCopy(b *testing.B) {
 	}
 }
 
-// BenchmarkAggregate is one step of one shard as the runtime runs it: CopyLE rank 0, AddLE ranks
-// 1..N-1, Apply. Its MB/s counts the N input shards, like BenchmarkCopy's.
+// BenchmarkAggregate is one step of one shard: kernel=AddLE is CopyLE rank 0, AddLE ranks 1..N-1,
+// Apply (the fold as messages arrive); SumLE sums all ranks at once, then Apply; FoldApply is the
+// one-pass fold with the update fused. simd=off runs the portable Go loops. Its MB/s counts the N
+// input shards, like BenchmarkCopy's.
 func BenchmarkAggregate(b *testing.B) {
-	fns := []struct {
+	type variant struct {
 		name      string
 		hyper     map[string]float64
 		unaligned bool
-		sumLE     bool // SumLE instead of CopyLE + AddLE
-	}{
-		{"sum", nil, false, false},
-		{"sum", nil, true, false},
-		{"sgd", map[string]float64{"lr": 0.01}, false, false},
-		{"adam", nil, false, false},
-		{"sum", nil, false, true},
-		{"sgd", map[string]float64{"lr": 0.01}, false, true},
-		{"adam", nil, false, true},
+		kernel    string
+		simdOff   bool
 	}
-	for _, f := range fns {
+	var vs []variant
+	for _, k := range []string{"AddLE", "SumLE", "FoldApply"} {
+		vs = append(vs,
+			variant{"sum", nil, false, k, false},
+			variant{"sgd", map[string]float64{"lr": 0.01}, false, k, false},
+			variant{"sgd", map[string]float64{"lr": 0.01}, true, k, false},
+			variant{"adam", nil, false, k, false},
+			variant{"adam", nil, true, k, false})
+	}
+	vs = append(vs,
+		variant{"sgd", map[string]float64{"lr": 0.01}, false, "FoldApply", true},
+		variant{"adam", nil, false, "FoldApply", true})
+	for _, f := range vs {
 		for _, s := range benchShards {
-			name := fmt.Sprintf("fn=%s,N=%d,Shard=%s", f.name, benchRanks, s.name)
+			name := fmt.Sprintf("fn=%s,N=%d,Shard=%s,kernel=%s", f.name, benchRanks, s.name, f.kernel)
 			if f.unaligned {
 				name += ",unaligned"
 			}
-			if f.sumLE {
-				name += ",kernel=SumLE"
+			if f.simdOff {
+				name += ",simd=off"
 			}
 			b.Run(name, func(b *testing.B) {
+				defer setSIMD(!f.simdOff && haveSIMD)()
 				fn := mustNew(b, f.name, f.hyper)
 				payloads := benchPayloads(s.bytes, f.unaligned)
 				n := s.bytes / 4
@@ -92,21 +100,32 @@ func BenchmarkAggregate(b *testing.B) {
 				b.SetBytes(int64(benchRanks * s.bytes))
 				b.ReportAllocs()
 				for b.Loop() {
-					if f.sumLE {
-						SumLE(acc, payloads)
-					} else {
+					u.Step++
+					switch f.kernel {
+					case "AddLE":
 						CopyLE(acc, payloads[0])
 						for _, p := range payloads[1:] {
 							AddLE(acc, p)
 						}
+						fn.Apply(u)
+					case "SumLE":
+						SumLE(acc, payloads)
+						fn.Apply(u)
+					default:
+						FoldApply(fn, u, payloads)
 					}
-					u.Step++
-					fn.Apply(u)
 				}
 				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/elem")
 			})
 		}
 	}
+}
+
+// setSIMD sets useSIMD to on and returns the function that restores it.
+func setSIMD(on bool) func() {
+	old := useSIMD
+	useSIMD = on
+	return func() { useSIMD = old }
 }
 
 // BenchmarkApply is the function alone, on one shard.

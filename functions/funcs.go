@@ -133,15 +133,6 @@ func powInt(x float64, n int64) float64 {
 //     separate large allocations, often at the same address modulo 4 KiB, and a load issued
 //     after a store to the same page offset can be stalled as if it depended on it.
 
-// addDecay sets g[i] = float32(g[i]*s) + float32(wd*p[i]): the L2 term of sgd, momentum, adam
-// and adagrad. Its result is the scaled gradient, so the callers continue with s = 1.
-func addDecay(g []float32, s, wd float32, p []float32) {
-	g = g[:len(p)]
-	for i := range p {
-		g[i] = float32(g[i]*s) + float32(wd*p[i])
-	}
-}
-
 // sumFunc: p = Grad (clipped).
 type sumFunc struct{ base }
 
@@ -172,19 +163,24 @@ func newSGD(b base) *sgd {
 }
 
 func (f *sgd) Apply(u *Update) {
-	s := f.prepare(u, true)
-	p, g := u.Params, u.Grad[:len(u.Params)]
-	lr, wd := f.lr, f.wd
-	if wd == 0 {
-		for i := range p {
-			p[i] -= float32(lr * float32(g[i]*s))
-		}
-		return
+	k := applyConsts{adam: adamConsts{s: f.prepare(u, true)}}
+	f.block(u, &k, 0, len(u.Params))
+}
+
+func (f *sgd) begin(u *Update, k *applyConsts) bool {
+	if f.clip > 0 {
+		return false
 	}
-	for i := range p {
-		pi, gi := p[i], g[i]
-		d := float32(gi*s) + float32(wd*pi)
-		p[i] = pi - float32(lr*d)
+	k.adam.s = f.prepare(u, true)
+	return true
+}
+
+func (f *sgd) block(u *Update, k *applyConsts, lo, hi int) {
+	p, g := u.Params[lo:hi], u.Grad[lo:hi]
+	if f.wd == 0 {
+		sgdLoop(p, g, k.adam.s, f.lr)
+	} else {
+		sgdWDLoop(p, g, k.adam.s, f.lr, f.wd)
 	}
 }
 
@@ -264,30 +260,40 @@ func newAdam(b base, decoupled bool) *adam {
 }
 
 func (f *adam) Apply(u *Update) {
-	s := f.prepare(u, true)
-	p, g := u.Params, u.Grad[:len(u.Params)]
-	m, v := u.State[0][:len(p)], u.State[1][:len(p)]
+	var k applyConsts
+	f.consts(u, f.prepare(u, true), &k)
+	f.block(u, &k, 0, len(u.Params))
+}
+
+func (f *adam) begin(u *Update, k *applyConsts) bool {
+	if f.clip > 0 {
+		return false
+	}
+	f.consts(u, f.prepare(u, true), k)
+	return true
+}
+
+// consts sets the constants of step u.Step, s being prepare's scale.
+func (f *adam) consts(u *Update, s float32, k *applyConsts) {
 	bc1 := 1 - powInt(f.hyper["beta1"], u.Step)
 	bc2 := 1 - powInt(f.hyper["beta2"], u.Step)
-	step := float32(f.lr64 / bc1)
-	sqrtBC2 := float32(math.Sqrt(bc2))
-	b1, b2, omb1, omb2, eps := f.b1, f.b2, f.omb1, f.omb2, f.eps
+	k.adam = adamConsts{s: s, b1: f.b1, b2: f.b2, omb1: f.omb1, omb2: f.omb2, eps: f.eps,
+		sqrtBC2: float32(math.Sqrt(bc2)), step: float32(f.lr64 / bc1)}
+}
+
+// block updates elements lo..hi-1: AdamW's decay or the L2 term first (a pass over the block),
+// then the moments and the parameters.
+func (f *adam) block(u *Update, k *applyConsts, lo, hi int) {
+	p, g := u.Params[lo:hi], u.Grad[lo:hi]
+	m, v := u.State[0][lo:hi], u.State[1][lo:hi]
+	c := k.adam
 	if f.decoupled {
-		for i := range p {
-			p[i] = float32(p[i] * f.decay)
-		}
+		scaleLoop(p, f.decay)
 	} else if f.wd != 0 {
-		addDecay(g, s, f.wd, p)
-		s = 1
+		addDecay(g, c.s, f.wd, p)
+		c.s = 1
 	}
-	for i := range p {
-		pi, gi, mi, vi := p[i], float32(g[i]*s), m[i], v[i]
-		mi = float32(b1*mi) + float32(omb1*gi)
-		vi = float32(b2*vi) + float32(omb2*float32(gi*gi))
-		denom := float32(sqrt32(vi)/sqrtBC2) + eps
-		m[i], v[i] = mi, vi
-		p[i] = pi - float32(step*float32(mi/denom))
-	}
+	adamLoop(p, g, m, v, &c)
 }
 
 type adagrad struct {

@@ -52,7 +52,20 @@ var goldenHashes = map[string]uint64{
 	"adagrad clip_norm=0,eps=1e-10,initial_accumulator=0,lr=0.3,weight_decay=0":              0x3f342946a6470e2,
 }
 
+// TestGolden runs with the SIMD kernels (where the machine has them) and with the Go loops.
 func TestGolden(t *testing.T) {
+	for _, simd := range []bool{true, false} {
+		t.Run(fmt.Sprintf("simd=%v", simd), func(t *testing.T) {
+			if simd && !haveSIMD {
+				t.Skip("no SIMD kernels on this machine")
+			}
+			defer setSIMD(simd)()
+			goldenCheck(t)
+		})
+	}
+}
+
+func goldenCheck(t *testing.T) {
 	type config struct {
 		name  string
 		hyper map[string]float64

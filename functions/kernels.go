@@ -99,7 +99,9 @@ func copyLEDecode(dst []float32, src []byte) {
 // It panics unless len(src) == 4*len(dst).
 func AddLE(dst []float32, src []byte) {
 	checkLen(len(dst), src)
-	if x, ok := asFloats(src); ok {
+	if useSIMD && len(dst) > 0 {
+		addSIMD(dst, unsafe.Pointer(&src[0]))
+	} else if x, ok := asFloats(src); ok {
 		Add(dst, x)
 	} else if littleEndian {
 		viaChunks(dst, src, opAdd, 0)
@@ -158,6 +160,10 @@ func axpyLEDecode(dst []float32, w float32, src []byte) {
 // Add sets dst[i] += x[i]. It panics if x is shorter than dst.
 func Add(dst, x []float32) {
 	x = x[:len(dst)]
+	if useSIMD && len(dst) > 0 {
+		addSIMD(dst, unsafe.Pointer(&x[0]))
+		return
+	}
 	i := 0
 	for ; i+8 <= len(dst); i += 8 {
 		d := (*[8]float32)(dst[i:])
@@ -269,13 +275,23 @@ func SumLE(dst []float32, srcs [][]byte) {
 	for _, s := range srcs {
 		checkLen(len(dst), s)
 	}
+	sumRange(dst, srcs, 0)
+}
+
+// sumRange sets dst to the rank-order sum of the elements off..off+len(dst)-1 of srcs.
+func sumRange(dst []float32, srcs [][]byte, off int) {
+	if useSIMD {
+		foldSIMD(dst, srcs, off)
+		return
+	}
+	n := len(dst)
 	// The fused path needs every payload as []float32; up to 64 of them are kept on the stack.
 	var buf [64][]float32
-	if len(srcs) <= len(buf) && len(dst) > 0 {
+	if len(srcs) <= len(buf) && n > 0 {
 		xs := buf[:len(srcs)]
 		aligned := true
 		for r, s := range srcs {
-			if xs[r], aligned = asFloats(s); !aligned {
+			if xs[r], aligned = asFloats(s[4*off : 4*(off+n)]); !aligned {
 				break
 			}
 		}
@@ -284,11 +300,56 @@ func SumLE(dst []float32, srcs [][]byte) {
 			return
 		}
 	}
-	for lo := 0; lo < len(dst); lo += sumBlock {
-		hi := min(lo+sumBlock, len(dst))
-		CopyLE(dst[lo:hi], srcs[0][4*lo:4*hi])
+	for lo := 0; lo < n; lo += sumBlock {
+		hi := min(lo+sumBlock, n)
+		CopyLE(dst[lo:hi], srcs[0][4*(off+lo):4*(off+hi)])
 		for _, s := range srcs[1:] {
-			AddLE(dst[lo:hi], s[4*lo:4*hi])
+			AddLE(dst[lo:hi], s[4*(off+lo):4*(off+hi)])
+		}
+	}
+}
+
+// foldSIMD is sumRange in assembly: the payloads are read where they are (any alignment), each
+// block of 32 elements summed over every rank in registers before it is stored, so dst is
+// written once and each payload read once. More than 64 ranks are summed 63 at a time into dst.
+func foldSIMD(dst []float32, srcs [][]byte, off int) {
+	n := len(dst)
+	if k := n &^ 7; k > 0 {
+		var ptrs [64]unsafe.Pointer
+		for r := 0; r < len(srcs); {
+			j := 0
+			if r > 0 { // continue from the partial sum
+				ptrs[0] = unsafe.Pointer(&dst[0])
+				j = 1
+			}
+			for ; j < len(ptrs) && r < len(srcs); j++ {
+				ptrs[j] = unsafe.Pointer(&srcs[r][4*off])
+				r++
+			}
+			foldAVX2(&dst[0], &ptrs[0], j, k)
+		}
+	}
+	for i := n &^ 7; i < n; i++ {
+		b := 4 * (off + i)
+		x := le(srcs[0][b:])
+		for _, s := range srcs[1:] {
+			x += le(s[b:])
+		}
+		dst[i] = x
+	}
+}
+
+// addSIMD sets dst[i] += the float32 at src+4i, for len(dst) > 0 elements at any alignment.
+func addSIMD(dst []float32, src unsafe.Pointer) {
+	n := len(dst)
+	if k := n &^ 7; k > 0 {
+		ptrs := [2]unsafe.Pointer{unsafe.Pointer(&dst[0]), src}
+		foldAVX2(&dst[0], &ptrs[0], 2, k)
+	}
+	if k := n &^ 7; k < n {
+		tail := unsafe.Slice((*byte)(unsafe.Add(src, 4*k)), 4*(n-k))
+		for i := range n - k {
+			dst[k+i] += le(tail[4*i:])
 		}
 	}
 }
