@@ -17,6 +17,28 @@ func FoldApply(f Func, u *Update, srcs [][]byte) {
 	for _, s := range srcs {
 		checkLen(len(u.Grad), s)
 	}
+	foldApply(f, u, srcs)
+}
+
+// AddApply is the last rank's fold of a runtime that folds its ranks as they arrive: u.Grad
+// holds the rank-order sum of ranks 0..N-2, src is rank N-1's little-endian payload, and it has
+// the bits of AddLE(u.Grad, src) followed by f.Apply(u), in one pass where FoldApply has one. It
+// panics unless len(src) == 4*len(u.Grad).
+func AddApply(f Func, u *Update, src []byte) {
+	checkLen(len(u.Grad), src)
+	if !littleEndian { // u.Grad's memory is not a little-endian payload there
+		AddLE(u.Grad, src)
+		f.Apply(u)
+		return
+	}
+	// The partial sum is rank "0" of a two-payload fold into itself (its memory is its
+	// little-endian encoding on this machine): each block of it is read before it is written.
+	srcs := [2][]byte{asBytes(u.Grad), src}
+	foldApply(f, u, srcs[:])
+}
+
+// foldApply is FoldApply without its checks of srcs.
+func foldApply(f Func, u *Update, srcs [][]byte) {
 	// A type switch rather than a call through the interface, which would move k to the heap.
 	var k applyConsts
 	switch f := f.(type) {
@@ -52,6 +74,8 @@ type fusable interface {
 	// block performs the update of elements lo..hi-1, the same arithmetic as Apply's.
 	block(u *Update, k *applyConsts, lo, hi int)
 }
+
+var _, _ fusable = (*sgd)(nil), (*adam)(nil)
 
 // applyConsts are an update's per-Apply constants.
 type applyConsts struct {

@@ -190,6 +190,8 @@ func TestFoldApplyMatchesDefinition(t *testing.T) {
 				Ranks: ranks, WeightSum: float64(ranks)}
 			want := &Update{Params: append([]float32(nil), p0...), Grad: make([]float32, n), State: newState(),
 				Ranks: ranks, WeightSum: float64(ranks)}
+			inc := &Update{Params: append([]float32(nil), p0...), Grad: make([]float32, n), State: newState(),
+				Ranks: ranks, WeightSum: float64(ranks)}
 			for step := int64(1); step <= 3; step++ {
 				xs := make([][]float32, ranks)
 				srcs := make([][]byte, ranks)
@@ -197,8 +199,18 @@ func TestFoldApplyMatchesDefinition(t *testing.T) {
 					xs[r] = vec()
 					srcs[r] = offsetPayload(xs[r], rng.IntN(4))
 				}
-				got.Step, want.Step = step, step
+				got.Step, want.Step, inc.Step = step, step, step
 				FoldApply(fn, got, srcs)
+				// As the runtime does: ranks folded as they arrive, the last with the update.
+				CopyLE(inc.Grad, srcs[0])
+				if ranks == 1 {
+					fn.Apply(inc)
+				} else {
+					for _, s := range srcs[1 : ranks-1] {
+						AddLE(inc.Grad, s)
+					}
+					AddApply(fn, inc, srcs[ranks-1])
+				}
 				sum, _ := refSum(xs)
 				copy(want.Grad, sum)
 				func() {
@@ -206,9 +218,11 @@ func TestFoldApplyMatchesDefinition(t *testing.T) {
 					fn.Apply(want)
 				}()
 				what := fmt.Sprintf("trial %d %s %v (n=%d, N=%d) step %d", trial, c.name, c.hyper, n, ranks, step)
-				sameVec(t, what+" params", got.Params, want.Params)
+				sameVec(t, what+" FoldApply params", got.Params, want.Params)
+				sameVec(t, what+" AddApply params", inc.Params, want.Params)
 				for i := range got.State {
-					sameVec(t, fmt.Sprintf("%s state %d", what, i), got.State[i], want.State[i])
+					sameVec(t, fmt.Sprintf("%s FoldApply state %d", what, i), got.State[i], want.State[i])
+					sameVec(t, fmt.Sprintf("%s AddApply state %d", what, i), inc.State[i], want.State[i])
 				}
 			}
 		}
@@ -235,6 +249,16 @@ func TestFoldApplyPanics(t *testing.T) {
 		"short":        {make([]byte, 12)},
 		"one is short": {make([]byte, 16), make([]byte, 15)},
 	} {
+		if len(srcs) == 1 {
+			func() {
+				defer func() {
+					if recover() == nil {
+						t.Errorf("%s: AddApply did not panic", name)
+					}
+				}()
+				AddApply(fn, u, srcs[0])
+			}()
+		}
 		func() {
 			defer func() {
 				if recover() == nil {
@@ -257,7 +281,10 @@ func TestFoldApplyDoesNotAllocate(t *testing.T) {
 		}
 		srcs := [][]byte{make([]byte, 4*n), make([]byte, 4*n), make([]byte, 4*n)}
 		if a := testing.AllocsPerRun(5, func() { u.Step++; FoldApply(fn, u, srcs) }); a != 0 {
-			t.Errorf("%s: %v allocations", c.name, a)
+			t.Errorf("%s: FoldApply: %v allocations", c.name, a)
+		}
+		if a := testing.AllocsPerRun(5, func() { u.Step++; AddApply(fn, u, srcs[1]) }); a != 0 {
+			t.Errorf("%s: AddApply: %v allocations", c.name, a)
 		}
 	}
 }

@@ -61,6 +61,7 @@ type shardExec struct {
 	next    int    // next rank to fold into acc
 	have    []bool // ranks received for step+1
 	pend    [][]byte
+	last    []byte       // the last rank's f32 payload, summed by apply with the update (functions.AddApply)
 	dts     []wire.Dtype // the element type of each rank's gradient for step+1 (ranks may differ)
 	weights []float64
 	wsum    float64
@@ -500,6 +501,8 @@ func (x *shardExec) foldOne(data []byte) {
 		functions.AxpyLE16(x.acc, float32(w), data, dt)
 	case x.next == 0:
 		functions.CopyLE16(x.acc, data, dt)
+	case x.next == x.ranks-1 && dt == wire.F32:
+		x.last = data // apply adds it in the same pass as the function's update
 	default:
 		functions.AddLE16(x.acc, data, dt)
 	}
@@ -514,10 +517,15 @@ func (x *shardExec) foldOne(data []byte) {
 // apply runs the function on the gathered sum.
 func (x *shardExec) apply() {
 	start := time.Now()
-	x.fn.Apply(&functions.Update{
+	u := &functions.Update{
 		Params: x.params, Grad: x.acc, State: x.state,
 		Step: x.step + 1, Ranks: x.ranks, WeightSum: x.wsum,
-	})
+	}
+	if x.last != nil {
+		functions.AddApply(x.fn, u, x.last)
+	} else {
+		x.fn.Apply(u)
+	}
 	end := time.Now()
 	x.step++
 	x.stepSeq = x.seq
@@ -538,7 +546,7 @@ func (x *shardExec) anyRank() bool {
 }
 
 func (x *shardExec) resetGather() {
-	x.next, x.wsum = 0, 0
+	x.next, x.wsum, x.last = 0, 0, nil
 	clear(x.have)
 	clear(x.pend)
 }
