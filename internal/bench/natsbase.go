@@ -35,7 +35,7 @@ const (
 const baselineMaxPending = 1 << 30
 
 // startBaselineNATS starts a NATS server configured as fanin's embedded one (internal/embed),
-// except for max_pending (baselineMaxPending).
+// except for max_pending (baselineMaxPending); the stream ingest buffer is fanin's too.
 func startBaselineNATS(dir string) (*server.Server, error) {
 	opts := &server.Options{
 		ServerName:    "fanin-bench-baseline",
@@ -47,6 +47,8 @@ func startBaselineNATS(dir string) (*server.Server, error) {
 		MaxPending:    baselineMaxPending,
 		WriteDeadline: 10 * time.Second,
 		NoSigs:        true,
+		// As fanin's: the JetStream baseline's 8 ranks publish a whole model at once.
+		StreamMaxBufferedSize: 1 << 30,
 	}
 	ns, err := server.NewServer(opts)
 	if err != nil {
