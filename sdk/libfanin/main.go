@@ -248,6 +248,15 @@ func fanin_upload(h C.uint64_t, id *C.char, params *C.float, n C.int64_t, timeou
 //
 //export fanin_worker
 func fanin_worker(h C.uint64_t, id *C.char, rank C.int, weight C.double, params *C.float, n C.int64_t, timeoutMs C.int64_t, out *C.uint64_t, err **C.char) C.int {
+	return fanin_worker_dtype(h, id, rank, weight, nil, params, n, timeoutMs, out, err)
+}
+
+// fanin_worker_dtype is fanin_worker publishing the gradients as dtype: "f32" (or NULL), "bf16"
+// or "f16" (sdk.WithGradDtype: fanin_step's float32 gradients are rounded to nearest even into a
+// buffer the worker reuses).
+//
+//export fanin_worker_dtype
+func fanin_worker_dtype(h C.uint64_t, id *C.char, rank C.int, weight C.double, dtype *C.char, params *C.float, n C.int64_t, timeoutMs C.int64_t, out *C.uint64_t, err **C.char) C.int {
 	c, e := get[*sdk.Client](h)
 	if e != nil {
 		return fail(err, e)
@@ -259,6 +268,13 @@ func fanin_worker(h C.uint64_t, id *C.char, rank C.int, weight C.double, params 
 	opts := []sdk.WorkerOption{sdk.WithParamsBuffer(p)}
 	if weight != 0 {
 		opts = append(opts, sdk.WithWeight(float64(weight)))
+	}
+	if dtype != nil {
+		dt, ok := wire.ParseDtype(C.GoString(dtype))
+		if !ok {
+			return fail(err, wire.Rejectf(wire.ReasonBadDtype, "gradient dtype %q is not %s, %s or %s", C.GoString(dtype), wire.DtypeF32, wire.DtypeBF16, wire.DtypeF16))
+		}
+		opts = append(opts, sdk.WithGradDtype(dt))
 	}
 	ctx, cancel := deadline(timeoutMs)
 	defer cancel()

@@ -353,10 +353,15 @@ class Client(_Closing):
         weight: Optional[float] = None,
         params: Optional[np.ndarray] = None,
         timeout: Optional[float] = 30.0,
+        grad_dtype: str = "f32",
     ) -> Worker:
         """Joins job ``job_id`` as ``rank``. ``weight`` is the rank's weight for weighted functions
         (fedavg). ``params`` is the buffer that receives the parameters (a writable contiguous
-        float32 vector of the job's size, kept alive by the worker); by default a new one."""
+        float32 vector of the job's size, kept alive by the worker); by default a new one.
+        ``grad_dtype`` "bf16" or "f16" publishes the gradients as 16-bit floats (half the bytes):
+        ``step`` still takes float32, rounded to nearest even as numpy's ``astype(np.float16)``
+        and torch's ``to(torch.bfloat16)`` do; the result is the reference's for the rounded
+        gradients (docs/PROTOCOL.md, "16-bit gradients")."""
         job = self.job(job_id, timeout)
         if params is None:
             params = np.zeros(job.elements, dtype=np.float32)
@@ -372,16 +377,30 @@ class Client(_Closing):
             raise ValueError(f"params has {params.size} elements, job {job_id!r} has {job.elements}")
         if weight is not None and not weight > 0:
             raise ValueError(f"weight must be > 0, got {weight!r}")
+        if grad_dtype not in ("f32", "bf16", "f16"):
+            raise ValueError(f"grad_dtype must be 'f32', 'bf16' or 'f16', got {grad_dtype!r}")
         h, err = c_uint64(), c_void_p()
-        status = lib.fanin_worker(
-            self._handle(), job_id.encode(), rank, c_double(weight or 0.0), _floats(params), params.size,
-            _ms(timeout), byref(h), byref(err),
-        )
+        if grad_dtype == "f32":
+            status = lib.fanin_worker(
+                self._handle(), job_id.encode(), rank, c_double(weight or 0.0), _floats(params), params.size,
+                _ms(timeout), byref(h), byref(err),
+            )
+        else:
+            status = lib.fanin_worker_dtype(
+                self._handle(), job_id.encode(), rank, c_double(weight or 0.0), grad_dtype.encode(),
+                _floats(params), params.size, _ms(timeout), byref(h), byref(err),
+            )
         _check(status, err)
         return Worker(self, job, rank, h.value, params)
 
-    def ranks(self, job_id: str, ranks: Iterable[int], weights: Optional[Sequence[float]] = None) -> Ranks:
-        """Joins a job as several logical ranks at once (see Ranks)."""
+    def ranks(
+        self,
+        job_id: str,
+        ranks: Iterable[int],
+        weights: Optional[Sequence[float]] = None,
+        grad_dtype: str = "f32",
+    ) -> Ranks:
+        """Joins a job as several logical ranks at once (see Ranks); ``grad_dtype`` as in worker."""
         rs = list(ranks)
         ws = list(weights) if weights is not None else [None] * len(rs)
         if len(ws) != len(rs):
@@ -389,7 +408,7 @@ class Client(_Closing):
         workers: list[Worker] = []
         try:
             for r, w in zip(rs, ws):
-                workers.append(self.worker(job_id, r, weight=w))
+                workers.append(self.worker(job_id, r, weight=w, grad_dtype=grad_dtype))
         except BaseException:
             for w in workers:
                 w.close()

@@ -44,6 +44,10 @@ def _load() -> ctypes.CDLL:
             c_int,
             [c_uint64, c_char_p, c_int, c_double, _FLOATP, c_int64, c_int64, POINTER(c_uint64), _ERR],
         ),
+        "fanin_worker_dtype": (
+            c_int,
+            [c_uint64, c_char_p, c_int, c_double, c_char_p, _FLOATP, c_int64, c_int64, POINTER(c_uint64), _ERR],
+        ),
         "fanin_worker_close": (None, [c_uint64]),
         "fanin_params": (c_int, [c_uint64, c_int64, POINTER(c_int64), _ERR]),
         "fanin_step": (c_int, [c_uint64, _FLOATP, c_int64, c_int64, POINTER(c_int64), _ERR]),

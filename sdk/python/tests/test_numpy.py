@@ -171,3 +171,42 @@ def test_upload_init(dev):
         c.upload(job_id, mine)  # the same, again: a no-op
         w = c.worker(job_id, 0)
         assert w.fetch(timeout=30).tobytes() == mine.tobytes()
+
+
+def _round_bf16(g: np.ndarray) -> np.ndarray:
+    """g rounded to bfloat16 and back, by torch when it is installed, else by the bits."""
+    try:
+        import torch
+
+        return torch.from_numpy(g.copy()).to(torch.bfloat16).to(torch.float32).numpy()
+    except ImportError:
+        b = g.view(np.uint32).astype(np.uint64)
+        return ((b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+
+
+def test_16bit_gradients_are_bit_identical(dev):
+    """Rank 0 publishes f16, rank 1 bf16: the parameters are the reference's for the gradients as
+    numpy (float16) and torch (bfloat16) round them; and not the float32 gradients' reference."""
+    created = dev.create(job_spec(2))
+    with fanin.connect(dev.nats, created["credentials"]) as c:
+        job = c.job(created["spec"]["id"])
+        with pytest.raises(ValueError):
+            c.worker(job.id, 0, grad_dtype="fp16")
+        ws = [c.worker(job.id, 0, grad_dtype="f16"), c.worker(job.id, 1, grad_dtype="bf16")]
+        init = ws[0].fetch().copy()
+        ref, ref32 = fanin.Reference(job, init), fanin.Reference(job, init)
+        rng = np.random.default_rng(16)
+        for step in range(1, 6):
+            gs = [g * np.float32(1e-3) for g in grads_for(rng, 2, job.elements)]
+            out: list = [None, None]
+            ts = [threading.Thread(target=lambda r=r: out.__setitem__(r, ws[r].step(gs[r], timeout=60))) for r in range(2)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            want = ref.step([gs[0].astype(np.float16).astype(np.float32), _round_bf16(gs[1])])
+            not_want = ref32.step(gs)
+            for r in range(2):
+                assert out[r] is not None, f"rank {r} step {step} failed"
+                assert out[r].tobytes() == want.tobytes(), f"rank {r} step {step} differs from the reference"
+            assert want.tobytes() != not_want.tobytes()
