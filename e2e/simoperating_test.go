@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -43,11 +45,19 @@ const (
 //	FANIN_VALIDATE_POLICY    policy file (default operatingPolicy)
 //	FANIN_VALIDATE_OUT       output directory (default $TMPDIR/fanin-validate-operating)
 //	FANIN_VALIDATE_DRY=1     only write workload.json and policy.yaml
+//	FANIN_VALIDATE_REPLAY    a directory of an earlier run: replay its workload.json,
+//	                         workload-live-shaped.json and policy.yaml in the sim alone, at the
+//	                         throughput FANIN_VALIDATE_THROUGHPUT (B/s per core, as live.md says),
+//	                         and write sim-replay.md (costs, demand over time)
 func TestSimValidateOperating(t *testing.T) {
 	if os.Getenv("FANIN_VALIDATE") != "operating" {
 		t.Skip("simulator validation at the operating point: set FANIN_VALIDATE=operating")
 	}
 	skipShort(t)
+	if dir := os.Getenv("FANIN_VALIDATE_REPLAY"); dir != "" {
+		simReplay(t, dir, envFloat(t, "FANIN_VALIDATE_THROUGHPUT", 2e9), envFloat(t, "FANIN_VALIDATE_SECONDS", 80))
+		return
+	}
 	out := os.Getenv("FANIN_VALIDATE_OUT")
 	if out == "" {
 		out = filepath.Join(os.TempDir(), "fanin-validate-operating")
@@ -312,6 +322,77 @@ func operatingWorkload(tr *sim.Traces, nJobs int, length, stepScale float64) (*s
 			Duration: math.Round(10*(end-arrival)) / 10, Params: params, StepTimes: rows})
 	}
 	return wl, nil
+}
+
+// simReplay runs the sim alone on the inputs an earlier live run wrote to dir (the default model,
+// measured parameters at thr, and the live-shaped workload at thr), and writes dir/sim-replay.md.
+func simReplay(t *testing.T, dir string, thr, length float64) {
+	data, err := os.ReadFile(filepath.Join(dir, "policy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol, err := autoscaler.ParsePolicy(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := sim.DefaultConfig()
+	c.Duration = time.Duration(length * float64(time.Second))
+	c.Interval = 250 * time.Millisecond
+	c.ShardBytes = opShard
+	cm := c
+	cm.Throughput, cm.StartupDelay, cm.SlowFraction = thr, 50*time.Millisecond, 0
+	runs := []struct {
+		name, file string
+		c          sim.Config
+	}{{"default model", "workload.json", c}, {"measured", "workload.json", cm}, {"live-shaped", "workload-live-shaped.json", cm}}
+	var sb strings.Builder
+	w := func(f string, a ...any) { fmt.Fprintf(&sb, f, a...) }
+	var res []*sim.Result
+	w("| sim | core-s | vs hindsight static | mean / p99 slowdown | peak cores | demand plateau (max) |\n|---|---:|---:|---:|---:|---:|\n")
+	for _, r := range runs {
+		wl, err := sim.ReadWorkload(filepath.Join(dir, r.file))
+		if errors.Is(err, fs.ErrNotExist) && r.file != "workload.json" {
+			res = append(res, nil) // a run from before the live-shaped replay
+			w("| %s | - | - | - | - | - |\n", r.name)
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		x, err := sim.Run(r.c, pol, wl, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res = append(res, x)
+		var d []float64
+		for _, p := range x.Pool {
+			d = append(d, p.Demand)
+		}
+		w("| %s | %.1f | %.1f%% | %.2f%% / %.1f%% | %.0f | %.2f |\n", r.name, x.ElasticCoreSeconds, 100*x.CostRatio(),
+			100*x.Slowdown.Mean, 100*x.Slowdown.P99, x.PeakCores, maxOf(d))
+	}
+	w("\n| t (s) | default demand / pool | measured demand / pool | live-shaped demand / pool |\n|---:|---:|---:|---:|\n")
+	for b := 0.0; b < length; b += 5 {
+		w("| %.0f |", b)
+		for _, x := range res {
+			if x == nil {
+				w(" - |")
+				continue
+			}
+			var d, p []float64
+			for _, s := range x.Pool {
+				if s.T >= b && s.T < b+5 {
+					d, p = append(d, s.Demand), append(p, s.Reserved)
+				}
+			}
+			w(" %.2f / %.1f |", valMean(d), valMean(p))
+		}
+		w("\n")
+	}
+	t.Log("\n" + sb.String())
+	if err := os.WriteFile(filepath.Join(dir, "sim-replay.md"), []byte(sb.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // liveShaped is the workload with each job's step times stretched to what the runtimes measured
