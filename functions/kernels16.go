@@ -36,6 +36,8 @@ func asHalves(b []byte) ([]uint16, bool) {
 
 func addBF16(dst []float32, h []uint16) {
 	h = h[:len(dst)]
+	k := add16SIMD(dst, h, false)
+	dst, h = dst[k:], h[k:]
 	for i, x := range h {
 		dst[i] += math.Float32frombits(uint32(x) << 16)
 	}
@@ -43,6 +45,8 @@ func addBF16(dst []float32, h []uint16) {
 
 func addF16(dst []float32, h []uint16) {
 	h = h[:len(dst)]
+	k := add16SIMD(dst, h, true)
+	dst, h = dst[k:], h[k:]
 	t := wire.F16Table()
 	for i, x := range h {
 		dst[i] += t[x]

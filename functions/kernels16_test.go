@@ -37,6 +37,40 @@ func same32(a, b float32) bool {
 // The 16-bit kernels give the bits of scalar float32 arithmetic on the exactly converted
 // elements, for random lengths and alignments, every dtype, and every bit pattern.
 func TestKernels16AgainstScalar(t *testing.T) {
+	for _, simd := range []bool{true, false} {
+		t.Run(map[bool]string{true: "simd", false: "go"}[simd], func(t *testing.T) {
+			defer func(old bool) { use16SIMD = old }(use16SIMD)
+			use16SIMD = simd
+			kernels16AgainstScalar(t)
+		})
+	}
+}
+
+// Every 16-bit pattern added to accumulators of every kind (zeros of both signs, normal,
+// subnormal, Inf, NaN), by AddLE16 (the assembly where the CPU has it) and by the scalar
+// definition: the same bits.
+func TestAddLE16EveryPattern(t *testing.T) {
+	src := make([]byte, 2<<16)
+	for i := range 1 << 16 {
+		binary.LittleEndian.PutUint16(src[2*i:], uint16(i))
+	}
+	for _, dt := range []wire.Dtype{wire.BF16, wire.F16} {
+		for _, a := range []uint32{0, 0x80000000, 0x3f800000, 0xc2f60000, 0x00000001, 0x807fffff, 0x7f800000, 0xff800000, 0x7fc00001, 0xffa00000, 0x477fe000, 0x38800000} {
+			dst := make([]float32, 1<<16)
+			for i := range dst {
+				dst[i] = math.Float32frombits(a)
+			}
+			AddLE16(dst, src, dt)
+			for i := range dst {
+				if want := math.Float32frombits(a) + elem16(src, i, dt); !same32(dst[i], want) {
+					t.Fatalf("%s %#08x + %#04x: %#08x, want %#08x", dt, a, i, math.Float32bits(dst[i]), math.Float32bits(want))
+				}
+			}
+		}
+	}
+}
+
+func kernels16AgainstScalar(t *testing.T) {
 	rng := rand.New(rand.NewPCG(16, 16))
 	for _, dt := range []wire.Dtype{wire.BF16, wire.F16, wire.F32} {
 		for range 200 {

@@ -1,0 +1,7 @@
+//go:build !amd64
+
+package functions
+
+var use16SIMD = false
+
+func add16SIMD(dst []float32, h []uint16, f16 bool) int { return 0 }
