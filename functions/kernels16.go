@@ -60,6 +60,10 @@ func CopyLE16(dst []float32, src []byte, dt wire.Dtype) {
 		return
 	}
 	check16(len(dst), src, dt)
+	if h, ok := asHalves(src); ok {
+		k := cvt16SIMD(dst, h, dt == wire.F16)
+		dst, src = dst[k:], src[2*k:]
+	}
 	wire.Decode(dst, src, dt)
 }
 

@@ -20,6 +20,28 @@ func addBF16AVX2(dst *float32, src *uint16, n int)
 //go:noescape
 func addF16AVX2(dst *float32, src *uint16, n int)
 
+//go:noescape
+func cvtBF16AVX2(dst *float32, src *uint16, n int)
+
+//go:noescape
+func cvtF16AVX2(dst *float32, src *uint16, n int)
+
+// cvt16SIMD converts the first n - n%8 elements of h into dst with the assembly when the CPU has
+// it, and returns how many it converted.
+func cvt16SIMD(dst []float32, h []uint16, f16 bool) int {
+	n := len(dst) &^ 7
+	if !use16SIMD || n == 0 || f16 && !have16F || !f16 && !have16BF {
+		return 0
+	}
+	_ = h[n-1]
+	if f16 {
+		cvtF16AVX2(&dst[0], &h[0], n)
+	} else {
+		cvtBF16AVX2(&dst[0], &h[0], n)
+	}
+	return n
+}
+
 // add16SIMD adds the first n - n%16 elements of h into dst with the assembly when the CPU has it,
 // and returns how many it added.
 func add16SIMD(dst []float32, h []uint16, f16 bool) int {

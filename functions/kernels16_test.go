@@ -46,7 +46,7 @@ func TestKernels16AgainstScalar(t *testing.T) {
 	}
 }
 
-// Every 16-bit pattern added to accumulators of every kind (zeros of both signs, normal,
+// Every 16-bit pattern converted (CopyLE16, bit for bit, signaling NaNs included) and added to accumulators of every kind (zeros of both signs, normal,
 // subnormal, Inf, NaN), by AddLE16 (the assembly where the CPU has it) and by the scalar
 // definition: the same bits.
 func TestAddLE16EveryPattern(t *testing.T) {
@@ -61,7 +61,12 @@ func TestAddLE16EveryPattern(t *testing.T) {
 				dst[i] = math.Float32frombits(a)
 			}
 			AddLE16(dst, src, dt)
+			cp := make([]float32, 1<<16)
+			CopyLE16(cp, src, dt)
 			for i := range dst {
+				if want := elem16(src, i, dt); math.Float32bits(cp[i]) != math.Float32bits(want) {
+					t.Fatalf("CopyLE16 %s %#04x: %#08x, want %#08x", dt, i, math.Float32bits(cp[i]), math.Float32bits(want))
+				}
 				if want := math.Float32frombits(a) + elem16(src, i, dt); !same32(dst[i], want) {
 					t.Fatalf("%s %#08x + %#04x: %#08x, want %#08x", dt, a, i, math.Float32bits(dst[i]), math.Float32bits(want))
 				}
@@ -165,6 +170,20 @@ func TestKernels16RefuseWrongLength(t *testing.T) {
 		}
 	}()
 	AddLE16(make([]float32, 3), make([]byte, 8), wire.BF16)
+}
+
+func BenchmarkCopyLE16(b *testing.B) {
+	const n = 1 << 20
+	dst := make([]float32, n)
+	src := make([]byte, 4*n)
+	for _, dt := range []wire.Dtype{wire.BF16, wire.F16, wire.F32} {
+		b.Run(dt.String(), func(b *testing.B) {
+			b.SetBytes(4 * n)
+			for b.Loop() {
+				CopyLE16(dst, src[:n*dt.ElemSize()], dt)
+			}
+		})
+	}
 }
 
 func BenchmarkAddLE16(b *testing.B) {
