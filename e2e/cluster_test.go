@@ -12,6 +12,7 @@ import (
 	"github.com/fanin-ml/fanin/internal/testutil"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/sdk"
+	"github.com/fanin-ml/fanin/wire"
 )
 
 // trainer drives a job with four SDK workers and checks every step against the reference.
@@ -21,21 +22,33 @@ type trainer struct {
 	ref     *functions.Reference
 	params  []float32
 	grads   [][]float32
+	dts     []wire.Dtype // per rank, when the workers publish 16-bit gradients (WithGradDtype)
+	rounded [][]float32  // the gradients as the runtimes see them: the reference's input
 	step    int64
 	onStall func() // called when a step fails for good, before the test stops (diagnostics)
 }
 
-func newTrainer(t *testing.T, url string, rec *job.Record) *trainer {
+// newTrainer makes the trainer; with dts (one per rank) its workers publish their gradients in
+// those dtypes, and the reference is fed the gradients rounded to them.
+func newTrainer(t *testing.T, url string, rec *job.Record, dts ...wire.Dtype) *trainer {
 	t.Helper()
 	ctx := context.Background()
 	tr := &trainer{t: t, workers: make([]*sdk.Worker, rec.Spec.Ranks)}
+	if len(dts) > 0 {
+		tr.dts = dts[:rec.Spec.Ranks]
+	}
 	for r := range tr.workers {
 		c, err := sdk.Connect(ctx, url)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(c.Close)
-		if tr.workers[r], err = c.Worker(ctx, rec.Spec.ID, r); err != nil {
+		var opts []sdk.WorkerOption
+		if tr.dts != nil {
+			opts = append(opts, sdk.WithGradDtype(tr.dts[r]))
+			tr.rounded = append(tr.rounded, make([]float32, rec.Layout.Elements))
+		}
+		if tr.workers[r], err = c.Worker(ctx, rec.Spec.ID, r, opts...); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -91,7 +104,14 @@ func (tr *trainer) run(to int64) {
 			}
 			t.FailNow()
 		}
-		tr.ref.Step(tr.grads, nil)
+		ref := tr.grads
+		if tr.dts != nil {
+			for r := range tr.grads {
+				wire.Round(tr.rounded[r], tr.grads[r], tr.dts[r])
+			}
+			ref = tr.rounded
+		}
+		tr.ref.Step(ref, nil)
 		for r := range results {
 			if !bytes.Equal(f32bytes(results[r]), f32bytes(tr.ref.Params())) {
 				t.Fatalf("step %d: rank %d's parameters differ from the reference", step, r)
