@@ -15,9 +15,10 @@ const (
 	kernelShard = 1 << 20 // bytes per rank
 )
 
-// kernelBench is the aggregation of one shard: the ranks' little-endian gradients folded in rank
-// order (CopyLE, then AddLE), then the function applied; and, as the baseline, a copy of the same
-// bytes into a float32 buffer.
+// kernelBench is the aggregation of one shard: the ranks' little-endian gradients summed in rank
+// order and the function applied, in one pass (functions.FoldApply), or as the runtime does it
+// (incremental: CopyLE and AddLE as the ranks arrive, the last rank with the update,
+// functions.AddApply); and, as the baseline, a copy of the same bytes into a float32 buffer.
 type kernelBench struct {
 	grads  [][]byte // per rank, kernelShard bytes each
 	acc    []float32
@@ -26,6 +27,7 @@ type kernelBench struct {
 	fn     functions.Func
 	step   int64
 	dst    []byte // the copy's destination: acc's memory, as bytes
+	incr   bool   // the runtime's incremental fold instead of FoldApply
 }
 
 // newKernelBench prepares the aggregation of one shard. With unaligned, each rank's payload
@@ -64,12 +66,17 @@ func newKernelBench(fnName string, hyper map[string]float64, unaligned bool) (*k
 
 // aggregate is one invocation of the runtime's hot path for one shard and step.
 func (k *kernelBench) aggregate() {
+	k.step++
+	u := &functions.Update{Params: k.params, Grad: k.acc, State: k.state, Step: k.step, Ranks: kernelRanks, WeightSum: kernelRanks}
+	if !k.incr {
+		functions.FoldApply(k.fn, u, k.grads)
+		return
+	}
 	functions.CopyLE(k.acc, k.grads[0])
-	for _, g := range k.grads[1:] {
+	for _, g := range k.grads[1 : kernelRanks-1] {
 		functions.AddLE(k.acc, g)
 	}
-	k.step++
-	k.fn.Apply(&functions.Update{Params: k.params, Grad: k.acc, State: k.state, Step: k.step, Ranks: kernelRanks, WeightSum: kernelRanks})
+	functions.AddApply(k.fn, u, k.grads[kernelRanks-1])
 }
 
 // copyAll is the baseline: every rank's bytes copied once, nothing computed.
@@ -105,10 +112,11 @@ func runKernel(ctx context.Context, rs *runState) ([]Result, error) {
 		name      string
 		hyper     map[string]float64
 		unaligned bool
+		incr      bool
 	}{
-		{"sgd", map[string]float64{"lr": 0.01}, false},
-		{"adam", map[string]float64{"lr": 0.001}, false},
-		{"sgd", map[string]float64{"lr": 0.01}, true},
+		{"sgd", map[string]float64{"lr": 0.01}, false, false},
+		{"adam", map[string]float64{"lr": 0.001}, false, false},
+		{"sgd", map[string]float64{"lr": 0.01}, true, true}, // as the runtime folds NATS payloads
 	}
 	var out []Result
 	for _, f := range fns {
@@ -116,6 +124,7 @@ func runKernel(ctx context.Context, rs *runState) ([]Result, error) {
 		if err != nil {
 			return out, err
 		}
+		k.incr = f.incr
 		// Alternate the two in rounds, so that a disturbance of the machine hits both alike; keep
 		// the median round of each.
 		var agg, cp []float64
@@ -131,10 +140,14 @@ func runKernel(ctx context.Context, rs *runState) ([]Result, error) {
 		}
 		gb := float64(k.bytes()) / 1e9
 		c := fmt.Sprintf("Func=%s,N=%d,Shard=1MiB", f.name, kernelRanks)
-		notes := fmt.Sprintf("CopyLE + %d x AddLE of 1 MiB + %s Apply on 256 Ki float32", kernelRanks-1, f.name)
+		notes := fmt.Sprintf("FoldApply: the %d ranks' 1 MiB summed in one pass with the %s update fused (256 Ki float32)", kernelRanks, f.name)
+		if f.incr {
+			c += ",Incremental"
+			notes = fmt.Sprintf("the runtime's fold: CopyLE + %d x AddLE as ranks arrive, the last rank with the %s update (AddApply)", kernelRanks-2, f.name)
+		}
 		if f.unaligned {
 			c += ",Unaligned"
-			notes += "; payloads at odd addresses (a NATS payload that follows headers may be): the kernels' unaligned path"
+			notes += "; payloads at odd addresses (a NATS payload that follows headers may be), read in place"
 		}
 		out = append(out, throughput(Result{
 			Scenario: "kernel",
