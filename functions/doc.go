@@ -108,11 +108,20 @@
 // CopyLE, AddLE, ScaleLE, AxpyLE, EncodeLE and NonFinite work on the wire's raw little-endian
 // float32 bytes; Add, Scale and Axpy are their float32 counterparts, which the Reference uses;
 // every pair gives the same bits. SumLE sums N payloads at once, with the bits of CopyLE + AddLE
-// in rank order, for a runtime that has gathered every rank. None of them allocates.
+// in rank order, for a runtime that has gathered every rank. FoldApply is SumLE then Apply in one
+// pass (sgd, adam and adamw without clip_norm: a 4096-element block is summed, then updated while
+// it is in the L1 cache; the others, and clip_norm > 0, which needs the norm of the whole
+// gradient first, sum everything and then apply); AddApply is the last AddLE then Apply, in one
+// pass where FoldApply has one, for a runtime that folds the ranks as they arrive. None of them
+// allocates.
 //
-// CopyLE16, AddLE16, ScaleLE16 and AxpyLE16 take a payload of any wire dtype: a bf16 or f16 one is
-// converted element by element, exactly, and then added, scaled or multiplied in float32 as by
-// its f32 counterpart (an f32 payload goes to that counterpart). SumLE16 sums N payloads of mixed
-// dtypes with the bits of CopyLE16 + AddLE16 in rank order, chunk by chunk so the accumulator stays
-// in cache. They do not allocate.
+// On amd64 with AVX2 (detected at start-up) the sum and the sgd and adam loops run in assembly
+// (simd_amd64.s) on 8 float32s per instruction, reading payloads at any alignment in place. Each
+// element still gets the same float32 operations in the same order as the Go loops (the sum
+// across ranks is vertical: element i is ((x0[i] + x1[i]) + x2[i]) + ...), every vector
+// operation used (add, subtract, multiply, divide, square root) is correctly rounded like its
+// scalar form, and no FMA instruction is used, so the results are the bits of the scalar
+// definition. The only freedom is IEEE 754's: when two NaNs meet, which payload the result keeps
+// (the Go compiler may also swap the operands of a commutative scalar operation). Elsewhere, and
+// on amd64 without AVX2, the kernels are the portable Go loops.
 package functions

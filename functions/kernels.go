@@ -8,9 +8,10 @@ import (
 )
 
 // The kernels move raw little-endian float32 payloads (the wire format) into and out of float32
-// vectors, without allocating. On a little-endian machine a payload's bytes are already its
-// float32s: CopyLE and EncodeLE are a memmove whatever the alignment; AddLE, ScaleLE and AxpyLE
-// reinterpret a 4-byte aligned payload in place (unsafe.Slice, after checking the address), and
+// vectors, without allocating. With AVX2 on amd64, AddLE, Add and SumLE run the assembly fold
+// (simd_amd64.s), which reads a payload in place at any alignment. Otherwise, on a
+// little-endian machine a payload's bytes are already its float32s: CopyLE and EncodeLE are a
+// memmove whatever the alignment; AddLE, ScaleLE and AxpyLE reinterpret a 4-byte aligned payload in place (unsafe.Slice, after checking the address), and
 // copy an unaligned one through an aligned 4 KiB buffer on the stack, which is about twice as
 // fast as decoding it element by element. On a big-endian machine they decode with
 // binary.LittleEndian (tested there under qemu-s390x). All paths give the same bits. Products
