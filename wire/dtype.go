@@ -165,12 +165,14 @@ func Encode(dst []byte, src []float32, dt Dtype) {
 			binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(f))
 		}
 	case BF16:
-		for i, f := range src {
-			binary.LittleEndian.PutUint16(dst[2*i:], F32ToBF16(f))
+		k := encode16SIMD(dst, src, dt)
+		for i, f := range src[k:] {
+			binary.LittleEndian.PutUint16(dst[2*(k+i):], F32ToBF16(f))
 		}
 	case F16:
-		for i, f := range src {
-			binary.LittleEndian.PutUint16(dst[2*i:], F32ToF16(f))
+		k := encode16SIMD(dst, src, dt)
+		for i, f := range src[k:] {
+			binary.LittleEndian.PutUint16(dst[2*(k+i):], F32ToF16(f))
 		}
 	}
 }
