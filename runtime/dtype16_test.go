@@ -6,12 +6,14 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanin-ml/fanin/functions"
 	"github.com/fanin-ml/fanin/internal/testutil"
+	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/wire"
 )
 
@@ -89,4 +91,90 @@ func TestSixteenBitGradientsBitExact(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSixteenBitSSPHeldAndASP: an ssp job holds a rank's f16 gradient of a future step and folds
+// it when the step opens; an asp job applies bf16 and f16 gradients one by one. Both end byte for
+// byte at the reference fed the rounded gradients.
+func TestSixteenBitSSPHeldAndASP(t *testing.T) {
+	st := testutil.Stack(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	nc, err := nats.Connect(st.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	mk := func(id, mode string, s int) *job.Record {
+		spec := job.Spec{ID: id, Ranks: 2, Tensors: []job.Tensor{{Name: "w", Shape: []int{1000}}},
+			Function: job.Function{Name: "adam", Hyper: map[string]float64{"lr": 0.01}}, Sync: mode, Staleness: s,
+			Init: job.Init{Kind: "uniform", Seed: 3, Scale: 0.5}}
+		rec, err := st.Gateway.CreateJob(ctx, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rec
+	}
+	grad := func(seed uint64) []float32 {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		g := make([]float32, 1000)
+		for i := range g {
+			g[i] = float32(rng.NormFloat64())
+		}
+		return g
+	}
+	rounded := func(g []float32, dt wire.Dtype) []float32 {
+		r := make([]float32, len(g))
+		wire.Round(r, g, dt)
+		return r
+	}
+	send := func(rec *job.Record, step int64, rank int, version int64, g []float32, dt wire.Dtype) {
+		t.Helper()
+		m := nats.NewMsg(wire.GradSubject(rec.Spec.ID, 0))
+		m.Header.Set(wire.HdrStep, strconv.FormatInt(step, 10))
+		m.Header.Set(wire.HdrRank, strconv.Itoa(rank))
+		m.Header.Set(wire.HdrDtype, dt.String())
+		m.Header.Set(wire.HdrVersion, strconv.FormatInt(version, 10))
+		m.Header.Set(wire.HdrMsgID, wire.GradMsgID(rec.Spec.ID, 0, step, rank))
+		m.Data = make([]byte, len(g)*dt.ElemSize())
+		wire.Encode(m.Data, g, dt)
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(rec *job.Record, step int64, ref *functions.Reference) {
+		t.Helper()
+		ps, _ := js.Stream(ctx, wire.ParamsStream(rec.Spec.ID))
+		if got := testutil.ParamsAt(t, ps, rec, step); !bytes.Equal(f32bytes(got), f32bytes(ref.Params())) {
+			t.Fatalf("%s at %d: parameters differ from the reference fed the rounded gradients", rec.Spec.ID, step)
+		}
+	}
+	newRef := func(rec *job.Record) *functions.Reference {
+		p0 := make([]float32, rec.Layout.Elements)
+		rec.Spec.InitShard(0, p0)
+		fn, _ := rec.Spec.NewFunc()
+		return functions.NewReference(fn, 2, rec.Layout.Ranges(), p0)
+	}
+
+	ssp := mk("d16-ssp", "ssp", 2)
+	ref := newRef(ssp)
+	g01, g02, g11, g12 := grad(1), grad(2), grad(3), grad(4)
+	send(ssp, 1, 0, 0, g01, wire.BF16)
+	send(ssp, 2, 0, 0, g02, wire.F16) // held: step 1 is open
+	send(ssp, 1, 1, 0, g11, wire.F32) // completes step 1, then step 2 gathers the held f16
+	ref.Step([][]float32{rounded(g01, wire.BF16), g11}, nil)
+	check(ssp, 1, ref)
+	send(ssp, 2, 1, 1, g12, wire.BF16)
+	ref.Step([][]float32{rounded(g02, wire.F16), rounded(g12, wire.BF16)}, nil)
+	check(ssp, 2, ref)
+
+	asp := mk("d16-asp", "asp", 0)
+	ref = newRef(asp)
+	send(asp, 1, 0, 0, g01, wire.F16)
+	ref.ApplyRank(0, rounded(g01, wire.F16), 1)
+	check(asp, 1, ref)
+	send(asp, 1, 1, 1, g11, wire.BF16)
+	ref.ApplyRank(0, rounded(g11, wire.BF16), 1)
+	check(asp, 2, ref)
 }
