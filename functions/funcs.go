@@ -147,10 +147,7 @@ type meanFunc struct{ base }
 
 func (f *meanFunc) Apply(u *Update) {
 	s := f.prepare(u, true)
-	p, g := u.Params, u.Grad[:len(u.Params)]
-	for i := range p {
-		p[i] = float32(g[i] * s)
-	}
+	Scale(u.Params, s, u.Grad) // p[i] = float32(s*g[i])
 }
 
 type sgd struct {

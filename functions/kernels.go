@@ -122,7 +122,9 @@ func addLEDecode(dst []float32, src []byte) {
 // weighted sum. It panics unless len(src) == 4*len(dst).
 func ScaleLE(dst []float32, w float32, src []byte) {
 	checkLen(len(dst), src)
-	if x, ok := asFloats(src); ok {
+	if useSIMD && len(dst) > 0 {
+		scaleSIMD(dst, w, unsafe.Pointer(&src[0]))
+	} else if x, ok := asFloats(src); ok {
 		Scale(dst, w, x)
 	} else if littleEndian {
 		viaChunks(dst, src, opScale, w)
@@ -142,7 +144,9 @@ func scaleLEDecode(dst []float32, w float32, src []byte) {
 // weighted sum. It panics unless len(src) == 4*len(dst).
 func AxpyLE(dst []float32, w float32, src []byte) {
 	checkLen(len(dst), src)
-	if x, ok := asFloats(src); ok {
+	if useSIMD && len(dst) > 0 {
+		axpySIMD(dst, w, unsafe.Pointer(&src[0]))
+	} else if x, ok := asFloats(src); ok {
 		Axpy(dst, w, x)
 	} else if littleEndian {
 		viaChunks(dst, src, opAxpy, w)
@@ -186,6 +190,10 @@ func Add(dst, x []float32) {
 // Scale sets dst[i] = float32(w*x[i]). It panics if x is shorter than dst.
 func Scale(dst []float32, w float32, x []float32) {
 	x = x[:len(dst)]
+	if useSIMD && len(dst) > 0 {
+		scaleSIMD(dst, w, unsafe.Pointer(&x[0]))
+		return
+	}
 	for i := range dst {
 		dst[i] = float32(w * x[i])
 	}
@@ -194,6 +202,10 @@ func Scale(dst []float32, w float32, x []float32) {
 // Axpy sets dst[i] += float32(w*x[i]). It panics if x is shorter than dst.
 func Axpy(dst []float32, w float32, x []float32) {
 	x = x[:len(dst)]
+	if useSIMD && len(dst) > 0 {
+		axpySIMD(dst, w, unsafe.Pointer(&x[0]))
+		return
+	}
 	for i := range dst {
 		dst[i] += float32(w * x[i])
 	}

@@ -1,5 +1,7 @@
 package functions
 
+import "unsafe"
+
 // FoldApply is one step of one shard with every rank's payload at hand: u.Grad is set to the
 // rank-order sum of the little-endian float32 payloads srcs[0..N-1] (as SumLE) and f is applied
 // (as f.Apply(u)), with the same bits as SumLE(u.Grad, srcs) followed by f.Apply(u).
@@ -131,12 +133,39 @@ func addDecay(g []float32, s, wd float32, p []float32) {
 
 // scaleLoop: p[i] = float32(p[i]*c) (adamw's decoupled decay).
 func scaleLoop(p []float32, c float32) {
-	if k := len(p) &^ 7; useSIMD && k > 0 {
-		scaleAVX(&p[0], k, c)
-		p = p[k:]
+	if len(p) > 0 && useSIMD {
+		scaleSIMD(p, c, unsafe.Pointer(&p[0]))
+		return
 	}
 	for i := range p {
 		p[i] = float32(p[i] * c)
+	}
+}
+
+// scaleSIMD sets dst[i] = float32(w*x[i]) for the len(dst) > 0 float32s x at src (any alignment,
+// little-endian).
+func scaleSIMD(dst []float32, w float32, src unsafe.Pointer) {
+	n := len(dst)
+	k := n &^ 7
+	if k > 0 {
+		scaleAVX(&dst[0], src, k, w)
+	}
+	tail := unsafe.Slice((*byte)(unsafe.Add(src, 4*k)), 4*(n-k))
+	for i := range n - k {
+		dst[k+i] = float32(w * le(tail[4*i:]))
+	}
+}
+
+// axpySIMD sets dst[i] += float32(w*x[i]), as scaleSIMD.
+func axpySIMD(dst []float32, w float32, src unsafe.Pointer) {
+	n := len(dst)
+	k := n &^ 7
+	if k > 0 {
+		axpyAVX(&dst[0], src, k, w)
+	}
+	tail := unsafe.Slice((*byte)(unsafe.Add(src, 4*k)), 4*(n-k))
+	for i := range n - k {
+		dst[k+i] += float32(w * le(tail[4*i:]))
 	}
 }
 

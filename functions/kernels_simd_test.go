@@ -335,3 +335,40 @@ func FuzzFoldApply(f *testing.F) {
 		}
 	})
 }
+
+// TestWeightedFoldMatchesDefinition: ScaleLE rank 0 then AxpyLE ranks 1..N-1 (fedavg's fold),
+// and Scale/Axpy, against x = float32(w0*x0[i]); x += float32(wr*xr[i]) in scalar float32.
+func TestWeightedFoldMatchesDefinition(t *testing.T) {
+	simdModes(t, func(t *testing.T) {
+		rng := rand.New(rand.NewPCG(11, 12))
+		for trial := range 100 {
+			n, ranks := randomLength(rng), 1+rng.IntN(10)
+			xs := make([][]float32, ranks)
+			srcs := make([][]byte, ranks)
+			ws := make([]float32, ranks)
+			for r := range xs {
+				xs[r] = specialFloats(rng, n)
+				srcs[r] = offsetPayload(xs[r], rng.IntN(4))
+				ws[r] = float32(1 + rng.IntN(100))
+			}
+			want := make([]float32, n)
+			for i := range want {
+				x := float32(ws[0] * xs[0][i])
+				for r := 1; r < ranks; r++ {
+					x += float32(ws[r] * xs[r][i])
+				}
+				want[i] = x
+			}
+			gotLE, got := make([]float32, n), make([]float32, n)
+			ScaleLE(gotLE, ws[0], srcs[0])
+			Scale(got, ws[0], xs[0])
+			for r := 1; r < ranks; r++ {
+				AxpyLE(gotLE, ws[r], srcs[r])
+				Axpy(got, ws[r], xs[r])
+			}
+			what := fmt.Sprintf("trial %d (n=%d, N=%d)", trial, n, ranks)
+			sameVec(t, what+" ScaleLE+AxpyLE", gotLE, want)
+			sameVec(t, what+" Scale+Axpy", got, want)
+		}
+	})
+}

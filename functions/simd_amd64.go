@@ -28,7 +28,10 @@ func sgdWDAVX(p, grad *float32, n int, s, lr, wd float32)
 func decayAVX(grad, p *float32, n int, s, wd float32)
 
 //go:noescape
-func scaleAVX(p *float32, n int, c float32)
+func scaleAVX(dst *float32, src unsafe.Pointer, n int, c float32)
+
+//go:noescape
+func axpyAVX(dst *float32, src unsafe.Pointer, n int, w float32)
 
 //go:noescape
 func adamAVX(p, grad, m, v *float32, n int, k *adamConsts)

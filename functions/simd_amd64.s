@@ -150,24 +150,49 @@ decaydone:
 	VZEROUPPER
 	RET
 
-// func scaleAVX(p *float32, n int, c float32)
-// p[i] = float32(p[i]*c)
-TEXT ·scaleAVX(SB), NOSPLIT, $0-20
-	MOVQ p+0(FP), DI
-	MOVQ n+8(FP), DX
+// func scaleAVX(dst *float32, src unsafe.Pointer, n int, c float32)
+// dst[i] = float32(src[i]*c)
+TEXT ·scaleAVX(SB), NOSPLIT, $0-28
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), DX
 	SHLQ $2, DX
-	VMOVSS c+16(FP), X15
+	VMOVSS c+24(FP), X15
 	VBROADCASTSS X15, Y15
 	XORQ AX, AX
 scaleloop:
 	CMPQ AX, DX
 	JGE  scaledone
-	VMOVUPS (DI)(AX*1), Y0
+	VMOVUPS (SI)(AX*1), Y0
 	VMULPS Y15, Y0, Y0
 	VMOVUPS Y0, (DI)(AX*1)
 	ADDQ $32, AX
 	JMP  scaleloop
 scaledone:
+	VZEROUPPER
+	RET
+
+// func axpyAVX(dst *float32, src unsafe.Pointer, n int, w float32)
+// dst[i] = dst[i] + float32(w*src[i])
+TEXT ·axpyAVX(SB), NOSPLIT, $0-28
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), DX
+	SHLQ $2, DX
+	VMOVSS w+24(FP), X15
+	VBROADCASTSS X15, Y15
+	XORQ AX, AX
+axpyloop:
+	CMPQ AX, DX
+	JGE  axpydone
+	VMOVUPS (SI)(AX*1), Y0
+	VMOVUPS (DI)(AX*1), Y1
+	VMULPS Y0, Y15, Y0      // w*src
+	VADDPS Y0, Y1, Y1       // dst + w*src
+	VMOVUPS Y1, (DI)(AX*1)
+	ADDQ $32, AX
+	JMP  axpyloop
+axpydone:
 	VZEROUPPER
 	RET
 

@@ -13,5 +13,8 @@ func foldAVX2(dst *float32, srcs *unsafe.Pointer, nsrc, n int) { panic("function
 func sgdAVX(p, grad *float32, n int, s, lr float32)            { panic("functions: no SIMD kernels") }
 func sgdWDAVX(p, grad *float32, n int, s, lr, wd float32)      { panic("functions: no SIMD kernels") }
 func decayAVX(grad, p *float32, n int, s, wd float32)          { panic("functions: no SIMD kernels") }
-func scaleAVX(p *float32, n int, c float32)                    { panic("functions: no SIMD kernels") }
-func adamAVX(p, grad, m, v *float32, n int, k *adamConsts)     { panic("functions: no SIMD kernels") }
+func scaleAVX(dst *float32, src unsafe.Pointer, n int, c float32) {
+	panic("functions: no SIMD kernels")
+}
+func axpyAVX(dst *float32, src unsafe.Pointer, n int, w float32) { panic("functions: no SIMD kernels") }
+func adamAVX(p, grad, m, v *float32, n int, k *adamConsts)       { panic("functions: no SIMD kernels") }
