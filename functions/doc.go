@@ -52,7 +52,8 @@
 // Every product is written with an explicit float32(...) conversion: the Go spec allows the
 // compiler to fuse x*y+z into one FMA instruction (it does so on arm64, ppc64, s390x, riscv64),
 // and an explicit conversion forbids that, so amd64 and arm64 give identical bits. The golden test
-// checks it: run under qemu on arm64, it fails as soon as one conversion is removed.
+// checks it: run under qemu on arm64, it fails as soon as one conversion is removed
+// (FANIN_QEMU=1 go test -run TestUnderQemu ./functions runs it on arm64, ppc64le, riscv64, s390x).
 //
 // # Sync modes
 //
