@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -248,5 +249,29 @@ func TestSimSynthWorkload(t *testing.T) {
 	}
 	if rep.Base.Steps < 100 {
 		t.Errorf("%d steps", rep.Base.Steps)
+	}
+}
+
+// The --nic-work what-if tells the decider each shard's share of the NIC in cores: on a NIC-bound
+// workload the pool grows to carry the bytes, and the jobs are slowed less.
+func TestSimNICWork(t *testing.T) {
+	var wl Workload
+	for i := range 3 {
+		wl.Jobs = append(wl.Jobs, JobSpec{ID: fmt.Sprintf("v%d", i), Arrival: float64(i), Duration: 90, Params: 138_000_000,
+			StepTimes: [][]float64{{1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.5, 1.5}}})
+	}
+	c := quiet(2 * time.Minute)
+	blind, err := Run(c, autoscaler.DefaultPolicy(), &wl, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.NICWork = true
+	aware, err := Run(c, autoscaler.DefaultPolicy(), &wl, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !(aware.ElasticCoreSeconds > 1.5*blind.ElasticCoreSeconds) || !(aware.Slowdown.Mean < blind.Slowdown.Mean/2) {
+		t.Errorf("NIC-blind: %.0f core-s at %.2f%%; NIC-aware: %.0f core-s at %.2f%%", blind.ElasticCoreSeconds, 100*blind.Slowdown.Mean,
+			aware.ElasticCoreSeconds, 100*aware.Slowdown.Mean)
 	}
 }

@@ -259,6 +259,10 @@ func (r *Report) Markdown() []byte {
 	w("- Runtimes of %d cores: their NIC (%s each way) takes in gradients first come first served and the\n", cores, nicWords(c.NIC))
 	w("  cores sum them as they come in, higher priority classes first (fluid, preemptive); new parameters\n")
 	w("  leave once per shard and step through the NIC; %s of the runtimes run at %.2fx speed (stragglers).\n", pct(c.SlowFraction), c.SlowSpeed)
+	if c.NICWork && c.NIC > 0 {
+		w("- What-if (--nic-work): the decider sees a shard's work as the larger of its CPU time and its share of\n")
+		w("  a runtime's NIC time in cores; the live runtime reports CPU time only.\n")
+	}
 	w("- A runtime is ready %v after it is asked for and costs from then until drained; a moved shard\n", c.StartupDelay)
 	w("  pauses %v; the decider runs every %v and when a job arrives.\n", c.MigrationPause, c.Interval)
 	w("- Step slowdown: time beyond the same step on the job's static cores (b, with their share of NIC),\n")

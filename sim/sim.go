@@ -679,8 +679,12 @@ func (s *state) observe(t float64) autoscaler.Observations {
 				id = s.rts[j.place[i]].id
 			}
 			b := j.shardBytes[i] * int64(j.ranks)
+			work := float64(b) / s.c.Throughput
+			if s.c.NICWork && s.c.NIC > 0 { // what-if: the shard's share of a runtime's NIC, in cores
+				work = max(work, float64(b)/s.c.NIC*float64(s.runtimeCores()))
+			}
 			obs.Shards = append(obs.Shards, autoscaler.ShardObs{
-				Key: k, Job: j.spec.ID, Runtime: id, Bytes: b, Work: float64(b) / s.c.Throughput,
+				Key: k, Job: j.spec.ID, Runtime: id, Bytes: b, Work: work,
 				Period: period, Phase: phase, Burst: burst, QueueWait: wait, Pending: j.deferred[i],
 				Priority: j.priority,
 			})

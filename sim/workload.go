@@ -40,6 +40,10 @@ type Config struct {
 	// NIC is a runtime's network bandwidth in bytes per second, each way (0: unlimited). Gradients
 	// come in through it before the cores can sum them; new parameters go out through it.
 	NIC float64
+	// NICWork is a what-if: the decider is told a shard's work as the larger of its cores' time
+	// and its share of a runtime's NIC time in cores (bytes / NIC x runtime cores), as a decider
+	// that planned the network would see it. The live runtime reports CPU time only.
+	NICWork bool
 	// RuntimeCores is the cores of a runtime when the policy's cores_per_runtime is 0 (runtimes
 	// sized to their machine).
 	RuntimeCores int
