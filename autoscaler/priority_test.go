@@ -2,7 +2,9 @@ package autoscaler
 
 import (
 	"math"
+	"math/rand/v2"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -184,6 +186,32 @@ func TestObserveTakesPriorityFromTheRecord(t *testing.T) {
 	for _, s := range obs.Shards {
 		if s.Priority != want[s.Job] {
 			t.Errorf("shard %s: priority %d, want %d", s.Key, s.Priority, want[s.Job])
+		}
+	}
+}
+
+// With priorities in force the decisions still depend only on the observations, not their order.
+func TestDecidePrioritiesDeterministic(t *testing.T) {
+	p := DefaultPolicy()
+	obs := bigObservations(2000, 40, 7)
+	p.MaxRuntimes = 40
+	for i := range obs.Shards {
+		obs.Shards[i].Priority = i/100%3 - 1
+		obs.Shards[i].Work *= 20
+	}
+	want := NewDecider().Decide(p, obs, at(0))
+	if !hasReason(want, "priorities in force") || len(want.Moves) == 0 {
+		t.Fatalf("the scenario should be short and move something: %q", want.Reasons)
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 3 {
+		shuffled := Observations{Runtimes: slices.Clone(obs.Runtimes), Shards: slices.Clone(obs.Shards)}
+		rng.Shuffle(len(shuffled.Runtimes), func(i, j int) {
+			shuffled.Runtimes[i], shuffled.Runtimes[j] = shuffled.Runtimes[j], shuffled.Runtimes[i]
+		})
+		rng.Shuffle(len(shuffled.Shards), func(i, j int) { shuffled.Shards[i], shuffled.Shards[j] = shuffled.Shards[j], shuffled.Shards[i] })
+		if got := NewDecider().Decide(p, shuffled, at(0)); !reflect.DeepEqual(got, want) {
+			t.Fatalf("decision depends on the order of the observations")
 		}
 	}
 }
