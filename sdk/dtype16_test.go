@@ -110,3 +110,46 @@ func TestGradDtypeRejections(t *testing.T) {
 		t.Fatalf("sum of one rank: element 17 is %v, 16 is %v", out[17], out[16])
 	}
 }
+
+// An elastic worker publishing bf16 (WithElasticGradDtype) holds both ranks of a job: every step
+// is the reference's for the rounded gradients.
+func TestElasticGradDtype(t *testing.T) {
+	st := testutil.Stack(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s := spec("d16el", "sgd", 2)
+	s.Function.Hyper = map[string]float64{"lr": 0.1}
+	rec, err := sdk.NewAdmin(st.HTTPURL).CreateJob(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := sdk.Connect(ctx, st.URL)
+	defer c.Close()
+	e, err := c.Elastic(ctx, rec.Spec.ID, sdk.WithElasticGradDtype(wire.BF16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Leave(ctx)
+	fn, _ := rec.Spec.NewFunc()
+	p0 := make([]float32, rec.Layout.Elements)
+	rec.Spec.InitShard(0, p0)
+	ref := functions.NewReference(fn, 2, rec.Layout.Ranges(), p0)
+	grads := [][]float32{make([]float32, len(p0)), make([]float32, len(p0))}
+	for step := int64(1); step <= 4; step++ {
+		p, err := e.Step(ctx, func(_ context.Context, rank int, step int64, params, g []float32) error {
+			testutil.Gradient(g, params, step, rank)
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for r := range grads {
+			testutil.Gradient(grads[r], ref.Params(), step, r)
+			wire.Round(grads[r], grads[r], wire.BF16)
+		}
+		ref.Step(grads, nil)
+		if e.StepCount() != step || !bytes.Equal(bits(p), bits(ref.Params())) {
+			t.Fatalf("step %d (worker at %d): parameters differ from the reference fed bf16-rounded gradients", step, e.StepCount())
+		}
+	}
+}

@@ -83,6 +83,11 @@ func WithRecord(f func(rank int, step int64, shard int, version int64)) ElasticO
 	return func(e *Elastic) error { e.record = f; return nil }
 }
 
+// WithElasticGradDtype makes the worker publish its gradients as dt (see WithGradDtype).
+func WithElasticGradDtype(dt wire.Dtype) ElasticOption {
+	return func(e *Elastic) error { return WithGradDtype(dt)(e.w) }
+}
+
 // Elastic joins job id as an elastic worker and starts beating. Its ranks come with the first
 // assignment that names it (see Step).
 func (c *Client) Elastic(ctx context.Context, id string, opts ...ElasticOption) (*Elastic, error) {
