@@ -501,3 +501,26 @@ func envFloat(t *testing.T, name string, def float64) float64 {
 	}
 	return f
 }
+
+// TestLiveShaped checks the stretch of a workload to live measurements: the slowest rank of each
+// row scales with period, the distances from it with burst; a job without reports is unchanged.
+func TestLiveShaped(t *testing.T) {
+	wl := &sim.Workload{Jobs: []sim.JobSpec{
+		{ID: "a", Params: 1, StepTimes: [][]float64{{0.100, 0.090}, {0.100, 0.080}, {0.100, 0.090}}},
+		{ID: "b", Params: 1, StepTimes: [][]float64{{0.200, 0.100}}},
+	}}
+	// Job a: median slowest 0.1 s and spread 0.01 s; live period 0.2 s and burst 0.03 s (two
+	// reports that average to those).
+	r := &liveRun{obs: map[string]*jobObs{"a": {n: 2, period: 0.4, burst: 0.06}}}
+	got := liveShaped(wl, r)
+	want := [][]float64{{0.200, 0.170}, {0.200, 0.140}, {0.200, 0.170}}
+	if !slices.EqualFunc(got.Jobs[0].StepTimes, want, func(a, b []float64) bool { return slices.Equal(a, b) }) {
+		t.Errorf("job a: got %v, want %v", got.Jobs[0].StepTimes, want)
+	}
+	if !slices.Equal(got.Jobs[1].StepTimes[0], wl.Jobs[1].StepTimes[0]) {
+		t.Errorf("job b (no reports) changed: %v", got.Jobs[1].StepTimes)
+	}
+	if wl.Jobs[0].StepTimes[0][1] != 0.090 {
+		t.Errorf("the input workload was modified: %v", wl.Jobs[0].StepTimes)
+	}
+}
