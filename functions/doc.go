@@ -110,13 +110,13 @@
 // float32 bytes; Add, Scale and Axpy are their float32 counterparts, which the Reference uses;
 // every pair gives the same bits. SumLE sums N payloads at once, with the bits of CopyLE + AddLE
 // in rank order, for a runtime that has gathered every rank. FoldApply is SumLE then Apply in one
-// pass (sgd, adam and adamw without clip_norm: a 4096-element block is summed, then updated while
-// it is in the L1 cache; the others, and clip_norm > 0, which needs the norm of the whole
-// gradient first, sum everything and then apply); AddApply is the last AddLE then Apply, in one
+// pass (sgd, momentum, nesterov, adam, adamw and adagrad without clip_norm: a 4096-element block
+// is summed, then updated while it is in the L1 cache; sum, mean and fedavg, and clip_norm > 0,
+// which needs the norm of the whole gradient first, sum everything and then apply); AddApply is the last AddLE then Apply, in one
 // pass where FoldApply has one, for a runtime that folds the ranks as they arrive. None of them
 // allocates.
 //
-// On amd64 with AVX2 (detected at start-up) the sum and the sgd and adam loops run in assembly
+// On amd64 with AVX2 (detected at start-up) the sums and every function's loop run in assembly
 // (simd_amd64.s) on 8 float32s per instruction, reading payloads at any alignment in place. Each
 // element still gets the same float32 operations in the same order as the Go loops (the sum
 // across ranks is vertical: element i is ((x0[i] + x1[i]) + x2[i]) + ...), every vector

@@ -199,12 +199,36 @@ func newMomentum(b base, nesterov bool) (*momentum, error) {
 }
 
 func (f *momentum) Apply(u *Update) {
-	s := f.prepare(u, true)
-	p, g, v := u.Params, u.Grad[:len(u.Params)], u.State[0][:len(u.Params)]
-	lr, mu, damp1 := f.lr, f.mu, f.damp1
+	k := applyConsts{adam: adamConsts{s: f.prepare(u, true)}}
+	f.block(u, &k, 0, len(u.Params))
+}
+
+func (f *momentum) begin(u *Update, k *applyConsts) bool {
+	if f.clip > 0 {
+		return false
+	}
+	k.adam.s = f.prepare(u, true)
+	return true
+}
+
+func (f *momentum) block(u *Update, k *applyConsts, lo, hi int) {
+	p, g, v := u.Params[lo:hi], u.Grad[lo:hi], u.State[0][lo:hi]
+	lr, mu, damp1, s := f.lr, f.mu, f.damp1, k.adam.s
 	if f.wd != 0 {
 		addDecay(g, s, f.wd, p)
 		s = 1
+	}
+	mode := 0 // momentumAVX's: 0 plain, 1 Nesterov, 2 and 3 the same at step 1
+	if f.nesterov {
+		mode = 1
+	}
+	if u.Step == 1 {
+		mode += 2
+	}
+	if n := len(p) &^ 7; useSIMD && n > 0 {
+		c := [4]float32{s, mu, damp1, lr}
+		momentumAVX(&p[0], &g[0], &v[0], n, &c, mode)
+		p, g, v = p[n:], g[n:], v[n:]
 	}
 	switch {
 	case u.Step == 1: // v = d: PyTorch starts the buffer with a copy of the first d
@@ -306,12 +330,29 @@ func newAdagrad(b base) *adagrad {
 func (f *adagrad) InitState(state [][]float32) { fill(state, f.init) }
 
 func (f *adagrad) Apply(u *Update) {
-	s := f.prepare(u, true)
-	p, g, acc := u.Params, u.Grad[:len(u.Params)], u.State[0][:len(u.Params)]
-	lr, eps := f.lr, f.eps
+	k := applyConsts{adam: adamConsts{s: f.prepare(u, true)}}
+	f.block(u, &k, 0, len(u.Params))
+}
+
+func (f *adagrad) begin(u *Update, k *applyConsts) bool {
+	if f.clip > 0 {
+		return false
+	}
+	k.adam.s = f.prepare(u, true)
+	return true
+}
+
+func (f *adagrad) block(u *Update, k *applyConsts, lo, hi int) {
+	p, g, acc := u.Params[lo:hi], u.Grad[lo:hi], u.State[0][lo:hi]
+	lr, eps, s := f.lr, f.eps, k.adam.s
 	if f.wd != 0 {
 		addDecay(g, s, f.wd, p)
 		s = 1
+	}
+	if n := len(p) &^ 7; useSIMD && n > 0 {
+		c := [4]float32{s, lr, eps, 0}
+		adagradAVX(&p[0], &g[0], &acc[0], n, &c)
+		p, g, acc = p[n:], g[n:], acc[n:]
 	}
 	for i := range p {
 		pi, gi, si := p[i], float32(g[i]*s), acc[i]

@@ -6,7 +6,7 @@ import "unsafe"
 // rank-order sum of the little-endian float32 payloads srcs[0..N-1] (as SumLE) and f is applied
 // (as f.Apply(u)), with the same bits as SumLE(u.Grad, srcs) followed by f.Apply(u).
 //
-// For sgd and adam (and adamw) without clip_norm it is one pass: the sum is computed a block of
+// For sgd, momentum (and nesterov), adam (and adamw) and adagrad without clip_norm it is one pass: the sum is computed a block of
 // sumBlock elements at a time, and the block is updated while it is still in the L1 cache, so
 // each payload, parameter and state is read once from memory. Clipping needs the norm of the
 // whole mean gradient before any parameter changes, so with clip_norm > 0 (and for the other
@@ -62,6 +62,24 @@ func foldApply(f Func, u *Update, srcs [][]byte) {
 			}
 			return
 		}
+	case *momentum:
+		if f.begin(u, &k) {
+			for lo := 0; lo < len(u.Params); lo += sumBlock {
+				hi := min(lo+sumBlock, len(u.Params))
+				sumRange(u.Grad[lo:hi], srcs, lo)
+				f.block(u, &k, lo, hi)
+			}
+			return
+		}
+	case *adagrad:
+		if f.begin(u, &k) {
+			for lo := 0; lo < len(u.Params); lo += sumBlock {
+				hi := min(lo+sumBlock, len(u.Params))
+				sumRange(u.Grad[lo:hi], srcs, lo)
+				f.block(u, &k, lo, hi)
+			}
+			return
+		}
 	}
 	sumRange(u.Grad, srcs, 0)
 	f.Apply(u)
@@ -77,7 +95,7 @@ type fusable interface {
 	block(u *Update, k *applyConsts, lo, hi int)
 }
 
-var _, _ fusable = (*sgd)(nil), (*adam)(nil)
+var _, _, _, _ fusable = (*sgd)(nil), (*adam)(nil), (*momentum)(nil), (*adagrad)(nil)
 
 // applyConsts are an update's per-Apply constants.
 type applyConsts struct {

@@ -158,6 +158,11 @@ var foldApplyConfigs = []struct {
 	{"adam", map[string]float64{"lr": 0.01, "clip_norm": 1}},
 	{"sgd", map[string]float64{"lr": 0.1, "clip_norm": 1}},
 	{"momentum", map[string]float64{"lr": 0.1}},
+	{"momentum", map[string]float64{"lr": 0.1, "dampening": 0.1, "weight_decay": 0.01}},
+	{"nesterov", map[string]float64{"lr": 0.1}},
+	{"adagrad", map[string]float64{"lr": 0.3, "initial_accumulator": 0.1}},
+	{"adagrad", map[string]float64{"lr": 0.01, "weight_decay": 0.01}},
+	{"momentum", map[string]float64{"lr": 0.1, "clip_norm": 1}},
 	{"mean", nil},
 }
 
@@ -166,7 +171,7 @@ var foldApplyConfigs = []struct {
 func TestFoldApplyMatchesDefinition(t *testing.T) {
 	simdModes(t, func(t *testing.T) {
 		rng := rand.New(rand.NewPCG(9, 10))
-		for trial := range 60 {
+		for trial := range 2 * len(foldApplyConfigs) * 4 {
 			c := foldApplyConfigs[trial%len(foldApplyConfigs)]
 			fn := mustNew(t, c.name, c.hyper)
 			n, ranks := randomLength(rng), randomRanks(rng)

@@ -35,3 +35,9 @@ func axpyAVX(dst *float32, src unsafe.Pointer, n int, w float32)
 
 //go:noescape
 func adamAVX(p, grad, m, v *float32, n int, k *adamConsts)
+
+//go:noescape
+func momentumAVX(p, grad, v *float32, n int, k *[4]float32, mode int)
+
+//go:noescape
+func adagradAVX(p, grad, acc *float32, n int, k *[4]float32)

@@ -249,3 +249,128 @@ adamloop:
 adamdone:
 	VZEROUPPER
 	RET
+
+// func momentumAVX(p, grad, v *float32, n int, k *[4]float32, mode int)
+// k: s, mu, damp1, lr. With d = float32(grad[i]*s):
+//	mode 0: v = float32(mu*v) + float32(damp1*d); p = p - float32(lr*v)
+//	mode 1 (Nesterov): v as mode 0; d = d + float32(mu*v); p = p - float32(lr*d)
+//	mode 2 (step 1): v = d; p = p - float32(lr*d)
+//	mode 3 (step 1, Nesterov): v = d; d = d + float32(mu*d); p = p - float32(lr*d)
+TEXT ·momentumAVX(SB), NOSPLIT, $0-48
+	MOVQ p+0(FP), DI
+	MOVQ grad+8(FP), SI
+	MOVQ v+16(FP), R8
+	MOVQ n+24(FP), DX
+	SHLQ $2, DX
+	MOVQ k+32(FP), BX
+	MOVQ mode+40(FP), CX
+	VBROADCASTSS 0(BX), Y12  // s
+	VBROADCASTSS 4(BX), Y13  // mu
+	VBROADCASTSS 8(BX), Y14  // damp1
+	VBROADCASTSS 12(BX), Y15 // lr
+	XORQ AX, AX
+	CMPQ CX, $1
+	JEQ  mnest
+	CMPQ CX, $2
+	JEQ  mfirst
+	CMPQ CX, $3
+	JEQ  mfirstnest
+mplain:
+	CMPQ AX, DX
+	JGE  mdone
+	VMOVUPS (SI)(AX*1), Y0
+	VMOVUPS (R8)(AX*1), Y1
+	VMOVUPS (DI)(AX*1), Y2
+	VMULPS Y12, Y0, Y0      // d = g*s
+	VMULPS Y1, Y13, Y1      // mu*v
+	VMULPS Y0, Y14, Y3      // damp1*d
+	VADDPS Y3, Y1, Y1       // v
+	VMULPS Y1, Y15, Y4      // lr*v
+	VSUBPS Y4, Y2, Y2       // p - lr*v
+	VMOVUPS Y1, (R8)(AX*1)
+	VMOVUPS Y2, (DI)(AX*1)
+	ADDQ $32, AX
+	JMP  mplain
+mnest:
+	CMPQ AX, DX
+	JGE  mdone
+	VMOVUPS (SI)(AX*1), Y0
+	VMOVUPS (R8)(AX*1), Y1
+	VMOVUPS (DI)(AX*1), Y2
+	VMULPS Y12, Y0, Y0      // d = g*s
+	VMULPS Y1, Y13, Y1      // mu*v
+	VMULPS Y0, Y14, Y3      // damp1*d
+	VADDPS Y3, Y1, Y1       // v
+	VMULPS Y1, Y13, Y4      // mu*v
+	VADDPS Y4, Y0, Y0       // d + mu*v
+	VMULPS Y0, Y15, Y4      // lr*d
+	VSUBPS Y4, Y2, Y2       // p - lr*d
+	VMOVUPS Y1, (R8)(AX*1)
+	VMOVUPS Y2, (DI)(AX*1)
+	ADDQ $32, AX
+	JMP  mnest
+mfirst:
+	CMPQ AX, DX
+	JGE  mdone
+	VMOVUPS (SI)(AX*1), Y0
+	VMOVUPS (DI)(AX*1), Y2
+	VMULPS Y12, Y0, Y0      // d = g*s
+	VMULPS Y0, Y15, Y4      // lr*d
+	VSUBPS Y4, Y2, Y2       // p - lr*d
+	VMOVUPS Y0, (R8)(AX*1)  // v = d
+	VMOVUPS Y2, (DI)(AX*1)
+	ADDQ $32, AX
+	JMP  mfirst
+mfirstnest:
+	CMPQ AX, DX
+	JGE  mdone
+	VMOVUPS (SI)(AX*1), Y0
+	VMOVUPS (DI)(AX*1), Y2
+	VMULPS Y12, Y0, Y0      // d = g*s
+	VMOVUPS Y0, (R8)(AX*1)  // v = d
+	VMULPS Y0, Y13, Y4      // mu*d
+	VADDPS Y4, Y0, Y0       // d + mu*d
+	VMULPS Y0, Y15, Y4      // lr*d
+	VSUBPS Y4, Y2, Y2       // p - lr*d
+	VMOVUPS Y2, (DI)(AX*1)
+	ADDQ $32, AX
+	JMP  mfirstnest
+mdone:
+	VZEROUPPER
+	RET
+
+// func adagradAVX(p, grad, acc *float32, n int, k *[4]float32)
+// k: s, lr, eps. gi = float32(grad[i]*s); acc = acc + float32(gi*gi);
+// p = p - float32(lr*float32(gi/(sqrt(acc)+eps)))
+TEXT ·adagradAVX(SB), NOSPLIT, $0-40
+	MOVQ p+0(FP), DI
+	MOVQ grad+8(FP), SI
+	MOVQ acc+16(FP), R8
+	MOVQ n+24(FP), DX
+	SHLQ $2, DX
+	MOVQ k+32(FP), BX
+	VBROADCASTSS 0(BX), Y12 // s
+	VBROADCASTSS 4(BX), Y13 // lr
+	VBROADCASTSS 8(BX), Y14 // eps
+	XORQ AX, AX
+agloop:
+	CMPQ AX, DX
+	JGE  agdone
+	VMOVUPS (SI)(AX*1), Y0
+	VMOVUPS (R8)(AX*1), Y1
+	VMOVUPS (DI)(AX*1), Y2
+	VMULPS Y12, Y0, Y0      // gi = g*s
+	VMULPS Y0, Y0, Y3       // gi*gi
+	VADDPS Y3, Y1, Y1       // acc + gi*gi
+	VSQRTPS Y1, Y4
+	VADDPS Y14, Y4, Y4      // sqrt(acc) + eps
+	VDIVPS Y4, Y0, Y5       // gi/(...)
+	VMULPS Y5, Y13, Y5      // lr*(...)
+	VSUBPS Y5, Y2, Y2       // p - ...
+	VMOVUPS Y1, (R8)(AX*1)
+	VMOVUPS Y2, (DI)(AX*1)
+	ADDQ $32, AX
+	JMP  agloop
+agdone:
+	VZEROUPPER
+	RET

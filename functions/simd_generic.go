@@ -18,3 +18,7 @@ func scaleAVX(dst *float32, src unsafe.Pointer, n int, c float32) {
 }
 func axpyAVX(dst *float32, src unsafe.Pointer, n int, w float32) { panic("functions: no SIMD kernels") }
 func adamAVX(p, grad, m, v *float32, n int, k *adamConsts)       { panic("functions: no SIMD kernels") }
+func momentumAVX(p, grad, v *float32, n int, k *[4]float32, mode int) {
+	panic("functions: no SIMD kernels")
+}
+func adagradAVX(p, grad, acc *float32, n int, k *[4]float32) { panic("functions: no SIMD kernels") }
