@@ -190,7 +190,16 @@ func (r *Report) Markdown() []byte {
 	w("| (a) per-job reservation, %g core(s) per worker | %.0f | %.1f | %s (**%s saved**) |\n", c.StaticCoresPerWorker, res.ReservedCoreSeconds, mc(res.ReservedCoreSeconds), pct(ratio(res.ElasticCoreSeconds, res.ReservedCoreSeconds)), pct(res.Saved()))
 	w("| (b) hindsight-tightest static | %.0f | %.1f | **%s** |\n", res.StaticCoreSeconds, mc(res.StaticCoreSeconds), pct(res.CostRatio()))
 	w("| (c) clairvoyant oracle | %.0f | %.1f | **%.2fx** |\n", res.OracleCoreSeconds, mc(res.OracleCoreSeconds), res.OracleRatio())
-	w("| aggregation work done (the floor) | %.0f | %.1f | |\n\n", res.WorkCoreSeconds, mc(res.WorkCoreSeconds))
+	w("| aggregation work done (the floor) | %.0f | %.1f | |\n", res.WorkCoreSeconds, mc(res.WorkCoreSeconds))
+	if c.NIC > 0 {
+		cores := r.Options.Policy.CoresPerRuntime
+		if cores == 0 {
+			cores = c.RuntimeCores
+		}
+		nf := res.WorkCoreSeconds * c.Throughput / c.NIC * float64(cores)
+		w("| network floor: runtimes whose NICs take the gradients in without a pause | %.0f | %.1f | |\n", nf, mc(nf))
+	}
+	w("\n")
 	w("| | elastic pool |\n|---|---:|\n")
 	w("| peak cores (static b's peak) | %.0f (%.0f) |\n", res.PeakCores, peakStatic(res))
 	w("| mean step slowdown (not floored) | **%s** (%s) |\n", pct2(res.Slowdown.Mean), pct2(res.RawSlowdown))
