@@ -168,6 +168,9 @@ func scaleSIMD(dst []float32, w float32, src unsafe.Pointer) {
 	if k > 0 {
 		scaleAVX(&dst[0], src, k, w)
 	}
+	if k == n {
+		return // (unsafe.Add past the end is not allowed)
+	}
 	tail := unsafe.Slice((*byte)(unsafe.Add(src, 4*k)), 4*(n-k))
 	for i := range n - k {
 		dst[k+i] = float32(w * le(tail[4*i:]))
@@ -180,6 +183,9 @@ func axpySIMD(dst []float32, w float32, src unsafe.Pointer) {
 	k := n &^ 7
 	if k > 0 {
 		axpyAVX(&dst[0], src, k, w)
+	}
+	if k == n {
+		return // (unsafe.Add past the end is not allowed)
 	}
 	tail := unsafe.Slice((*byte)(unsafe.Add(src, 4*k)), 4*(n-k))
 	for i := range n - k {
