@@ -67,7 +67,11 @@ func TestAddLE16EveryPattern(t *testing.T) {
 				if want := elem16(src, i, dt); math.Float32bits(cp[i]) != math.Float32bits(want) {
 					t.Fatalf("CopyLE16 %s %#04x: %#08x, want %#08x", dt, i, math.Float32bits(cp[i]), math.Float32bits(want))
 				}
-				if want := math.Float32frombits(a) + elem16(src, i, dt); !same32(dst[i], want) {
+				want := math.Float32frombits(a) + elem16(src, i, dt)
+				if bothNaN := a&0x7fffffff > 0x7f800000 && elem16(src, i, dt) != elem16(src, i, dt); bothNaN && dst[i] != dst[i] {
+					continue // two NaNs met: IEEE 754 leaves the payload free (functions/doc.go)
+				}
+				if !same32(dst[i], want) {
 					t.Fatalf("%s %#08x + %#04x: %#08x, want %#08x", dt, a, i, math.Float32bits(dst[i]), math.Float32bits(want))
 				}
 			}
