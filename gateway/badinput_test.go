@@ -210,7 +210,7 @@ func TestBadInputEverywhere(t *testing.T) {
 		{"NaN", "victim", wire.ReasonNonFinite, dataPlane(func() *nats.Msg { return good(3, 0, withNaN) })},
 		{"missing step header", "victim", wire.ReasonMissingHeader, dataPlane(withHeader(wire.HdrStep, ""))},
 		{"malformed step header", "victim", wire.ReasonBadHeader, dataPlane(withHeader(wire.HdrStep, "-3"))},
-		{"unsupported dtype", "victim", wire.ReasonBadDtype, dataPlane(withHeader(wire.HdrDtype, "f16"))},
+		{"unsupported dtype", "victim", wire.ReasonBadDtype, dataPlane(withHeader(wire.HdrDtype, "f64"))},
 		{"unknown shard", "victim", wire.ReasonUnknownShard, dataPlane(func() *nats.Msg {
 			m := good(3, 0, zeros)
 			m.Subject = wire.GradSubject("victim", 99)
