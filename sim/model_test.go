@@ -178,6 +178,13 @@ func TestSimOracle(t *testing.T) {
 	if lo, hi := steps*3*0.2, steps*4*0.2; r.OracleCoreSeconds < lo || r.OracleCoreSeconds > hi {
 		t.Errorf("oracle %.1f core-s, want %.1f..%.1f", r.OracleCoreSeconds, lo, hi)
 	}
+	sum := 0.0
+	for _, x := range r.Oracle {
+		sum += x * c.Interval.Seconds()
+	}
+	if len(r.Oracle) != 1200 || !near(sum, r.OracleCoreSeconds, 1e-6) {
+		t.Errorf("oracle series of %d intervals summing to %.1f core-s, want 1200 and %.1f", len(r.Oracle), sum, r.OracleCoreSeconds)
+	}
 	if !(r.OracleCoreSeconds > r.WorkCoreSeconds && r.OracleCoreSeconds < r.StaticCoreSeconds) {
 		t.Errorf("oracle %.1f, work %.1f, static %.1f", r.OracleCoreSeconds, r.WorkCoreSeconds, r.StaticCoreSeconds)
 	}

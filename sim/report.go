@@ -231,8 +231,9 @@ func (r *Report) Markdown() []byte {
 		pct(GoalSlowdown), pct(GoalP99), GoalOracle, pct(GoalSaved), goal)
 	w("![pool size against load](pool.svg)\n\n")
 	w("*Pool (reserved cores, starting and draining runtimes included) against the decider's sizing demand\n")
-	w("(the peak over its window), the mean load (work per second that arrived) and what static provisioning\n")
-	w("would reserve; buckets of %d s show their maximum (mean for the load).*\n\n", bucketSeconds(res, c))
+	w("(the peak over its window), the mean load (work per second that arrived), what static provisioning (b)\n")
+	w("would reserve and the clairvoyant oracle's cores; buckets of %d s show their maximum (mean for the load\n", bucketSeconds(res, c))
+	w("and the oracle).*\n\n")
 
 	if r.Sweep != nil {
 		w("## Sweep: %s\n\n", r.Sweep.Knob)

@@ -58,6 +58,7 @@ type Result struct {
 	// (zero slowdown), and the pool is resized every Interval to the peak of the cores busy in that
 	// interval (Oracle in docs/AUTOSCALING.md).
 	OracleCoreSeconds float64
+	Oracle            []float64 // the oracle's cores in each interval from the start
 	// WorkCoreSeconds is the aggregation work that arrived (at speed 1): what a pool that always had
 	// exactly the cores busy would cost, the floor no real pool reaches.
 	WorkCoreSeconds float64
@@ -806,8 +807,8 @@ func (s *state) oracle(end float64) float64 {
 	})
 	iv := s.c.Interval.Seconds()
 	total, busy, i := 0.0, 0, 0
-	for from := 0.0; from < end; from += iv {
-		to := min(from+iv, end)
+	for k := range int(math.Ceil(end/iv - 1e-9)) {
+		from, to := float64(k)*iv, min(float64(k+1)*iv, end)
 		for i < len(edges) && edges[i].t <= from {
 			busy += edges[i].cores
 			i++
@@ -819,6 +820,7 @@ func (s *state) oracle(end float64) float64 {
 			i++
 		}
 		total += float64(peak) * (to - from)
+		s.res.Oracle = append(s.res.Oracle, float64(peak))
 	}
 	return total
 }

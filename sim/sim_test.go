@@ -149,7 +149,7 @@ func TestSimWritesReportAndPlots(t *testing.T) {
 		}
 	}
 	for name, want := range map[string][]string{
-		"pool.svg":     {"pool (reserved)", "decider demand", "mean load", "static provisioning", "time (minutes)", "cores", "<polyline"},
+		"pool.svg":     {"pool (reserved)", "decider demand", "mean load", "static provisioning", "clairvoyant oracle", "time (minutes)", "cores", "<polyline"},
 		"frontier.svg": {"goal", "x the clairvoyant oracle", "mean step slowdown", "<circle", ">0.6<", ">1<"},
 	} {
 		svg := string(fs[name])

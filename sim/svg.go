@@ -185,21 +185,26 @@ const maxPoints = 720
 func PoolSVG(r *Result, title string) []byte {
 	n := len(r.Pool)
 	per := max(1, (n+maxPoints-1)/maxPoints)
-	var ts, reserved, demand, load, static []float64
+	var ts, reserved, demand, load, static, oracle []float64
 	top := 1.0
 	for i := 0; i < n; i += per {
 		j := min(n, i+per)
-		var rs, dm, ld, st float64
-		for _, s := range r.Pool[i:j] {
+		var rs, dm, ld, st, or float64
+		for k, s := range r.Pool[i:j] {
 			rs = max(rs, s.Reserved) // a bucket shows its most cores: nothing paid for is hidden
 			dm = max(dm, s.Demand)
 			ld += s.Load
 			st = max(st, s.Static)
+			if i+k < len(r.Oracle) {
+				or += r.Oracle[i+k]
+			}
 		}
 		ld /= float64(j - i)
+		or /= float64(j - i)
 		ts = append(ts, r.Pool[i].T/60)
 		reserved, demand, load, static = append(reserved, rs), append(demand, dm), append(load, ld), append(static, st)
-		top = max(top, rs, dm, ld, st)
+		oracle = append(oracle, or)
+		top = max(top, rs, dm, ld, st, or)
 	}
 	xmax := 1.0
 	if n > 0 {
@@ -209,11 +214,13 @@ func PoolSVG(r *Result, title string) []byte {
 	p.line(ts, static, "#9e9e9e", 1.5, "6 4", true)
 	p.line(ts, demand, "#ef6c00", 1.5, "", true)
 	p.line(ts, load, "#43a047", 1, "", false)
+	p.line(ts, oracle, "#8e24aa", 1, "2 2", false)
 	p.line(ts, reserved, "#1565c0", 2.5, "", true)
 	p.key("#1565c0", "", "pool (reserved)", "")
 	p.key("#ef6c00", "", "decider demand", "")
 	p.key("#43a047", "", "mean load", "")
 	p.key("#9e9e9e", "6 4", "static provisioning", "")
+	p.key("#8e24aa", "2 2", "clairvoyant oracle", "")
 	return p.bytes()
 }
 
