@@ -35,7 +35,7 @@ func TestUnderQemu(t *testing.T) {
 				t.Fatalf("go test -c for %s: %v\n%s", a.goarch, err, out)
 			}
 			run := exec.Command(q, bin, "-test.count=1",
-				"-test.run", "^(TestGolden|TestFold.*|TestWeightedFold.*|TestSumLE|TestKernels.*|TestByteSum.*|TestHandComputed|TestRounded|TestAdam.*|TestClip|TestReference.*)$")
+				"-test.run", "^(TestGolden|TestFold.*|TestWeightedFold.*|TestSumLE|TestSumLE16.*|TestAddLE16.*|TestKernels.*|TestByteSum.*|TestHandComputed|TestRounded|TestAdam.*|TestClip|TestReference.*)$")
 			if out, err := run.CombinedOutput(); err != nil {
 				t.Fatalf("%s under %s: %v\n%s", a.goarch, a.qemu, err, out)
 			}
