@@ -35,6 +35,11 @@ type ProcessDriver struct {
 	Log    *slog.Logger
 	// OnVanished is called with the id of a runtime process that exited without being removed.
 	OnVanished func(id string)
+	// Cores, when set and > 0 at a runtime's start, is that runtime's size: it is passed as
+	// --cores, and as GOMAXPROCS so that the process uses no more. Otherwise a runtime takes (and
+	// reports) every core of the machine, and the pool's runtimes on one machine each claim all of
+	// it. fanin autoscaler sets it to the policy's cores_per_runtime.
+	Cores func() int
 
 	mu    sync.Mutex // guards procs, swept
 	procs map[string]*runtimeProc
@@ -64,7 +69,17 @@ func (d *ProcessDriver) Scale(ctx context.Context, n int) error {
 	for d.alive() < n {
 		id := d.Prefix + "-" + strings.ReplaceAll(uuid.NewString(), "-", "")[:12]
 		args := append([]string{"runtime", "--id", id}, d.Args...)
+		cores := 0
+		if d.Cores != nil {
+			cores = d.Cores()
+		}
+		if cores > 0 {
+			args = append(args, "--cores", strconv.Itoa(cores))
+		}
 		cmd := exec.Command(d.Binary, args...)
+		if cores > 0 {
+			cmd.Env = append(os.Environ(), "GOMAXPROCS="+strconv.Itoa(cores))
+		}
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 		cmd.SysProcAttr = deathSignal()
 		if err := cmd.Start(); err != nil {

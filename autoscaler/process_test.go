@@ -149,3 +149,44 @@ func TestProcessDriverRuntimesDieWithIt(t *testing.T) {
 		return nil
 	})
 }
+
+// A runtime is started at the size the driver's Cores says (the policy's cores_per_runtime), as
+// --cores and GOMAXPROCS; without it, at the runtime's default.
+func TestProcessDriverSizesRuntimes(t *testing.T) {
+	dir := t.TempDir()
+	bin, out := filepath.Join(dir, "fanin"), filepath.Join(dir, "started")
+	script := "#!/bin/sh\necho \"$* GOMAXPROCS=$GOMAXPROCS\" >> " + out + "\ntrap 'exit 0' TERM\nwhile :; do sleep 0.05; done\n"
+	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("GOMAXPROCS", "")
+	cores := 2
+	d := &autoscaler.ProcessDriver{Binary: bin, Args: []string{"--nats", "nats://x"}, Prefix: "rt", Grace: time.Second,
+		Cores: func() int { return cores }}
+	defer d.Close()
+	ctx := context.Background()
+	if err := d.Scale(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	cores = 0
+	if err := d.Scale(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		b, _ := os.ReadFile(out)
+		lines = strings.Split(strings.TrimSpace(string(b)), "\n")
+		if len(lines) < 2 {
+			return fmt.Errorf("%d of 2 runtimes started", len(lines))
+		}
+		return nil
+	})
+	sized := regexp.MustCompile(`^runtime --id rt-[0-9a-f]{12} --nats nats://x --cores 2 GOMAXPROCS=2$`)
+	unsized := regexp.MustCompile(`^runtime --id rt-[0-9a-f]{12} --nats nats://x GOMAXPROCS=$`)
+	if !sized.MatchString(lines[0]) {
+		t.Errorf("first runtime started as %q, want --cores 2 and GOMAXPROCS=2", lines[0])
+	}
+	if !unsized.MatchString(lines[1]) {
+		t.Errorf("second runtime started as %q, want no --cores and no GOMAXPROCS (cores 0)", lines[1])
+	}
+}

@@ -198,7 +198,8 @@ stores a file there at start.`,
 					args = append(args, "--metrics", runtimeMetrics)
 				}
 				pd := &autoscaler.ProcessDriver{Binary: bin, Args: args, Prefix: "rt", Dir: processDir, Log: slog.Default(),
-					OnVanished: func(id string) { c.Vanished(id) }}
+					OnVanished: func(id string) { c.Vanished(id) },
+					Cores:      func() int { return c.Policy().CoresPerRuntime }}
 				defer pd.Close()
 				drv = pd
 			case "kubernetes":
