@@ -23,21 +23,22 @@ import (
 // awaitRelease waits, before a shard that moved here is restored, until its previous owner has
 // stored its final snapshot and released it, or is gone. At most one runtime serves a shard at a
 // time, so the snapshot restored here is the newest there is. It returns when the previous owner
-// stopped serving (zero when there was none, or it died), from which the pause is measured.
-func (x *shardExec) awaitRelease(ctx context.Context) (time.Time, error) {
+// stopped serving (Stopped, from which the pause is measured) and the last gradient it decided on
+// (Decided); the zero record when there was none, or it died.
+func (x *shardExec) awaitRelease(ctx context.Context) (wire.Handover, error) {
 	return x.r.awaitRelease(ctx, x.key, x.placement, x.log)
 }
 
 // awaitRelease waits until the runtime p.From has released shard key at epoch p.Epoch or later,
-// or is gone.
-func (r *Runtime) awaitRelease(ctx context.Context, key string, p wire.Placement, log *slog.Logger) (time.Time, error) {
+// or is gone, and returns its handover record (zero if it is gone).
+func (r *Runtime) awaitRelease(ctx context.Context, key string, p wire.Placement, log *slog.Logger) (wire.Handover, error) {
 	if p.From == "" || p.From == r.id {
-		return time.Time{}, nil
+		return wire.Handover{}, nil
 	}
 	log.Debug("waiting for the shard's release", "from", p.From, "epoch", p.Epoch)
 	w, err := r.buckets.Handover.Watch(ctx, key)
 	if err != nil {
-		return time.Time{}, err
+		return wire.Handover{}, err
 	}
 	defer w.Stop()
 	alive := time.NewTicker(250 * time.Millisecond)
@@ -45,22 +46,22 @@ func (r *Runtime) awaitRelease(ctx context.Context, key string, p wire.Placement
 	for {
 		select {
 		case <-ctx.Done():
-			return time.Time{}, ctx.Err()
+			return wire.Handover{}, ctx.Err()
 		case e, ok := <-w.Updates():
 			if !ok {
-				return time.Time{}, errors.New("handover watch closed")
+				return wire.Handover{}, errors.New("handover watch closed")
 			}
 			if e == nil || e.Operation() != jetstream.KeyValuePut {
 				continue
 			}
 			var h wire.Handover
 			if json.Unmarshal(e.Value(), &h) == nil && h.Epoch >= p.Epoch {
-				return h.Stopped, nil
+				return h, nil
 			}
 		case <-alive.C:
 			if !r.alive(ctx, p.From) {
 				log.Info("previous owner is gone; recovering from its last snapshot", "from", p.From)
-				return time.Time{}, nil
+				return wire.Handover{}, nil
 			}
 		}
 	}

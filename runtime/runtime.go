@@ -341,6 +341,9 @@ func (r *Runtime) release(x *shardExec, epoch uint64, moved bool) {
 	}
 	x.mu.Lock()
 	h := wire.Handover{Epoch: epoch, From: r.id, Step: x.step, Stopped: stopped.UTC(), Released: r.now().UTC()}
+	if x.acquired.Load() {
+		h.Decided = max(x.seq, x.sync.quietTo) // it reported its refusals up to here
+	}
 	x.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

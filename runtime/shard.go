@@ -172,16 +172,20 @@ func (x *shardExec) serve(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
-	released, err := x.awaitRelease(ctx)
+	prev, err := x.awaitRelease(ctx)
 	if err != nil {
 		return err
 	}
+	released := prev.Stopped
 	x.acquired.Store(true)
 	if err := x.restore(ctx); err != nil {
 		return err
 	}
 	x.mu.Lock()
 	start, fromStep := x.seq+1, x.step
+	// The previous owner decided on the gradients up to prev.Decided and reported its refusals:
+	// replay decides them again, the same way (the same state and messages), and reports nothing.
+	x.sync.quietTo = max(x.sync.quietTo, prev.Decided)
 	x.stopped = false
 	x.mu.Unlock()
 	// Pull room for at least two of the largest messages the job's stream accepts: a message the

@@ -61,7 +61,7 @@ type syncState struct {
 	ahead     []*gather        // ssp: ahead[k] holds step step+2+k
 	curSeq    []uint64         // ssp: sequence of each rank gathered for step+1
 	stepSeqs  map[int64]uint64 // ssp: the sequence that completed each of the last s+2 steps
-	quietTo   uint64           // messages up to here were decided before the restore
+	quietTo   uint64           // messages up to here were decided (and refusals reported) before the restore or handover
 	rankSteps []int64          // asp: each rank's last applied step
 	applied   string           // asp: "<rank>.<step>" of the newest update
 }

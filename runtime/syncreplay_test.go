@@ -93,7 +93,7 @@ func (x *syncReplay) send(step int64, rank int, version int64, g []float32) {
 	}
 }
 
-func (x *syncReplay) expect(reason wire.Reason) {
+func (x *syncReplay) expect(reason wire.Reason) *wire.Reject {
 	x.t.Helper()
 	m, err := x.inbox.NextMsg(10 * time.Second)
 	if err != nil {
@@ -105,6 +105,15 @@ func (x *syncReplay) expect(reason wire.Reason) {
 	}
 	if rej.Reason != reason {
 		x.t.Fatalf("report %s %q, want %s", rej.Reason, rej.Detail, reason)
+	}
+	return rej
+}
+
+// expectFor waits for the report of reason on the message with id msgID (send numbers them m1, m2...).
+func (x *syncReplay) expectFor(reason wire.Reason, msgID string) {
+	x.t.Helper()
+	if rej := x.expect(reason); rej.MsgID != msgID {
+		x.t.Fatalf("report %s on %s %q, want one on %s", rej.Reason, rej.MsgID, rej.Detail, msgID)
 	}
 }
 
@@ -209,6 +218,11 @@ func TestSSPReplayAfterHandover(t *testing.T) {
 // TestASPReplayAfterHandover moves an asp shard between gradients: the new owner must go on from
 // the same version with the same per-rank steps (Fanin-Rank-Steps), so a rank's old step is still
 // refused and the parameters equal the reference applying the gradients in stream order.
+//
+// A refusal is reported once, by whichever owner decided first. The old owner refuses m4 after
+// its last snapshot (seq 3); the new owner replays m4 from there, refuses it again, and must not
+// report it again (Handover.Decided). The same happens, depending on timing, to a message sent just
+// after the move: the old owner may still be consuming when the test sees it gone from Shards().
 func TestASPReplayAfterHandover(t *testing.T) {
 	for _, fn := range []string{"sgd", "adam"} {
 		t.Run(fn, func(t *testing.T) {
@@ -224,9 +238,11 @@ func TestASPReplayAfterHandover(t *testing.T) {
 			apply(1, 1, 0)
 			apply(2, 0, 1)
 			x.params(3)
+			x.send(1, 1, 3, x.grad(1, 1, 1)) // m4: rank 1's step 1 was applied; refused by rt-0
+			x.expectFor(wire.ReasonStaleStep, "m4")
 			x.move("rt-1")
-			x.send(2, 0, 3, x.grad(2, 0, 1)) // rank 0's step 2 was applied before the move
-			x.expect(wire.ReasonStaleStep)
+			x.send(2, 0, 3, x.grad(2, 0, 1)) // m5: rank 0's step 2 was applied before the move
+			x.expectFor(wire.ReasonStaleStep, "m5")
 			apply(3, 1, 3) // rank 1 skips step 2: asp only needs its steps to grow
 			apply(3, 0, 2)
 			p, h := x.params(5)

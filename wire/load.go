@@ -57,4 +57,8 @@ type Handover struct {
 	Step     int64     `json:"step"` // the step of the final snapshot
 	Stopped  time.Time `json:"stopped"`
 	Released time.Time `json:"released"`
+	// Decided is the stream sequence of the last gradient message the previous owner decided on
+	// (applied, held or refused). The new owner replays from the snapshot and decides those again,
+	// the same way; it does not report a refusal of one up to here again: the previous owner did.
+	Decided uint64 `json:"decided,omitempty"`
 }
