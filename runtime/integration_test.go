@@ -291,10 +291,20 @@ func TestLogicalRanksOverChangingWorkers(t *testing.T) {
 			if workers[i], err = c.WorkerRanks(ctx, rec.Spec.ID, ranks); err != nil {
 				t.Fatal(err)
 			}
-			got, p, err := workers[i].Params(ctx)
-			if err != nil || got != step {
-				t.Fatalf("ranks %v joining at step %d: Params gave step %d, %v", ranks, step, got, err)
-			}
+			// The old workers saw step `step` as the runtimes published it, which may be a moment
+			// before the stream stored every shard's: Params answers the newest step complete in
+			// the stream, so it may give step-1 first (as for the late worker above).
+			var p []float32
+			testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+				var got int64
+				if got, p, err = workers[i].Params(ctx); err != nil {
+					return err
+				}
+				if got != step {
+					return fmt.Errorf("ranks %v joining at step %d: Params gave step %d", ranks, step, got)
+				}
+				return nil
+			})
 			if ref == nil {
 				fn, _ := rec.Spec.NewFunc()
 				ref = functions.NewReference(fn, rec.Spec.Ranks, rec.Layout.Ranges(), p)
