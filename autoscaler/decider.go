@@ -252,7 +252,7 @@ func (r *round) voluntary() (strag, over, vict []int) {
 			if !ok {
 				continue
 			}
-			ks := overflow(r.m, rt, r.byRuntime[i], r.shards)
+			ks := overflow(r.m, rt, r.byRuntime[i], r.shards, cls)
 			for _, k := range ks {
 				if r.prio {
 					r.shards[k].cause = fmt.Sprintf("%s demand %.2f cores > %.2f of its %.2f", classWord(cls), demand, limit, rt.hardCap)

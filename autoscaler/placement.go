@@ -134,8 +134,11 @@ func victimOrder(rts []*rtState) []int {
 // overflow returns the shards of an over-capacity runtime that do not fit when its shards are
 // re-added job by job, the jobs with most shards on it first (they stay; the small ones move).
 // With priorities in force the higher classes are re-added first, each shard weighed as placement
-// weighs it (rtState.fits), so that the lower classes' shards are the ones that move.
-func overflow(m *model, r *rtState, ks []int, shards []shardState) []int {
+// weighs it (rtState.fits), so that the lower classes' shards are the ones that move; and the shards
+// of classes above over (the class that rtState.overloaded found over its limit) stay whatever
+// their weight: their own classes are within their limits, so moving them would make a higher job
+// pay the pause for a lower one's load.
+func overflow(m *model, r *rtState, ks []int, shards []shardState, over int) []int {
 	per := map[int]int{}
 	for _, k := range ks {
 		per[shards[k].g]++
@@ -157,7 +160,7 @@ func overflow(m *model, r *rtState, ks []int, shards []shardState) []int {
 	var out []int
 	for _, k := range sorted {
 		s := &shards[k]
-		if scratch.fits(s.g, s.w, s.cls) {
+		if (prio && s.cls > over) || scratch.fits(s.g, s.w, s.cls) {
 			scratch.place(s.g, s.w, s.cls)
 		} else {
 			out = append(out, k)

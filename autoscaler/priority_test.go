@@ -215,3 +215,30 @@ func TestDecidePrioritiesDeterministic(t *testing.T) {
 		}
 	}
 }
+
+// A runtime overloaded by its low class sheds low shards, not high ones: rt-1 holds a high job of
+// 3.5 cores (within the high class's limit) and a low job of 0.8 (4.3 in all, over the cores),
+// rt-2 a normal job of 3, and the pool is short (it wants 3 runtimes, max_runtimes is 2). The low
+// shards are the ones to move; the high job keeps its runtime and pays no migration pause.
+func TestDecideOverloadByLowClassMovesLowShards(t *testing.T) {
+	p := DefaultPolicy()
+	p.MaxRuntimes = 2
+	hi := withPriority(jobShards("hi", 7, 0.5, time.Second, 0, time.Second, "rt-1"), PriorityHigh)
+	lo := withPriority(jobShards("lo", 2, 0.4, time.Second, 0, time.Second, "rt-1"), PriorityLow)
+	no := jobShards("no", 6, 0.5, time.Second, 0, time.Second, "rt-2")
+	obs := Observations{Runtimes: runtimes(2), Shards: append(append(hi, lo...), no...)}
+	d := NewDecider()
+	for i := range 3 {
+		dec := d.Decide(p, obs, at(time.Duration(i)*time.Second))
+		checkPlacement(t, obs, dec)
+		if !hasReason(dec, "priorities in force") {
+			t.Fatalf("decision %d: the pool should be short with priorities in force; reasons %q", i, dec.Reasons)
+		}
+		for _, m := range dec.Moves {
+			if sh := obs.Shards[slices.IndexFunc(obs.Shards, func(s ShardObs) bool { return s.Key == m.Shard })]; sh.Job == "hi" {
+				t.Errorf("decision %d moves high shard %s (%s -> %s) off a runtime overloaded by the low class; reasons %q", i, m.Shard, m.From, m.To, dec.Reasons)
+			}
+		}
+		apply(&obs, dec)
+	}
+}
