@@ -29,8 +29,14 @@ type Decider struct {
 	// headroom is the closed loop's state (Policy.SlowdownBudget): per observed job, the factor on
 	// its work that the model plans for, and when it last changed.
 	headroom map[string]jobHeadroom
-	// short: the last decision wanted more runtimes than max_runtimes allows.
-	short bool
+	// short: a decision within the stable window wanted more runtimes than max_runtimes allows
+	// (shortAt is the last one), and the pool is still at max_runtimes. It is held for the window,
+	// as the pool's size is, because packing
+	// the low class tighter is what makes the shards fit: measured afresh each decision, the pool
+	// would be short, then not (priorities off), then short again, and the low shards would move
+	// back and forth with it.
+	short   bool
+	shortAt time.Time
 }
 
 // NewDecider returns a decider without history.
@@ -83,7 +89,10 @@ func (d *Decider) Decide(p Policy, obs Observations, now time.Time) Decision {
 	r.prioritize(capped || d.short)
 	homeless := r.place(r.voluntary())
 	target, grown := d.grow(p, now, homeless, target, r.healthy, r.say)
-	d.short = capped || grown
+	if capped || grown {
+		d.shortAt = now
+	}
+	d.short = capped || grown || (target >= p.MaxRuntimes && !d.shortAt.IsZero() && now.Sub(d.shortAt) < p.StableWindow)
 	d.commit(now, target, r.healthy)
 	return r.decision(target, d.sized(p, now), d.panicking)
 }

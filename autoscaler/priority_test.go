@@ -242,3 +242,33 @@ func TestDecideOverloadByLowClassMovesLowShards(t *testing.T) {
 		apply(&obs, dec)
 	}
 }
+
+// A pool short only because a low shard fits nowhere until priorities pack it: max_runtimes 2,
+// a high job of 2 x 2.6 cores (one shard on each 4-core runtime) and a low shard of 1.1 cores
+// (6.3 cores in all, within the pool's 6.4 at target, so the demand alone never caps it). With
+// priorities the low shard is packed beside a high one; the pool stays short (and the priorities
+// in force) for the stable window, instead of turning them off at the next decision, finding the
+// low shard homeless again and moving it back and forth.
+func TestDecideShortPoolIsHeld(t *testing.T) {
+	p := DefaultPolicy()
+	p.MaxRuntimes = 2
+	hi := withPriority(jobShards("hi", 2, 2.6, time.Second, 0, time.Second, "rt-1", "rt-2"), PriorityHigh)
+	lo := withPriority(jobShards("lo", 1, 1.1, time.Second, 0, time.Second, ""), PriorityLow)
+	obs := Observations{Runtimes: runtimes(2), Shards: append(hi, lo...)}
+	d := NewDecider()
+	moves := 0
+	for i := range 8 {
+		dec := d.Decide(p, obs, at(time.Duration(i)*time.Second))
+		checkPlacement(t, obs, dec)
+		if i > 0 && !hasReason(dec, "priorities in force") {
+			t.Errorf("decision %d: priorities not in force %ds after the pool was short; reasons %q", i, i, dec.Reasons)
+		}
+		if i > 0 {
+			moves += len(dec.Moves)
+		}
+		apply(&obs, dec)
+	}
+	if moves != 0 {
+		t.Errorf("%d moves after the low shard was placed, want none", moves)
+	}
+}

@@ -168,19 +168,25 @@ func TestProcessDriverSizesRuntimes(t *testing.T) {
 	if err := d.Scale(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
+	var lines []string
+	started := func(n int) { // wait for the first n runtimes' lines, in the order they started
+		testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+			b, _ := os.ReadFile(out)
+			if lines = strings.Fields(strings.ReplaceAll(string(b), " ", "_")); len(lines) < n {
+				return fmt.Errorf("%d of %d runtimes started", len(lines), n)
+			}
+			return nil
+		})
+		for i := range lines {
+			lines[i] = strings.ReplaceAll(lines[i], "_", " ")
+		}
+	}
+	started(1)
 	cores = 0
 	if err := d.Scale(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
-	var lines []string
-	testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		b, _ := os.ReadFile(out)
-		lines = strings.Split(strings.TrimSpace(string(b)), "\n")
-		if len(lines) < 2 {
-			return fmt.Errorf("%d of 2 runtimes started", len(lines))
-		}
-		return nil
-	})
+	started(2)
 	sized := regexp.MustCompile(`^runtime --id rt-[0-9a-f]{12} --nats nats://x --cores 2 GOMAXPROCS=2$`)
 	unsized := regexp.MustCompile(`^runtime --id rt-[0-9a-f]{12} --nats nats://x GOMAXPROCS=$`)
 	if !sized.MatchString(lines[0]) {
