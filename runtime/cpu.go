@@ -36,8 +36,13 @@ func (q *waitQueue) pop() *cpuWaiter {
 	w := q.items[q.head]
 	q.items[q.head] = nil
 	q.head++
-	if q.head == len(q.items) {
+	switch {
+	case q.head == len(q.items):
 		q.items, q.head = q.items[:0], 0
+	case q.head >= len(q.items)/2: // a queue that never empties: move the live part to the front
+		n := copy(q.items, q.items[q.head:])
+		clear(q.items[n:])
+		q.items, q.head = q.items[:n], 0
 	}
 	return w
 }

@@ -139,3 +139,25 @@ func TestShardTakesCoresAtItsJobsPriority(t *testing.T) {
 		t.Fatalf("ran %v, want %v", order, want)
 	}
 }
+
+// A wait queue that never empties (waiters always behind the one served) keeps its array bounded
+// by the waiters it holds, not by how many have ever waited.
+func TestWaitQueueStaysBounded(t *testing.T) {
+	var q waitQueue
+	ws := []*cpuWaiter{{}, {}, {}}
+	for _, w := range ws[:2] {
+		q.push(w)
+	}
+	for i := range 100000 {
+		q.push(ws[(i+2)%3])
+		if got, want := q.pop(), ws[i%3]; got != want {
+			t.Fatalf("pop %d: not first in, first out", i)
+		}
+		if q.len() != 2 {
+			t.Fatalf("pop %d: %d waiting, want 2", i, q.len())
+		}
+	}
+	if c := cap(q.items); c > 16 {
+		t.Errorf("after 100000 waits with at most 3 queued the queue's array holds %d slots", c)
+	}
+}
