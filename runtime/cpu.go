@@ -10,18 +10,28 @@ import "sync"
 //
 // When work waits for a core, the next free core goes to the waiting work of the highest priority
 // class (the job's spec.priority: high, then normal, then low), first come first served within a
-// class. A core is never taken from work that holds it, and nothing is promised to a lower class:
-// while higher-class work is ready without pause, lower-class work waits (it may starve). That is
-// the trade priorities make: under sustained overload the low class absorbs the slowdown.
+// class. A core is never taken from work that holds it. Under sustained overload the lower classes
+// absorb the slowdown, but they do not starve: work that has seen maxBypass cores go to others
+// since it began to wait takes the next one, whatever its class. Unbounded waiting would also hold
+// the shard's lock, and so delay its release when the autoscaler moves it off this runtime.
 type cpuPool struct {
-	mu      sync.Mutex // guards free, waiting and spare
+	mu      sync.Mutex // guards free, waiting, spare and handed
 	free    int        // tokens not held
 	waiting [3]waitQueue
 	spare   []*cpuWaiter // waiters to reuse, so that waiting allocates nothing in the steady state
+	handed  uint64       // cores handed over to waiters so far
 }
 
+// maxBypass is how many cores may go to other work while a piece of work waits before it takes
+// the next one, whatever its class.
+const maxBypass = 64
+
 // cpuWaiter is one piece of work waiting for a core; release hands the core over on ready (cap 1).
-type cpuWaiter struct{ ready chan struct{} }
+// since is the pool's handed count when it began to wait.
+type cpuWaiter struct {
+	ready chan struct{}
+	since uint64
+}
 
 // waitQueue is a FIFO of waiters that reuses its array.
 type waitQueue struct {
@@ -31,6 +41,7 @@ type waitQueue struct {
 
 func (q *waitQueue) push(w *cpuWaiter) { q.items = append(q.items, w) }
 func (q *waitQueue) len() int          { return len(q.items) - q.head }
+func (q *waitQueue) front() *cpuWaiter { return q.items[q.head] }
 
 func (q *waitQueue) pop() *cpuWaiter {
 	w := q.items[q.head]
@@ -67,6 +78,7 @@ func (p *cpuPool) acquire(cls int) {
 	} else {
 		w = &cpuWaiter{ready: make(chan struct{}, 1)}
 	}
+	w.since = p.handed
 	p.waiting[classIndex(cls)].push(w)
 	p.mu.Unlock()
 	<-w.ready // the core is handed over by release: p.free was not incremented
@@ -75,19 +87,31 @@ func (p *cpuPool) acquire(cls int) {
 	p.mu.Unlock()
 }
 
-// release gives a core back: to the first waiter of the highest class waiting, or to the pool.
+// release gives a core back: to the first waiter of a lower class that has waited maxBypass
+// handovers, else to the first waiter of the highest class waiting, or to the pool.
 func (p *cpuPool) release() {
 	p.mu.Lock()
-	for c := len(p.waiting) - 1; c >= 0; c-- {
-		if p.waiting[c].len() > 0 {
-			w := p.waiting[c].pop()
-			p.mu.Unlock()
-			w.ready <- struct{}{}
-			return
+	next := -1
+	for c := range len(p.waiting) - 1 { // the lower classes, lowest first
+		if q := &p.waiting[c]; q.len() > 0 && p.handed-q.front().since >= maxBypass {
+			next = c
+			break
 		}
 	}
-	p.free++
+	for c := len(p.waiting) - 1; next < 0 && c >= 0; c-- {
+		if p.waiting[c].len() > 0 {
+			next = c
+		}
+	}
+	if next < 0 {
+		p.free++
+		p.mu.Unlock()
+		return
+	}
+	w := p.waiting[next].pop()
+	p.handed++
 	p.mu.Unlock()
+	w.ready <- struct{}{}
 }
 
 // queued is how many pieces of work wait for a core.

@@ -161,3 +161,32 @@ func TestWaitQueueStaysBounded(t *testing.T) {
 		t.Errorf("after 100000 waits with at most 3 queued the queue's array holds %d slots", c)
 	}
 }
+
+// Higher classes go first, but a lower class does not starve: work that has seen maxBypass cores
+// go to higher-class work since it began to wait takes the next core.
+func TestCPUPoolLowerClassesDoNotStarve(t *testing.T) {
+	p := newCPUPool(1)
+	p.acquire(0) // the one core is held
+	queue := func(cls int) *cpuWaiter {
+		w := &cpuWaiter{ready: make(chan struct{}, 1)}
+		p.mu.Lock()
+		w.since = p.handed
+		p.waiting[classIndex(cls)].push(w)
+		p.mu.Unlock()
+		return w
+	}
+	low := queue(-1)
+	for i := 0; i <= maxBypass; i++ {
+		high := queue(1) // high-class work is always waiting
+		p.release()      // the holder finishes: the core goes to the next in line, which holds it
+		select {
+		case <-low.ready:
+			if i != maxBypass {
+				t.Fatalf("the low waiter took the core after %d handovers to high work, want %d", i, maxBypass)
+			}
+			return
+		case <-high.ready:
+		}
+	}
+	t.Fatalf("the low waiter still waits after %d handovers to high work", maxBypass+1)
+}
