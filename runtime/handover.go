@@ -79,6 +79,7 @@ func (r *Runtime) releaseUnserved(key string, cur wire.Placement) {
 	if h, err := r.handover(ctx, key); err == nil && h.Epoch >= cur.Epoch {
 		return // released already
 	}
+	var before wire.Handover // the previous owner's record, once it released
 	prev, err := r.placementAt(ctx, key, cur.Epoch-1)
 	switch {
 	case err != nil:
@@ -86,13 +87,14 @@ func (r *Runtime) releaseUnserved(key string, cur wire.Placement) {
 	case prev.Runtime != r.id:
 		log.Warn("placement history is inconsistent: the shard moves from here but was placed elsewhere", "epoch", cur.Epoch, "placed_on", prev.Runtime)
 	default:
-		if _, err := r.awaitRelease(ctx, key, prev, log); err != nil {
+		if before, err = r.awaitRelease(ctx, key, prev, log); err != nil {
 			log.Warn("shard moved on before its previous owner released it", "err", err)
 		}
 	}
 	now := r.now().UTC()
 	log.Debug("releasing a shard not served here", "epoch", cur.Epoch)
-	if err := r.recordHandover(ctx, key, wire.Handover{Epoch: cur.Epoch, From: r.id, Stopped: now, Released: now}); err != nil {
+	// Decided is passed on: the owner before this one reported the refusals up to there.
+	if err := r.recordHandover(ctx, key, wire.Handover{Epoch: cur.Epoch, From: r.id, Stopped: now, Released: now, Decided: before.Decided}); err != nil {
 		log.Warn("handover not recorded; the new owner waits for this runtime to be gone", "err", err)
 	}
 }

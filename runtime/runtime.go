@@ -329,12 +329,14 @@ func (r *Runtime) release(x *shardExec, epoch uint64, moved bool) {
 	if !moved {
 		return
 	}
+	var prev wire.Handover
 	if !x.acquired.Load() {
 		// Moved on before it was ever served here: the previous owner may still be storing its
 		// final snapshot. Releasing now would let the next owner restore an older one, so first
 		// wait for that release (or that owner's death), as serving would have.
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		if _, err := x.awaitRelease(ctx); err != nil {
+		var err error
+		if prev, err = x.awaitRelease(ctx); err != nil {
 			r.log.Warn("shard moved on before its previous owner released it", "shard", x.key, "err", err)
 		}
 		cancel()
@@ -343,6 +345,8 @@ func (r *Runtime) release(x *shardExec, epoch uint64, moved bool) {
 	h := wire.Handover{Epoch: epoch, From: r.id, Step: x.step, Stopped: stopped.UTC(), Released: r.now().UTC()}
 	if x.acquired.Load() {
 		h.Decided = max(x.seq, x.sync.quietTo) // it reported its refusals up to here
+	} else {
+		h.Decided = prev.Decided // passed on: the owner before it reported them
 	}
 	x.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -60,5 +60,6 @@ type Handover struct {
 	// Decided is the stream sequence of the last gradient message the previous owner decided on
 	// (applied, held or refused). The new owner replays from the snapshot and decides those again,
 	// the same way; it does not report a refusal of one up to here again: the previous owner did.
+	// An owner that never served the shard passes on the record of the owner before it.
 	Decided uint64 `json:"decided,omitempty"`
 }
