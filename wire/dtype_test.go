@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -286,4 +287,41 @@ func TestEncodeMatchesScalar(t *testing.T) {
 		}
 	}
 	useSIMD = true
+}
+
+// The f32 check, 16 elements at a time, finds the first NaN or Inf as an element-by-element scan
+// does: at every position of payloads that span several blocks, among neighbours whose exponent is
+// one short of all ones, with either sign.
+func TestNonFiniteF32MatchesScan(t *testing.T) {
+	scan := func(b []byte) int {
+		for i := 0; i+3 < len(b); i += 4 {
+			if binary.LittleEndian.Uint32(b[i:])&0x7f800000 == 0x7f800000 {
+				return i / 4
+			}
+		}
+		return -1
+	}
+	near := []uint32{0x7f7fffff, 0xff7fffff, 0x7f000000, 0x00800000, 0x80000000, 0}
+	bad := []uint32{0x7f800000, 0xff800000, 0x7fc00000, 0xffffffff, 0x7f800001}
+	for n := 0; n <= 50; n++ {
+		b := make([]byte, 4*n)
+		for i := range n {
+			binary.LittleEndian.PutUint32(b[4*i:], near[(i*7+n)%len(near)])
+		}
+		if got, want := NonFinite(b, F32), scan(b); got != want || want != -1 {
+			t.Fatalf("n=%d, all finite: NonFinite = %d, scan = %d", n, got, want)
+		}
+		for pos := range n {
+			for _, v := range bad {
+				c := slices.Clone(b)
+				binary.LittleEndian.PutUint32(c[4*pos:], v)
+				if pos+3 < n { // a second one after it: the first is the answer
+					binary.LittleEndian.PutUint32(c[4*(pos+3):], bad[0])
+				}
+				if got := NonFinite(c, F32); got != pos {
+					t.Fatalf("n=%d, %#08x at %d: NonFinite = %d", n, v, pos, got)
+				}
+			}
+		}
+	}
 }
