@@ -284,3 +284,15 @@ func TestSimNICWork(t *testing.T) {
 			aware.ElasticCoreSeconds, 100*aware.Slowdown.Mean)
 	}
 }
+
+// MeasureSteps takes any input: no rows, empty rows and all-zero rows give zeros, not a panic or NaN.
+func TestMeasureStepsOfNothing(t *testing.T) {
+	for _, steps := range [][][]float64{nil, {{}}, {{0, 0}}, {{}, {0}}} {
+		if s, c := MeasureSteps(steps); s != 0 || c != 0 {
+			t.Errorf("MeasureSteps(%v) = %v, %v, want 0, 0", steps, s, c)
+		}
+	}
+	if s, c := MeasureSteps([][]float64{{}, {1, 2}, {2, 2}}); s != 0.5 || c != 0 {
+		t.Errorf("MeasureSteps with an empty row = %v, %v, want the median spread 0.5 of the others and CoV 0", s, c)
+	}
+}

@@ -127,13 +127,20 @@ func (s *Synth) Generate(seed uint64, job int) [][]float64 {
 }
 
 // MeasureSteps returns the spread (median over iterations of (last - first) / last rank time)
-// and the coefficient of variation of the step times (the last rank's) of step times.
+// and the coefficient of variation of the step times (the last rank's) of step times. Empty rows
+// and rows whose times are all zero are skipped; with none left both are 0.
 func MeasureSteps(steps [][]float64) (spread, cov float64) {
 	var spreads, ts []float64
 	for _, row := range steps {
+		if len(row) == 0 || slices.Max(row) <= 0 {
+			continue
+		}
 		hi := slices.Max(row)
 		spreads = append(spreads, (hi-slices.Min(row))/hi)
 		ts = append(ts, hi)
+	}
+	if len(ts) == 0 {
+		return 0, 0
 	}
 	slices.Sort(spreads)
 	m := mean(ts)
