@@ -191,11 +191,17 @@ func (r *round) health() {
 const unknownCores = 1 << 20
 
 // reportedCores is the size of a runtime of this pool: the median cores of the healthy runtimes
-// (the lower middle one of an even count), or unknownCores when there are none.
+// (the lower middle one of an even count); with none healthy (a rolling replacement drains them
+// all), of every runtime; and unknownCores when there are none at all.
 func (r *round) reportedCores() int {
 	var cores []int
 	for _, rt := range r.rts {
 		if !rt.draining && !rt.straggler {
+			cores = append(cores, rt.obs.Cores)
+		}
+	}
+	if len(cores) == 0 {
+		for _, rt := range r.rts {
 			cores = append(cores, rt.obs.Cores)
 		}
 	}

@@ -1,6 +1,7 @@
 package autoscaler
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -106,6 +107,10 @@ func TestDecideRuntimesSizedToTheirMachine(t *testing.T) {
 	big := runtimes(3)
 	big[0].Cores, big[1].Cores, big[2].Cores = 16, 16, 8
 	work := steady("j", 60, 30, "rt-1", "rt-2", "rt-3")
+	draining := slices.Clone(big) // a rolling replacement: every runtime drains
+	for i := range draining {
+		draining[i].Draining = true
+	}
 	for _, tc := range []struct {
 		name    string
 		rts     []RuntimeObs
@@ -116,6 +121,7 @@ func TestDecideRuntimesSizedToTheirMachine(t *testing.T) {
 		{"machine-sized", big, 0, 3, "3 runtimes of 16 cores at 80%"},
 		{"fixed 4 cores", big, 4, 10, "10 runtimes of 4 cores at 80%"},
 		{"none reports yet", nil, 0, 1, ""},
+		{"all draining", draining, 0, 3, "panic: sized for 30.00 cores"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p.CoresPerRuntime = tc.cores
