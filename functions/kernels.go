@@ -5,6 +5,8 @@ import (
 	"math"
 	"strconv"
 	"unsafe"
+
+	"github.com/fanin-ml/fanin/wire"
 )
 
 // The kernels move raw little-endian float32 payloads (the wire format) into and out of float32
@@ -229,46 +231,14 @@ func encodeLEPut(dst []byte, src []float32) {
 	}
 }
 
-// expMask selects a float32's exponent; NaN and ±Inf are exactly the values with all its bits set.
-const expMask = 0x7f800000
-
 // NonFinite returns the index (in float32s) of the first NaN or ±Inf among the little-endian
-// float32s in src, or -1 when all are finite. It panics unless len(src) is a multiple of 4.
-//
-// It tests two float32s per 64-bit word: (bits & expMask) + 1<<23 carries into bit 31 exactly
-// when the exponent is all ones, and no lane carries into the next. binary.LittleEndian.Uint64
-// compiles to one unaligned load on amd64 and arm64, so no alignment is needed, and it decodes
-// little-endian on any machine.
+// float32s in src, or -1 when all are finite. It panics unless len(src) is a multiple of 4. It is
+// wire.NonFinite of an f32 payload, which tests two float32s per 64-bit word.
 func NonFinite(src []byte) int {
 	if len(src)%4 != 0 {
 		panic("functions: byte slice length " + strconv.Itoa(len(src)) + " is not a multiple of 4")
 	}
-	const (
-		exp2   = expMask<<32 | expMask
-		carry2 = 1<<55 | 1<<23
-		sign2  = 1<<63 | 1<<31
-	)
-	i := 0
-	for ; i+64 <= len(src); i += 64 {
-		b := (*[64]byte)(src[i:])
-		x := (binary.LittleEndian.Uint64(b[0:])&exp2 + carry2) |
-			(binary.LittleEndian.Uint64(b[8:])&exp2 + carry2) |
-			(binary.LittleEndian.Uint64(b[16:])&exp2 + carry2) |
-			(binary.LittleEndian.Uint64(b[24:])&exp2 + carry2) |
-			(binary.LittleEndian.Uint64(b[32:])&exp2 + carry2) |
-			(binary.LittleEndian.Uint64(b[40:])&exp2 + carry2) |
-			(binary.LittleEndian.Uint64(b[48:])&exp2 + carry2) |
-			(binary.LittleEndian.Uint64(b[56:])&exp2 + carry2)
-		if x&sign2 != 0 {
-			break
-		}
-	}
-	for ; i < len(src); i += 4 {
-		if binary.LittleEndian.Uint32(src[i:])&expMask == expMask {
-			return i / 4
-		}
-	}
-	return -1
+	return wire.NonFinite(src, wire.F32)
 }
 
 // sumBlock is how many elements SumLE sums at a time: 16 KiB of dst stays in the L1 cache while

@@ -10,6 +10,9 @@ import (
 
 // randomFloats returns n finite float32s spread over all magnitudes, with zeros of both signs
 // and subnormals among them.
+// expMask selects a float32's exponent; NaN and ±Inf are exactly the values with all its bits set.
+const expMask = 0x7f800000
+
 func randomFloats(rng *rand.Rand, n int) []float32 {
 	x := make([]float32, n)
 	for i := range x {
