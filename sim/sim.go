@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"container/heap"
 	"errors"
 	"fmt"
@@ -800,10 +801,7 @@ func (s *state) oracle(end float64) float64 {
 		}
 	}
 	slices.SortFunc(edges, func(a, b edge) int {
-		if a.t != b.t {
-			return cmpFloat(a.t, b.t)
-		}
-		return a.cores - b.cores // ends before starts at the same instant
+		return cmp.Or(cmp.Compare(a.t, b.t), a.cores-b.cores) // ends before starts at the same instant
 	})
 	iv := s.c.Interval.Seconds()
 	total, busy, i := 0.0, 0, 0
@@ -823,16 +821,6 @@ func (s *state) oracle(end float64) float64 {
 		s.res.Oracle = append(s.res.Oracle, float64(peak))
 	}
 	return total
-}
-
-func cmpFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func (s *state) finish(end float64) {

@@ -5,6 +5,7 @@ package members
 
 import (
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/fanin-ml/fanin/wire"
@@ -31,7 +32,7 @@ func Assign(jobID string, ranks, target int, live []Member, prev *wire.Assignmen
 		if c := a.Joined.Compare(b.Joined); c != 0 {
 			return c
 		}
-		return compareStrings(a.Beat.ID, b.Beat.ID)
+		return strings.Compare(a.Beat.ID, b.Beat.ID)
 	})
 	n := len(live)
 	if target > 0 {
@@ -121,14 +122,4 @@ func sameOwners(a, b *wire.Assignment) bool {
 		}
 	}
 	return true
-}
-
-func compareStrings(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
