@@ -331,10 +331,15 @@ func (pl *placer) move(k int) bool {
 	if to < 0 {
 		return false
 	}
+	pl.relocate(s, to)
+	return true
+}
+
+// relocate moves placed shard s from its runtime to runtime to.
+func (pl *placer) relocate(s *shardState, to int) {
 	pl.rts[s.to].unplace(s.g, s.w, s.cls)
 	pl.rts[to].place(s.g, s.w, s.cls)
 	s.to = to
-	return true
 }
 
 // Work-conserving placement. A runtime is one pooled server: any ready shard of it runs on any of
@@ -375,8 +380,6 @@ func (pl *placer) spill(k int) bool {
 	if to < 0 {
 		return false
 	}
-	pl.rts[s.to].unplace(s.g, s.w, s.cls)
-	pl.rts[to].place(s.g, s.w, s.cls)
-	s.to = to
+	pl.relocate(s, to)
 	return true
 }
