@@ -72,13 +72,17 @@ the date of the run they come from.`,
 // benchWorkersCmd is the Go side of `fanin bench --only python`: a worker process that holds every
 // rank of a job and prints its figures as JSON. Hidden: only the bench runs it.
 func benchWorkersCmd() *cobra.Command {
-	var cfg bench.WorkersConfig
-	cmd := &cobra.Command{
+	return &cobra.Command{
 		Use:    bench.WorkersCommand,
 		Short:  "Run the Go SDK worker process of the python bench scenario",
 		Hidden: true,
-		Args:   cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		// bench.ParseWorkers reads the flags, as it does for the bench tests' own worker processes.
+		DisableFlagParsing: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cfg, err := bench.ParseWorkers(args)
+			if err != nil {
+				return err
+			}
 			rep, err := bench.RunWorkers(cmd.Context(), cfg)
 			if err != nil {
 				return err
@@ -86,15 +90,6 @@ func benchWorkersCmd() *cobra.Command {
 			return json.NewEncoder(cmd.OutOrStdout()).Encode(rep)
 		},
 	}
-	f := cmd.Flags()
-	f.StringVar(&cfg.URL, "nats", "", "NATS URL")
-	f.StringVar(&cfg.CredsFile, "creds", "", "the job's credentials as the gateway returns them (JSON)")
-	f.StringVar(&cfg.Job, "job", "", "job id")
-	f.IntVar(&cfg.Ranks, "ranks", 8, "ranks")
-	f.IntVar(&cfg.Warmup, "warmup", 2, "warm-up steps")
-	f.IntVar(&cfg.Steps, "steps", 10, "timed steps")
-	f.StringVar(&cfg.Dtype, "dtype", "", "gradient dtype: f32 (default), bf16 or f16")
-	return cmd
 }
 
 // benchElasticWorkerCmd is one elastic worker process of `fanin bench --only elastic` (the
