@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fanin-ml/fanin/functions"
 	"github.com/fanin-ml/fanin/gateway/api"
 	"github.com/fanin-ml/fanin/internal/testutil"
 	"github.com/fanin-ml/fanin/job"
@@ -157,13 +156,10 @@ func TestElasticWorkerProcesses(t *testing.T) {
 
 	// The reference: 4 fixed ranks, the same gradients.
 	rec := created.Record
-	p0 := make([]float32, rec.Layout.Elements)
-	rec.Spec.InitShard(0, p0)
-	fn, _ := rec.Spec.NewFunc()
-	ref := functions.NewReference(fn, 4, rec.Layout.Ranges(), p0)
+	ref := testutil.Reference(t, &rec)
 	g := make([][]float32, 4)
 	for r := range g {
-		g[r] = make([]float32, len(p0))
+		g[r] = make([]float32, rec.Layout.Elements)
 	}
 	for s := int64(1); s <= last; s++ {
 		for r := range g {

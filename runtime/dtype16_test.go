@@ -150,12 +150,7 @@ func TestSixteenBitSSPHeldAndASP(t *testing.T) {
 			t.Fatalf("%s at %d: parameters differ from the reference fed the rounded gradients", rec.Spec.ID, step)
 		}
 	}
-	newRef := func(rec *job.Record) *functions.Reference {
-		p0 := make([]float32, rec.Layout.Elements)
-		rec.Spec.InitShard(0, p0)
-		fn, _ := rec.Spec.NewFunc()
-		return functions.NewReference(fn, 2, rec.Layout.Ranges(), p0)
-	}
+	newRef := func(rec *job.Record) *functions.Reference { return testutil.Reference(t, rec) }
 
 	ssp := mk("d16-ssp", "ssp", 2)
 	ref := newRef(ssp)

@@ -148,12 +148,7 @@ func (f getterFunc) GetLastMsgForSubject(ctx context.Context, subj string) (*jet
 	return f(ctx, subj)
 }
 
-func (x *syncReplay) reference() *functions.Reference {
-	p0 := make([]float32, x.rec.Layout.Elements)
-	x.rec.Spec.InitShard(0, p0)
-	f, _ := x.rec.Spec.NewFunc()
-	return functions.NewReference(f, x.rec.Spec.Ranks, x.rec.Layout.Ranges(), p0)
-}
+func (x *syncReplay) reference() *functions.Reference { return testutil.Reference(x.t, x.rec) }
 
 // TestSSPReplayAfterHandover moves an ssp shard (s = 2) while it holds a gradient of a future step
 // and after it refused a gradient claiming a version that did not exist yet. The new owner replays

@@ -130,11 +130,9 @@ func TestElasticGradDtype(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Leave(ctx)
-	fn, _ := rec.Spec.NewFunc()
-	p0 := make([]float32, rec.Layout.Elements)
-	rec.Spec.InitShard(0, p0)
-	ref := functions.NewReference(fn, 2, rec.Layout.Ranges(), p0)
-	grads := [][]float32{make([]float32, len(p0)), make([]float32, len(p0))}
+	ref := testutil.Reference(t, rec)
+	n := rec.Layout.Elements
+	grads := [][]float32{make([]float32, n), make([]float32, n)}
 	for step := int64(1); step <= 4; step++ {
 		p, err := e.Step(ctx, func(_ context.Context, rank int, step int64, params, g []float32) error {
 			testutil.Gradient(g, params, step, rank)

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fanin-ml/fanin/functions"
 	"github.com/fanin-ml/fanin/internal/testutil"
 	"github.com/fanin-ml/fanin/sdk"
 )
@@ -156,13 +155,10 @@ func TestElasticWorkersComeAndGo(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	fn, _ := rec.Spec.NewFunc()
-	p0 := make([]float32, rec.Layout.Elements)
-	rec.Spec.InitShard(0, p0)
-	ref := functions.NewReference(fn, 4, rec.Layout.Ranges(), p0)
+	ref := testutil.Reference(t, rec)
 	grads := make([][]float32, 4)
 	for i := range grads {
-		grads[i] = make([]float32, len(p0))
+		grads[i] = make([]float32, rec.Layout.Elements)
 	}
 	last := r.end
 	for step := int64(1); step <= last; step++ {

@@ -105,11 +105,9 @@ func VersionsOf(uses []AsyncUse) func(rank int, step int64, shard int) (int64, b
 	}
 }
 
-// ReplaySSP is the reference of a bsp or ssp job trained with Gradient: steps steps of every rank,
-// each rank's gradient computed, shard by shard, from the reference's own parameters at the
-// version version(rank, step, shard) says (Gradient is elementwise, so a shard's slice of it needs
-// that shard's parameters only). It returns the reference's parameters.
-func ReplaySSP(t testing.TB, rec *job.Record, steps int64, version func(rank int, step int64, shard int) (int64, bool)) []float32 {
+// Reference is the single-process reference of the job rec at its initial parameters (step 0
+// of its init), over all its ranks.
+func Reference(t testing.TB, rec *job.Record) *functions.Reference {
 	t.Helper()
 	p0 := make([]float32, rec.Layout.Elements)
 	rec.Spec.InitShard(0, p0)
@@ -117,9 +115,19 @@ func ReplaySSP(t testing.TB, rec *job.Record, steps int64, version func(rank int
 	if err != nil {
 		t.Fatal(err)
 	}
+	return functions.NewReference(fn, rec.Spec.Ranks, rec.Layout.Ranges(), p0)
+}
+
+// ReplaySSP is the reference of a bsp or ssp job trained with Gradient: steps steps of every rank,
+// each rank's gradient computed, shard by shard, from the reference's own parameters at the
+// version version(rank, step, shard) says (Gradient is elementwise, so a shard's slice of it needs
+// that shard's parameters only). It returns the reference's parameters.
+func ReplaySSP(t testing.TB, rec *job.Record, steps int64, version func(rank int, step int64, shard int) (int64, bool)) []float32 {
+	t.Helper()
 	ranks := rec.Spec.Ranks
-	ref := functions.NewReference(fn, ranks, rec.Layout.Ranges(), p0)
-	history := [][]float32{slices.Clone(p0)}
+	ref := Reference(t, rec)
+	p0 := slices.Clone(ref.Params())
+	history := [][]float32{p0}
 	g := make([][]float32, ranks)
 	for r := range g {
 		g[r] = make([]float32, len(p0))
@@ -149,13 +157,8 @@ func ReplaySSP(t testing.TB, rec *job.Record, steps int64, version func(rank int
 func ReplayASP(t testing.TB, rec *job.Record, updates int64, applied func(shard int, v int64) (string, bool),
 	version func(rank int, step int64, shard int) (int64, bool)) (params []float32, interleaved bool) {
 	t.Helper()
-	p0 := make([]float32, rec.Layout.Elements)
-	rec.Spec.InitShard(0, p0)
-	fn, err := rec.Spec.NewFunc()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ref := functions.NewReference(fn, rec.Spec.Ranks, rec.Layout.Ranges(), p0)
+	ref := Reference(t, rec)
+	p0 := slices.Clone(ref.Params())
 	g := make([]float32, len(p0))
 	for i := range rec.Layout.Shards {
 		hist := [][]float32{slices.Clone(p0)} // the whole vector per version; shard i's slice matters
