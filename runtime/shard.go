@@ -561,7 +561,7 @@ func (x *shardExec) publishParams() {
 	ob := <-x.outs
 	wire.Encode(ob.data, x.params, wire.F32)
 	ob.msg.Data = ob.data
-	wire.SetParamsHeaders(ob.msg.Header, x.ji.rec.Spec.ID, x.shard.ID, x.step, x.stepSeq)
+	wire.SetParamsHeaders(ob.msg.Header, x.ji.rec.Spec.ID, x.shard.ID, x.step, x.stepSeq, wire.F32)
 	x.setSyncHeaders(ob.msg.Header)
 	done := x.completeStep(ob.msg)
 	purgeTo := uint64(0)

@@ -191,7 +191,8 @@ func Decode(dst []float32, src []byte, dt Dtype) {
 			dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:]))
 		}
 	case BF16:
-		for i := range dst {
+		k := decodeBF16SIMD(dst, src)
+		for i := k; i < len(dst); i++ {
 			dst[i] = BF16ToF32(binary.LittleEndian.Uint16(src[2*i:]))
 		}
 	case F16:

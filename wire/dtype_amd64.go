@@ -20,6 +20,21 @@ func encodeBF16AVX2(dst *uint16, src *float32, n int)
 //go:noescape
 func encodeF16AVX2(dst *uint16, src *float32, n int)
 
+//go:noescape
+func decodeBF16AVX2(dst *float32, src *byte, n int)
+
+// decodeBF16SIMD decodes the first n - n%8 bf16 elements of src into dst with the assembly when
+// the CPU has it, and returns how many. src may be at any address.
+func decodeBF16SIMD(dst []float32, src []byte) int {
+	n := len(dst) &^ 7
+	if !useSIMD || !haveBF16SIMD || n == 0 {
+		return 0
+	}
+	_ = src[2*n-1]
+	decodeBF16AVX2(&dst[0], &src[0], n)
+	return n
+}
+
 // encode16SIMD encodes the first n - n%8 elements of src into dst (2 bytes each) with the
 // assembly when the CPU has it and dst is 2-byte aligned, and returns how many.
 func encode16SIMD(dst []byte, src []float32, dt Dtype) int {

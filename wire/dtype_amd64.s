@@ -79,3 +79,26 @@ hloop:
 hdone:
 	VZEROUPPER
 	RET
+
+// func decodeBF16AVX2(dst *float32, src *byte, n int)
+// n is a multiple of 8: dst[i] = BF16ToF32(src[2i:2i+2]) (exact: the 16 bits become the high
+// half). src needs no alignment.
+TEXT ·decodeBF16AVX2(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	SHRQ $3, CX
+	JZ   ddone
+
+dloop:
+	VPMOVZXWD (SI), Y0
+	VPSLLD    $16, Y0, Y0
+	VMOVDQU   Y0, (DI)
+	ADDQ      $16, SI
+	ADDQ      $32, DI
+	DECQ      CX
+	JNZ       dloop
+
+ddone:
+	VZEROUPPER
+	RET

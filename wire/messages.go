@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"fmt"
 	"strconv"
 
 	"github.com/nats-io/nats.go"
@@ -8,8 +9,9 @@ import (
 
 // Message building. Every message fanin stores (parameters, checkpoints, uploaded initial
 // parameters) has its subject, headers and de-duplication id made here, by runtime, store, SDK and
-// bench alike; docs/PROTOCOL.md describes what they are. Parameters, checkpoints and uploads are
-// always f32 (gradients may be 16-bit: see dtype.go).
+// bench alike; docs/PROTOCOL.md describes what they are. Checkpoints and uploads are always f32;
+// parameters are f32, or the job's 16-bit param_dtype after step 0 (gradients may be 16-bit:
+// see dtype.go).
 
 // CheckpointMsgID is the de-duplication id of one shard's checkpoint after one step.
 func CheckpointMsgID(job string, shard int, step int64) string {
@@ -17,11 +19,30 @@ func CheckpointMsgID(job string, shard int, step int64) string {
 }
 
 // SetParamsHeaders fills the headers of a parameters message: the step it follows, the last
-// gradient sequence folded in, dtype f32, and its message id. A reused message keeps its header
+// gradient sequence folded in, its dtype, and its message id. A reused message keeps its header
 // slices (no allocation but the id's string).
-func SetParamsHeaders(h nats.Header, job string, shard int, step int64, seq uint64) {
+func SetParamsHeaders(h nats.Header, job string, shard int, step int64, seq uint64, dt Dtype) {
 	setSnapshotHeaders(h, step, seq)
+	set(h, HdrDtype, dt.String())
 	set(h, HdrMsgID, ParamsMsgID(job, shard, step))
+}
+
+// DecodeParams decodes the payload of a parameters message into dst (the shard's elements) by its
+// HdrDtype (f32 when absent), and returns that dtype. A dtype it does not know, or a payload of
+// another length than len(dst) elements of the dtype, is an error naming both.
+func DecodeParams(dst []float32, h nats.Header, data []byte) (Dtype, error) {
+	dt := F32
+	if v := first(h, HdrDtype); v != "" {
+		var ok bool
+		if dt, ok = ParseDtype(v); !ok {
+			return F32, fmt.Errorf("parameters: %s %q, want %s, %s or %s", HdrDtype, v, DtypeF32, DtypeBF16, DtypeF16)
+		}
+	}
+	if want := len(dst) * dt.ElemSize(); len(data) != want {
+		return dt, fmt.Errorf("parameters: %d bytes, want %d (%d %s elements)", len(data), want, len(dst), dt)
+	}
+	Decode(dst, data, dt)
+	return dt, nil
 }
 
 // SetCheckpointHeaders fills the headers of a checkpoint message, as SetParamsHeaders with the
@@ -41,7 +62,7 @@ func setSnapshotHeaders(h nats.Header, step int64, seq uint64) {
 // ParamsMsg is a parameters message of one shard after step (data: its f32 little-endian bytes).
 func ParamsMsg(job string, shard int, step int64, seq uint64, data []byte) *nats.Msg {
 	m := nats.NewMsg(ParamsSubject(job, shard))
-	SetParamsHeaders(m.Header, job, shard, step, seq)
+	SetParamsHeaders(m.Header, job, shard, step, seq, F32)
 	m.Data = data
 	return m
 }
