@@ -172,6 +172,25 @@ func TestKubernetesManifests(t *testing.T) {
 	if !podName {
 		t.Error("runtime: no POD_NAME from the downward API's metadata.name")
 	}
+	// A runtime reports (and runs) the cores it requested, not its node's: --cores and GOMAXPROCS
+	// come from the container's requests.cpu in whole cores.
+	if i := slices.Index(c.Args, "--cores"); i < 0 || i+1 >= len(c.Args) || c.Args[i+1] != "$(RUNTIME_CORES)" {
+		t.Errorf("runtime args %v: want --cores $(RUNTIME_CORES)", c.Args)
+	}
+	for _, name := range []string{"RUNTIME_CORES", "GOMAXPROCS"} {
+		i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == name })
+		if i < 0 || c.Env[i].ValueFrom == nil || c.Env[i].ValueFrom.ResourceFieldRef == nil {
+			t.Errorf("runtime: no %s from the downward API's resourceFieldRef", name)
+			continue
+		}
+		r := c.Env[i].ValueFrom.ResourceFieldRef
+		if r.ContainerName != c.Name || r.Resource != "requests.cpu" || r.Divisor.String() != "1" {
+			t.Errorf("runtime %s from %s of %q divisor %s, want requests.cpu of %q divisor 1", name, r.Resource, r.ContainerName, r.Divisor.String(), c.Name)
+		}
+	}
+	if _, ok := c.Resources.Requests[corev1.ResourceCPU]; !ok {
+		t.Error("runtime: no CPU request for --cores to come from")
+	}
 	if g := rt.Spec.Template.Spec.TerminationGracePeriodSeconds; g == nil || *g < 30 {
 		t.Errorf("runtime terminationGracePeriodSeconds = %v, want >= 30 for the checkpoint", g)
 	}
