@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/fanin-ml/fanin/functions"
+	"github.com/fanin-ml/fanin/wire"
 )
 
 // Spec is what a user submits to create a job. Zero fields take the defaults of Normalize.
@@ -35,6 +36,21 @@ type Spec struct {
 	// their headroom first, and a runtime runs ready high work before normal before low. Only an
 	// admin may create a high job (the gateway refuses it to team tokens). See docs/AUTOSCALING.md.
 	Priority string `json:"priority,omitempty"`
+	// ParamDtype is the element type of the parameters messages the workers receive after step 0:
+	// f32 (the default; empty means f32, as in records stored before the field existed) or bf16
+	// (half the bytes: the service's f32 master parameters rounded to nearest even; step 0 and
+	// checkpoints stay f32). f16 is not offered: a parameter beyond ±65504 would become Inf in the
+	// workers' copy. See ParamsDtype and docs/PROTOCOL.md, section 3.
+	ParamDtype string `json:"param_dtype,omitempty"`
+}
+
+// ParamsDtype is the dtype of the job's parameters messages after step 0: wire.BF16 for
+// param_dtype bf16, otherwise wire.F32.
+func (s *Spec) ParamsDtype() wire.Dtype {
+	if s.ParamDtype == wire.DtypeBF16 {
+		return wire.BF16
+	}
+	return wire.F32
 }
 
 // Priority classes of Spec.Priority.
@@ -248,6 +264,13 @@ func (s *Spec) Validate() error {
 	case PriorityHigh, PriorityNormal, PriorityLow:
 	default:
 		bad("priority", "must be high, normal or low, got %q", s.Priority)
+	}
+	switch s.ParamDtype {
+	case "", wire.DtypeF32, wire.DtypeBF16:
+	case wire.DtypeF16:
+		bad("param_dtype", "f16 is not offered for parameters: a parameter beyond ±65504 would become Inf in the workers' copy; use bf16 (float32's range) or f32")
+	default:
+		bad("param_dtype", "must be f32 (default) or bf16, got %q", s.ParamDtype)
 	}
 	if len(errs) == 0 && total > 0 {
 		if n := s.shardCount(); n > MaxShards {

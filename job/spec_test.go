@@ -1,11 +1,14 @@
 package job
 
 import (
+	"encoding/json"
 	"errors"
 	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
+
+	"github.com/fanin-ml/fanin/wire"
 )
 
 func validSpec() Spec {
@@ -44,6 +47,9 @@ func TestValidateSpecificErrors(t *testing.T) {
 		{"init", func(s *Spec) { s.Init.Kind = "xavier" }, "init.kind", "zeros, uniform, normal or upload"},
 		{"priority", func(s *Spec) { s.Priority = "urgent" }, "priority", `must be high, normal or low, got "urgent"`},
 		{"priority case", func(s *Spec) { s.Priority = "High" }, "priority", `got "High"`},
+		{"param_dtype f16", func(s *Spec) { s.ParamDtype = "f16" }, "param_dtype", "±65504 would become Inf"},
+		{"param_dtype", func(s *Spec) { s.ParamDtype = "fp8" }, "param_dtype", `must be f32 (default) or bf16, got "fp8"`},
+		{"param_dtype case", func(s *Spec) { s.ParamDtype = "BF16" }, "param_dtype", `got "BF16"`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -97,6 +103,20 @@ storage: file
 	}
 	if (&Spec{}).PriorityClass() != 0 {
 		t.Fatalf("a record stored before priorities existed must read as normal")
+	}
+	for _, c := range []struct {
+		field string // the param_dtype key, or "" for none
+		want  wire.Dtype
+	}{{"", wire.F32}, {`,"param_dtype":"f32"`, wire.F32}, {`,"param_dtype":"bf16"`, wire.BF16}} {
+		s, err := Parse([]byte(`{"id":"x","tensors":[{"name":"w","shape":[4]}],"ranks":1,"function":{"name":"sum"}` + c.field + `}`))
+		if err != nil || s.ParamsDtype() != c.want {
+			t.Fatalf("param_dtype %q: got %+v, %v", c.field, s, err)
+		}
+		// A spec without param_dtype keeps its JSON: records stored before the field existed
+		// and new f32 ones are byte-identical.
+		if js, _ := json.Marshal(s); c.field == "" && strings.Contains(string(js), "param_dtype") {
+			t.Fatalf("an f32 spec's JSON names param_dtype: %s", js)
+		}
 	}
 	if _, err := Parse([]byte(`{"id":"x","tensors":[{"name":"w","shape":[4]}],"ranks":1,"function":{"name":"sum"},"colour":"red"}`)); err == nil || !strings.Contains(err.Error(), "colour") {
 		t.Fatalf("unknown field: got %v", err)
