@@ -213,22 +213,11 @@ func Axpy(dst []float32, w float32, x []float32) {
 	}
 }
 
-// EncodeLE writes src to dst as little-endian float32s, the inverse of CopyLE.
-// It panics unless len(dst) == 4*len(src).
+// EncodeLE writes src to dst as little-endian float32s, the inverse of CopyLE: wire.Encode of
+// f32 (which tests its big-endian path). It panics unless len(dst) == 4*len(src).
 func EncodeLE(dst []byte, src []float32) {
 	checkLen(len(src), dst)
-	if littleEndian {
-		copy(dst, asBytes(src))
-		return
-	}
-	encodeLEPut(dst, src)
-}
-
-func encodeLEPut(dst []byte, src []float32) {
-	dst = dst[:4*len(src)]
-	for i, f := range src {
-		binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(f))
-	}
+	wire.Encode(dst, src, wire.F32)
 }
 
 // NonFinite returns the index (in float32s) of the first NaN or ±Inf among the little-endian
