@@ -334,7 +334,8 @@ func (w *Worker) copyShard(s job.Shard, m *nats.Msg, want int64) (int64, error) 
 
 // Step publishes the rank's gradient of the whole model for the next step and waits for the
 // parameters after it. The returned slice is owned by the worker and overwritten by the next call.
-// grads is only read, and is no longer referenced when Step returns.
+// grads is only read, and is no longer referenced when Step returns, whether it succeeded or
+// failed: a failed Step leaves no publish behind that could still send it.
 //
 // A retry cannot apply anything twice: each message carries an id that JetStream de-duplicates,
 // and the runtime refuses a second gradient from the same rank for the same step.
@@ -446,7 +447,7 @@ func (w *Worker) publish(ctx context.Context, t int64, which []int, grads [][]fl
 			}
 			m.Header.Set(wire.HdrMsgID, id)
 			m.Data = w.bytesOf(grads[k][s.Off:s.Off+s.Len], j*w.rec.Layout.Elements+s.Off)
-			f, err := w.c.js.PublishMsgAsync(m)
+			f, err := w.c.js.PublishMsgAsync(m, asyncPublish...)
 			if err != nil {
 				return w.pubError(s, rank, err)
 			}
@@ -477,6 +478,19 @@ func (w *Worker) publish(ctx context.Context, t int64, which []int, grads [][]fl
 	return nil
 }
 
+// asyncPublish are the options of every asynchronous gradient publish: no retry by nats.go. On a
+// "no responders" answer nats.go would publish the same *nats.Msg again from a timer, 250 ms later
+// and again after that, reading its Header and Data as they are then. A Step that failed (its ctx
+// ended, or another shard's publish failed) returns with such a retry pending, and by then the
+// caller may be writing its next gradient into the same memory (f32 payloads are the caller's
+// gradient itself), or the next Step rewriting the message's headers and w.enc: the retry sent the
+// new bytes under the old message id, or a mix of steps. Without it, nats.go has copied header and
+// payload into its write buffer when PublishMsgAsync returns and never reads the message again: a
+// pending future of a failed attempt holds nothing that changes, and is dropped. publish retries
+// itself, synchronously and with the same id, while the message is still its own
+// (publishRetrying treats "no responders" as transient while the job exists).
+var asyncPublish = []jetstream.PublishOpt{jetstream.WithRetryAttempts(0)}
+
 // publishRetrying publishes m (a gradient whose asynchronous publish failed with first) until
 // JetStream stores it or ctx ends. It retries at once, then, with a backoff, for as long as the
 // refusal is one that passes (transient); anything else is returned at once, as a rejection where
@@ -484,7 +498,10 @@ func (w *Worker) publish(ctx context.Context, t int64, which []int, grads [][]fl
 func (w *Worker) publishRetrying(ctx context.Context, s job.Shard, rank int, m *nats.Msg, first error) error {
 	err := w.publishOnce(ctx, m)
 	for wait := 20 * time.Millisecond; err != nil; wait = min(2*wait, pubBackoff) {
-		if ctx.Err() != nil || !w.transient(ctx, err) {
+		if ctx.Err() != nil { // not the refusal's fault: say so, whatever it was
+			return fmt.Errorf("publish gradient of shard %d (refused: %v): %w", s.ID, errors.Join(first, err), ctx.Err())
+		}
+		if !w.transient(ctx, err) {
 			return w.pubError(s, rank, errors.Join(first, err))
 		}
 		select {

@@ -1,0 +1,85 @@
+package sdk_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fanin-ml/fanin/internal/store"
+	"github.com/fanin-ml/fanin/internal/testutil"
+	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// fakeJob is a job on a bare embedded NATS server with no runtime: its record in the jobs bucket
+// and its streams as fanin creates them, the test acting as the runtime (it publishes the
+// parameters messages). What a worker sends and receives is then the test's to choose and see.
+type fakeJob struct {
+	t   *testing.T
+	url string
+	nc  *nats.Conn
+	js  jetstream.JetStream
+	rec *job.Record
+}
+
+func newFakeJob(t *testing.T, s job.Spec) *fakeJob {
+	t.Helper()
+	url := testutil.NATS(t)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s.Normalize()
+	if err := s.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	rec := job.NewRecord(s, time.Now())
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: wire.JobsBucket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	val, _ := json.Marshal(rec)
+	if _, err := kv.Put(ctx, s.ID, val); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.CreateJobStreams(ctx, js, &rec, nc.MaxPayload()); err != nil {
+		t.Fatal(err)
+	}
+	return &fakeJob{t: t, url: url, nc: nc, js: js, rec: &rec}
+}
+
+// publishParams stores (and so pushes) the parameters of shard i after step as a runtime does,
+// vals encoded in dt. data, when not nil, is the payload as given instead (a malformed one).
+func (f *fakeJob) publishParams(i int, step int64, dt wire.Dtype, vals []float32, data []byte) {
+	f.t.Helper()
+	if data == nil {
+		data = make([]byte, dt.ElemSize()*len(vals))
+		wire.Encode(data, vals, dt)
+	}
+	m := wire.ParamsMsg(f.rec.Spec.ID, f.rec.Layout.Shards[i].ID, step, uint64(step), data)
+	wire.SetParamsHeaders(m.Header, f.rec.Spec.ID, f.rec.Layout.Shards[i].ID, step, uint64(step), dt)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := f.js.PublishMsg(ctx, m); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// publishAll publishes every shard's parameters after step from the flat vector p, in dt.
+func (f *fakeJob) publishAll(step int64, dt wire.Dtype, p []float32) {
+	f.t.Helper()
+	for i, s := range f.rec.Layout.Shards {
+		f.publishParams(i, step, dt, p[s.Off:s.Off+s.Len], nil)
+	}
+}
