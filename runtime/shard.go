@@ -22,8 +22,8 @@ import (
 // shardExec serves one shard: it gathers the N ranks of each step in rank order, applies the
 // function, publishes the parameters and checkpoints.
 //
-// Exactly once: a snapshot (parameters message for stateless functions, checkpoint message for
-// stateful ones) carries the stream sequence of the last gradient message it covers. The executor
+// Exactly once: a snapshot (the parameters message when it is one, see paramsSnap; a checkpoint
+// message otherwise) carries the stream sequence of the last gradient message it covers. The executor
 // restores the newest snapshot and replays the gradient stream from the next sequence; the
 // decision on every message depends only on the state and the message, so replay reproduces the
 // same steps bit for bit. Gradients are purged only up to a snapshot that JetStream acknowledged.
@@ -38,9 +38,15 @@ type shardExec struct {
 	log    *slog.Logger
 	gradSj string
 
-	weighted  bool
-	finite    bool  // reject NaN and Inf
-	ckptEvery int64 // stateful functions checkpoint every ckptEvery steps
+	weighted bool
+	finite   bool       // reject NaN and Inf
+	paramsDt wire.Dtype // the dtype of the parameters messages after step 0 (the job's param_dtype)
+	// paramsSnap: the parameters message is the shard's snapshot, an exact copy of its whole
+	// state (a stateless function, f32 parameters). Otherwise (optimizer state, or parameters
+	// published rounded to bf16 while the f32 master stays here) the shard writes checkpoints: it
+	// restores from them, purges gradients only up to them, and writes a last one on handover.
+	paramsSnap bool
+	ckptEvery  int64 // a shard that checkpoints does so every ckptEvery steps
 
 	cancel      context.CancelFunc
 	done        chan struct{}  // closed when run returns
@@ -113,6 +119,7 @@ func newShardExec(r *Runtime, ji *jobInfo, shard int, epoch uint64) (*shardExec,
 		gradSj:    wire.GradSubject(ji.rec.Spec.ID, shard),
 		weighted:  functions.Weighted(fn.Name()),
 		finite:    !ji.rec.Spec.AllowNonFinite,
+		paramsDt:  ji.rec.Spec.ParamsDtype(),
 		done:      make(chan struct{}),
 		released:  make(chan struct{}),
 		params:    make([]float32, s.Len),
@@ -127,15 +134,18 @@ func newShardExec(r *Runtime, ji *jobInfo, shard int, epoch uint64) (*shardExec,
 		met:       r.met.Job(ji.rec.Spec.ID),
 		created:   ji.rec.Created.UnixNano(),
 	}
+	x.paramsSnap = fn.Slots() == 0 && x.paramsDt == wire.F32
 	x.initSync(ji.rec.Spec.Sync, ji.rec.Spec.Staleness)
 	for range 2 {
-		x.outs <- &outBuf{msg: nats.NewMsg(wire.ParamsSubject(ji.rec.Spec.ID, shard)), data: make([]byte, s.Bytes())}
+		x.outs <- &outBuf{msg: nats.NewMsg(wire.ParamsSubject(ji.rec.Spec.ID, shard)), data: make([]byte, s.Len*x.paramsDt.ElemSize())}
 	}
 	if fn.Slots() > 0 {
 		x.state = make([][]float32, fn.Slots())
 		for i := range x.state {
 			x.state[i] = make([]float32, s.Len)
 		}
+	}
+	if !x.paramsSnap {
 		x.ckptBuf = &outBuf{msg: nats.NewMsg(wire.CkptSubject(ji.rec.Spec.ID, shard)), data: make([]byte, (1+fn.Slots())*s.Bytes())}
 	}
 	return x, nil
@@ -239,8 +249,10 @@ func (x *shardExec) serve(ctx context.Context) error {
 	}
 }
 
-// restore loads the newest snapshot of the shard: its checkpoint, or for stateless functions its
-// latest parameters if newer. With neither (init "upload"), it waits for the step-0 parameters.
+// restore loads the newest snapshot of the shard: its checkpoint, or when the parameters message
+// is a snapshot (paramsSnap) its latest parameters if newer. A shard that checkpoints restores
+// from parameters only at step 0 (always f32), and then writes its first checkpoint. With neither
+// (init "upload"), it waits for the step-0 parameters.
 func (x *shardExec) restore(ctx context.Context) error {
 	for {
 		ck, ckErr := x.ji.params.GetLastMsgForSubject(ctx, wire.CkptSubject(x.ji.rec.Spec.ID, x.shard.ID))
@@ -250,20 +262,19 @@ func (x *shardExec) restore(ctx context.Context) error {
 				return fmt.Errorf("read snapshot: %w", err)
 			}
 		}
-		stateful := x.fn.Slots() > 0
 		switch {
-		case ck != nil && (pm == nil || stateful || snapStep(ck) >= snapStep(pm)):
+		case ck != nil && (pm == nil || !x.paramsSnap || snapStep(ck) >= snapStep(pm)):
 			return x.load(ck, true)
-		case pm != nil && (!stateful || snapStep(pm) == 0):
+		case pm != nil && (x.paramsSnap || snapStep(pm) == 0):
 			if err := x.load(pm, false); err != nil {
 				return err
 			}
-			if stateful { // the first checkpoint: replay needs it once step 0 is overwritten
+			if !x.paramsSnap { // the first checkpoint: replay needs it once step 0 is overwritten
 				return x.checkpointSync(ctx, false)
 			}
 			return nil
 		case pm != nil:
-			return fmt.Errorf("shard has parameters at step %d but no checkpoint of its optimizer state", snapStep(pm))
+			return fmt.Errorf("shard has parameters at step %d but no checkpoint (of its optimizer state, or of the f32 parameters behind its %s ones)", snapStep(pm), x.paramsDt)
 		}
 		if x.ji.init != nil { // init "upload": the step 0 a worker uploaded, once checked
 			if done, err := x.adoptUpload(ctx); err != nil || done {
@@ -344,6 +355,9 @@ func (x *shardExec) load(m *jetstream.RawStreamMsg, withState bool) error {
 	}
 	if len(m.Data) != vecs*x.shard.Bytes() {
 		return fmt.Errorf("snapshot at step %d has %d bytes, want %d", step, len(m.Data), vecs*x.shard.Bytes())
+	}
+	if dt := m.Header.Get(wire.HdrDtype); dt != "" && dt != wire.DtypeF32 {
+		return fmt.Errorf("snapshot at step %d is %s, not f32", step, dt) // a rounded copy is no snapshot
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -461,7 +475,7 @@ func (x *shardExec) handleSeq(m jetstream.Msg, seq uint64) {
 // snapshot publishes the parameters of the step just applied, and a checkpoint when one is due.
 func (x *shardExec) snapshot() {
 	x.publishParams()
-	if len(x.state) > 0 && x.step-x.ckptAt.Load() >= x.ckptEvery {
+	if !x.paramsSnap && x.step-x.ckptAt.Load() >= x.ckptEvery {
 		x.checkpointAsync()
 	}
 }
@@ -555,17 +569,18 @@ func (x *shardExec) resetGather() {
 	clear(x.pend)
 }
 
-// publishParams publishes the parameters after x.step. It blocks only when two earlier publishes
-// of this shard are still unacknowledged.
+// publishParams publishes the parameters after x.step (x.step >= 1), in the job's param_dtype:
+// the f32 parameters, or their bf16 rounding (nearest even) while x.params stays the f32 master.
+// It blocks only when two earlier publishes of this shard are still unacknowledged.
 func (x *shardExec) publishParams() {
 	ob := <-x.outs
-	wire.Encode(ob.data, x.params, wire.F32)
+	wire.Encode(ob.data, x.params, x.paramsDt)
 	ob.msg.Data = ob.data
-	wire.SetParamsHeaders(ob.msg.Header, x.ji.rec.Spec.ID, x.shard.ID, x.step, x.stepSeq, wire.F32)
+	wire.SetParamsHeaders(ob.msg.Header, x.ji.rec.Spec.ID, x.shard.ID, x.step, x.stepSeq, x.paramsDt)
 	x.setSyncHeaders(ob.msg.Header)
 	done := x.completeStep(ob.msg)
 	purgeTo := uint64(0)
-	if len(x.state) == 0 { // the parameters are the snapshot: once stored, older gradients can go
+	if x.paramsSnap { // the parameters are the snapshot: once stored, older gradients can go
 		purgeTo = x.replayFrom()
 	}
 	x.r.acks.submit(ob.msg, func(ok bool) {
@@ -652,11 +667,11 @@ func storeMax(a *atomic.Int64, v int64) {
 }
 
 // finish runs when the executor stops: no more messages are handled, in-flight publishes are
-// awaited, and a stateful shard writes a final checkpoint so the next owner replays nothing.
+// awaited, and a shard that checkpoints writes a final checkpoint so the next owner replays nothing.
 func (x *shardExec) finish() {
 	x.mu.Lock()
 	x.stopped = true
-	dirty := len(x.state) > 0 && x.step > x.ckptAt.Load()
+	dirty := !x.paramsSnap && x.step > x.ckptAt.Load()
 	x.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -140,7 +140,7 @@ func (x *shardExec) completeStep(msg *nats.Msg) stepDone {
 	child(telemetry.SpanFunction, x.times.fnStart, x.times.fnEnd, telemetry.AttrFunction.String(x.fn.Name()),
 		telemetry.AttrBytes.Int64(int64(x.shard.Bytes())))
 	_, pub := tr.Start(ctx, telemetry.SpanPublish, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
-		telemetry.AttrBytes.Int64(int64(x.shard.Bytes())), telemetry.AttrSystem.String("nats"), telemetry.AttrSubject.String(msg.Subject)))
+		telemetry.AttrBytes.Int64(int64(len(msg.Data))), telemetry.AttrSystem.String("nats"), telemetry.AttrSubject.String(msg.Subject)))
 	telemetry.SetTraceparent(msg.Header, pub.SpanContext())
 	d.spans = &stepSpans{invoke: inv, publish: pub}
 	return d

@@ -41,7 +41,10 @@ func GradMaxMsgSize(rec *job.Record) int32 {
 
 // JobStorageBound is what a job's streams may store: grad, its gradients (ranks x the model's bytes
 // x GradWindow, plus headers); params, its parameter stream (ParamsHistory versions of every
-// shard's parameters and checkpoints with their optimizer state, plus headers).
+// shard's parameters and checkpoints with their optimizer state, plus headers). Parameters are
+// counted as f32 (a param_dtype bf16 job's are half that after step 0, its step 0 is f32), and
+// every shard has room for checkpoints: a stateless shard of a bf16 job writes them too (its f32
+// parameters, the one vector its parameters messages no longer hold exactly).
 func JobStorageBound(rec *job.Record) (grad, params int64) {
 	slots := 0
 	if fn, err := rec.Spec.NewFunc(); err == nil {

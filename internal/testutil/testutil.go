@@ -17,7 +17,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/fanin-ml/fanin/functions"
 	"github.com/fanin-ml/fanin/internal/devstack"
 	"github.com/fanin-ml/fanin/internal/embed"
 	"github.com/fanin-ml/fanin/job"
@@ -192,7 +191,8 @@ func Train(t testing.TB, url string, rec *job.Record, steps int, opts ...sdk.Opt
 }
 
 // ParamsAt waits until every shard's newest parameters in the job's parameter stream ps are those
-// of step, and returns them as one vector.
+// of step, and returns them as one vector, decoded by their Fanin-Dtype (wire.DecodeParams): for
+// a job with param_dtype bf16, the workers' rounded copy after step 0.
 func ParamsAt(t testing.TB, ps LastMsgGetter, rec *job.Record, step int64) []float32 {
 	t.Helper()
 	out := make([]float32, rec.Layout.Elements)
@@ -209,11 +209,25 @@ func ParamsAt(t testing.TB, ps LastMsgGetter, rec *job.Record, step int64) []flo
 			if got != step {
 				return fmt.Errorf("shard %d at step %d, want %d", s.ID, got, step)
 			}
-			functions.CopyLE(out[s.Off:s.Off+s.Len], m.Data)
-			return nil
+			_, err = wire.DecodeParams(out[s.Off:s.Off+s.Len], m.Header, m.Data)
+			return err
 		})
 	}
 	return out
+}
+
+// ParamsPayload is what a parameters message of shard s at step must hold when the service's f32
+// master parameters of the whole model are master: its dtype, and its payload, master's bytes at
+// step 0 and for an f32 job, otherwise master rounded to the job's param_dtype (wire.Encode
+// rounds to nearest even, as wire.Round does).
+func ParamsPayload(rec *job.Record, s job.Shard, step int64, master []float32) (wire.Dtype, []byte) {
+	dt := rec.Spec.ParamsDtype()
+	if step == 0 {
+		dt = wire.F32
+	}
+	b := make([]byte, s.Len*dt.ElemSize())
+	wire.Encode(b, master[s.Off:s.Off+s.Len], dt)
+	return dt, b
 }
 
 // LastMsgGetter reads the newest message of a subject: a jetstream.Stream, or DirectGetter for a

@@ -1,0 +1,121 @@
+package runtime
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fanin-ml/fanin/internal/embed"
+	"github.com/fanin-ml/fanin/internal/store"
+	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// TestPurgeOnlyBehindSnapshots: gradients are purged only up to a stored snapshot. With f32
+// parameters and a stateless function (sgd) the parameters message is the snapshot: once it is
+// stored, the gradients it covers may go. With param_dtype bf16 it is a rounded copy, not a
+// snapshot: storing it must purge nothing (a restore could not get the f32 parameters back from
+// it), and only the checkpoint that follows it, once stored, purges what it covers; a checkpoint
+// that failed purges nothing. The test runs a shard executor on a real JetStream and plays the
+// acknowledgements one by one, in order, checking after each what the purger was asked to do
+// against the snapshots acknowledged so far.
+func TestPurgeOnlyBehindSnapshots(t *testing.T) {
+	ns, err := embed.Start(embed.Config{Port: -1, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, c := range []struct{ fn, dtype string }{{"sgd", "f32"}, {"sgd", "bf16"}, {"adam", "bf16"}} {
+		t.Run(c.fn+"-"+c.dtype, func(t *testing.T) {
+			spec := job.Spec{ID: "purge-" + c.fn + "-" + c.dtype, Tensors: []job.Tensor{{Name: "w", Shape: []int{1000}}}, Ranks: 2,
+				Function: job.Function{Name: c.fn, Hyper: map[string]float64{"lr": 0.1}}, ParamDtype: c.dtype}
+			spec.Normalize()
+			rec := job.NewRecord(spec, time.Now())
+			js, _ := jetstream.New(nc)
+			if err := store.CreateJobStreams(ctx, js, &rec, 8<<20); err != nil {
+				t.Fatal(err)
+			}
+			grads, _ := js.Stream(ctx, wire.GradStream(spec.ID))
+			params, _ := js.Stream(ctx, wire.ParamsStream(spec.ID))
+			r, err := New(nc, WithLogger(slog.New(slog.DiscardHandler)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.acks, r.purger = newAcker(r.js, r.log), newPurger(r.log) // neither runs: the test plays them
+			x, err := newShardExec(r, &jobInfo{rec: &rec, grads: grads, params: params}, 0, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			x.cancel = func() {}
+			snapIsParams := c.fn == "sgd" && c.dtype == "f32"
+			if x.paramsSnap != snapIsParams {
+				t.Fatalf("paramsSnap %v, want %v", x.paramsSnap, snapIsParams)
+			}
+			// covered: the gradients below it are in a snapshot whose storage JetStream
+			// acknowledged (the runtime knows of no other).
+			var covered uint64
+			ckptSj := wire.CkptSubject(spec.ID, 0)
+			for step := int64(1); step <= 5; step++ {
+				for rank := range 2 {
+					m := nats.NewMsg(wire.GradSubject(spec.ID, 0))
+					m.Header.Set(wire.HdrStep, strconv.FormatInt(step, 10))
+					m.Header.Set(wire.HdrRank, strconv.Itoa(rank))
+					m.Header.Set(wire.HdrDtype, wire.DtypeF32)
+					m.Data = make([]byte, 4000)
+					ack, err := js.PublishMsg(ctx, m)
+					if err != nil {
+						t.Fatal(err)
+					}
+					x.mu.Lock()
+					x.handleSeq(&fakeMsg{data: m.Data, hdr: m.Header}, ack.Sequence)
+					x.mu.Unlock()
+				}
+				// The step's publishes, acknowledged in order: its parameters, then (bf16, adam)
+				// its checkpoint, which at step 3 fails (JetStream did not store it).
+				for len(r.acks.queue) > 0 {
+					it := <-r.acks.queue
+					var ok bool
+					if step == 3 && it.msg.Subject == ckptSj {
+						ok = false
+					} else {
+						ok = r.acks.wait(ctx, it)
+					}
+					if snap := it.msg.Subject == ckptSj || (snapIsParams && it.msg.Subject == wire.ParamsSubject(spec.ID, 0)); snap && ok {
+						seq, _ := wire.ParseSeq(it.msg.Header)
+						covered = seq + 1
+					}
+					it.done(ok)
+					r.purger.mu.Lock()
+					req, asked := r.purger.pending[x.gradSj]
+					r.purger.mu.Unlock()
+					if asked && req.upTo > covered {
+						t.Fatalf("step %d, after %s was acknowledged (%v): purge asked below sequence %d, the stored snapshots cover below %d", step, it.msg.Subject, ok, req.upTo, covered)
+					}
+				}
+				want := 2*uint64(step) + 1 // the step's own snapshot covers its two gradients
+				if step == 3 && !snapIsParams {
+					want = 2*2 + 1 // step 2's checkpoint
+				}
+				r.purger.mu.Lock()
+				req := r.purger.pending[x.gradSj]
+				r.purger.mu.Unlock()
+				if covered != want || req.upTo != want {
+					t.Fatalf("step %d: purge asked below %d, snapshots cover below %d, want %d", step, req.upTo, covered, want)
+				}
+			}
+			x.finish()
+		})
+	}
+}
