@@ -23,7 +23,7 @@ import (
 )
 
 // TestBF16ParamsBitExact trains jobs with param_dtype bf16 (sgd: stateless; adam: stateful; in
-// bsp and asp), each gradient computed, as a worker would, from the parameters as published:
+// bsp, ssp driven in lockstep, and asp), each gradient computed, as a worker would, from the parameters as published:
 // step 0 in f32, then the bf16 copy. Every parameters message, pushed or stored, is f32 at step 0
 // and after it bf16 with the reference's f32 parameters rounded to nearest even, bit for bit;
 // every checkpoint holds the reference's f32 parameters. Meanwhile the shards migrate twice
@@ -31,7 +31,7 @@ import (
 // no final checkpoint, no handover) and restarts in the middle of a step: the f32 master
 // parameters go on exactly, so no gradient was lost or applied twice.
 func TestBF16ParamsBitExact(t *testing.T) {
-	for _, mode := range []string{"bsp", "asp"} {
+	for _, mode := range []string{"bsp", "ssp", "asp"} {
 		for _, fn := range []string{"sgd", "adam"} {
 			t.Run(mode+"/"+fn, func(t *testing.T) { testBF16Params(t, mode, fn) })
 		}
@@ -39,8 +39,12 @@ func TestBF16ParamsBitExact(t *testing.T) {
 }
 
 func testBF16Params(t *testing.T, mode, fn string) {
+	staleness := 0
+	if mode == "ssp" {
+		staleness = 1
+	}
 	x := newBF16Run(t, job.Spec{
-		ID: "p16-" + mode + "-" + fn, Ranks: 2, Sync: mode, ParamDtype: wire.DtypeBF16,
+		ID: "p16-" + mode + "-" + fn, Ranks: 2, Sync: mode, Staleness: staleness, ParamDtype: wire.DtypeBF16,
 		Tensors:  []job.Tensor{{Name: "w", Shape: []int{40, 50}}, {Name: "b", Shape: []int{700}}},
 		Function: job.Function{Name: fn, Hyper: map[string]float64{"lr": 0.05}},
 		Init:     job.Init{Kind: "normal", Seed: 11, Scale: 0.3}, ShardSize: 4 << 10,
@@ -67,7 +71,7 @@ func testBF16Params(t *testing.T, mode, fn string) {
 			x.crashable = startRuntime(t, x.st.URL, "rt-c")
 		}
 		x.rank(step, 1)
-		if mode == "bsp" {
+		if mode != "asp" {
 			x.ref.Step(x.grads, nil)
 			x.version++
 			x.record()
@@ -129,6 +133,9 @@ func newBF16Run(t *testing.T, spec job.Spec) *bf16Run {
 		t.Fatal(err)
 	}
 	_ = sub.SetPendingLimits(-1, -1)
+	if err := nc.Flush(); err != nil { // the server has the subscription before step 0 is published
+		t.Fatal(err)
+	}
 	if x.rec, err = st.Gateway.CreateJob(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
@@ -180,7 +187,7 @@ func (x *bf16Run) rank(step int64, rank int) {
 		m.Header.Set(wire.HdrRank, strconv.Itoa(rank))
 		m.Header.Set(wire.HdrDtype, wire.DtypeF32)
 		m.Header.Set(wire.HdrMsgID, wire.GradMsgID(x.rec.Spec.ID, s.ID, step, rank))
-		if x.rec.Spec.Sync == "asp" {
+		if x.rec.Spec.Sync != "bsp" { // ssp: step-1, every gradient from the newest parameters
 			m.Header.Set(wire.HdrVersion, strconv.FormatInt(x.version, 10))
 		}
 		m.Data = f32bytes(g[s.Off : s.Off+s.Len])
