@@ -3,6 +3,7 @@ package sdk_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -81,5 +82,26 @@ func (f *fakeJob) publishAll(step int64, dt wire.Dtype, p []float32) {
 	f.t.Helper()
 	for i, s := range f.rec.Layout.Shards {
 		f.publishParams(i, step, dt, p[s.Off:s.Off+s.Len], nil)
+	}
+}
+
+// waitGrads waits until the gradient stream holds step's gradient of every shard (of any rank).
+func (f *fakeJob) waitGrads(ctx context.Context, step int64) {
+	f.t.Helper()
+	stream, err := f.js.Stream(ctx, wire.GradStream(f.rec.Spec.ID))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	for _, s := range f.rec.Layout.Shards {
+		testutil.CheckFor(f.t, 20*time.Second, 2*time.Millisecond, func() error {
+			m, err := stream.GetLastMsgForSubject(ctx, wire.GradSubject(f.rec.Spec.ID, s.ID))
+			if err != nil {
+				return err
+			}
+			if got, _ := wire.ParseStep(m.Header); got < step {
+				return fmt.Errorf("shard %d: gradient of step %d, want %d", s.ID, got, step)
+			}
+			return nil
+		})
 	}
 }

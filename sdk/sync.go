@@ -67,16 +67,21 @@ func (w *Worker) OwnStep() int64 {
 	return w.step
 }
 
-// stageParams keeps pushed parameters newer than the staged ones (ssp and asp). w.mu is held.
-func (w *Worker) stageParams(id int, step int64, m *nats.Msg) {
+// stageParams keeps parameters newer than the staged ones (ssp and asp), pushed or fetched. A
+// message that is no parameters of the shard (wire.DecodeParams refuses it) is an error and
+// stages nothing. w.mu is held.
+func (w *Worker) stageParams(id int, step int64, m *nats.Msg) error {
 	s := w.rec.Layout.Shards[id]
-	if step <= w.as.stageStep[id] || step <= w.got[id] || len(m.Data) != s.Bytes() {
-		return
+	if step <= w.as.stageStep[id] || step <= w.got[id] {
+		return nil
 	}
-	wire.Decode(w.as.stage[s.Off:s.Off+s.Len], m.Data, wire.F32)
+	if _, err := wire.DecodeParams(w.as.stage[s.Off:s.Off+s.Len], m.Header, m.Data); err != nil {
+		return fmt.Errorf("job %q, shard %d, step %d: %w", w.rec.Spec.ID, s.ID, step, err)
+	}
 	w.as.stageStep[id] = step
 	close(w.as.stageAt)
 	w.as.stageAt = make(chan struct{})
+	return nil
 }
 
 // noteRankSteps reads, from an asp shard's parameters, the last applied step of the worker's
@@ -191,10 +196,15 @@ func (w *Worker) awaitVersions(ctx context.Context, t, need int64) error {
 				if err != nil {
 					return fmt.Errorf("fetch parameters of shard %d: %w", s.ID, err)
 				}
-				if step, err := wire.ParseStep(m.Header); err == nil {
-					w.mu.Lock()
-					w.stageParams(s.ID, step, m)
-					w.mu.Unlock()
+				step, err := wire.ParseStep(m.Header)
+				if err != nil {
+					return fmt.Errorf("fetch parameters of shard %d: %w", s.ID, err)
+				}
+				w.mu.Lock()
+				err = w.stageParams(s.ID, step, m)
+				w.mu.Unlock()
+				if err != nil {
+					return fmt.Errorf("fetch parameters: %w", err)
 				}
 			}
 			wait = min(2*wait, 10*time.Second)

@@ -311,25 +311,38 @@ func (w *Worker) fetchShard(ctx context.Context, s job.Shard, want int64) (int64
 }
 
 // copyShard copies a parameters message of shard s into vec if it is for step want (any step if
-// want < 0) and returns its step.
+// want < 0) and returns its step. A message that is no parameters of s (an unknown Fanin-Dtype, a
+// payload of another length than the shard in its dtype) is an error, and vec is left as it was.
 func (w *Worker) copyShard(s job.Shard, m *nats.Msg, want int64) (int64, error) {
 	step, err := wire.ParseStep(m.Header)
 	if err != nil {
 		return 0, fmt.Errorf("shard %d: %w", s.ID, err)
 	}
-	if len(m.Data) != s.Bytes() {
-		return 0, fmt.Errorf("shard %d: parameters are %d bytes, want %d", s.ID, len(m.Data), s.Bytes())
+	if !paramsValid(m.Header, m.Data, s.Len) {
+		_, err := wire.DecodeParams(make([]float32, s.Len), m.Header, m.Data) // its reason
+		return 0, fmt.Errorf("job %q, shard %d, step %d: %w", w.rec.Spec.ID, s.ID, step, err)
 	}
 	w.noteRankSteps(s.ID, m.Header)
 	if want < 0 || step == want {
 		w.mu.Lock()
-		if w.got[s.ID] < step || want < 0 || step == want {
-			wire.Decode(w.vec[s.Off:s.Off+s.Len], m.Data, wire.F32)
-			w.got[s.ID] = step
-		}
+		_, err = wire.DecodeParams(w.vec[s.Off:s.Off+s.Len], m.Header, m.Data) // checked above
+		w.got[s.ID] = step
 		w.mu.Unlock()
 	}
-	return step, nil
+	return step, err
+}
+
+// paramsValid reports whether a parameters message of a shard of n elements is one
+// wire.DecodeParams takes: a Fanin-Dtype it knows (f32 when absent), n elements of it.
+func paramsValid(h nats.Header, data []byte, n int) bool {
+	dt := wire.F32
+	if v := h.Get(wire.HdrDtype); v != "" {
+		var ok bool
+		if dt, ok = wire.ParseDtype(v); !ok {
+			return false
+		}
+	}
+	return len(data) == n*dt.ElemSize()
 }
 
 // Step publishes the rank's gradient of the whole model for the next step and waits for the
@@ -675,21 +688,25 @@ func (w *Worker) onParams(m *nats.Msg) {
 		return
 	}
 	step, err := wire.ParseStep(m.Header)
-	if err != nil {
+	s := w.rec.Layout.Shards[id]
+	if err != nil || !paramsValid(m.Header, m.Data, s.Len) {
+		// Not parameters this worker can read: ignored, as if lost. Step fetches the shard from
+		// the stream after WithFetchAfter, and fails naming what is wrong if it is this message.
 		return
 	}
-	s := w.rec.Layout.Shards[id]
 	storeMax(&w.newest, step)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.async() {
-		w.stageParams(id, step, m)
+		_ = w.stageParams(id, step, m) // checked above
 		return
 	}
-	if w.want == 0 || step != w.want || w.got[id] >= step || len(m.Data) != s.Bytes() {
+	if w.want == 0 || step != w.want || w.got[id] >= step {
 		return
 	}
-	wire.Decode(w.vec[s.Off:s.Off+s.Len], m.Data, wire.F32)
+	if _, err := wire.DecodeParams(w.vec[s.Off:s.Off+s.Len], m.Header, m.Data); err != nil {
+		return // checked above
+	}
 	w.got[id] = step
 	w.traceReceive(m, id, step, received)
 	if w.missing--; w.missing == 0 {
