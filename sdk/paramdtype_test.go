@@ -3,6 +3,7 @@ package sdk_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -223,4 +224,88 @@ func TestParamsInTheirDtypeSSP(t *testing.T) {
 	if !bytes.Equal(bits(got), bits(rounded(want, wire.BF16))) || slices.Min(w.Versions()) != 1 {
 		t.Fatalf("step 2: versions %v, the bf16 parameters exactly: %v", w.Versions(), bytes.Equal(bits(got), bits(rounded(want, wire.BF16))))
 	}
+}
+
+// End to end with fanin's runtimes: a param_dtype bf16 job trained by two workers, each gradient
+// computed from the parameters the workers hold. They receive the initial parameters in f32 and,
+// after every step, exactly the reference's f32 parameters rounded to bf16 (wire.Round); a worker
+// that joins late reads the same.
+func TestBF16JobEndToEnd(t *testing.T) {
+	st := testutil.Stack(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s := spec("p16", "adam", 2)
+	s.Function.Hyper["lr"] = 0.01
+	s.ParamDtype = wire.DtypeBF16
+	rec, err := sdk.NewAdmin(st.HTTPURL).CreateJob(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := sdk.Connect(ctx, st.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ws := make([]*sdk.Worker, 2)
+	for r := range ws {
+		if ws[r], err = c.Worker(ctx, rec.Spec.ID, r); err != nil {
+			t.Fatal(err)
+		}
+		defer ws[r].Close()
+	}
+	ref := testutil.Reference(t, rec)
+	_, params, err := ws[0].Params(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(bits(params), bits(ref.Params())) {
+		t.Fatal("the initial parameters are not the reference's f32 ones")
+	}
+	params = slices.Clone(params)
+	g := [][]float32{make([]float32, len(params)), make([]float32, len(params))}
+	const steps = 5
+	for step := int64(1); step <= steps; step++ {
+		for r := range g {
+			testutil.Gradient(g[r], params, step, r)
+		}
+		out := make([][]float32, 2)
+		errs := make([]error, 2)
+		done := make(chan struct{})
+		for r, w := range ws {
+			go func() { out[r], errs[r] = w.Step(ctx, g[r]); done <- struct{}{} }()
+		}
+		<-done
+		<-done
+		if errs[0] != nil || errs[1] != nil {
+			t.Fatalf("step %d: %v, %v", step, errs[0], errs[1])
+		}
+		ref.Step(g, nil)
+		want := rounded(ref.Params(), wire.BF16)
+		for r := range out {
+			if !bytes.Equal(bits(out[r]), bits(want)) {
+				t.Fatalf("step %d: rank %d's parameters are not the reference's rounded to bf16", step, r)
+			}
+		}
+		if bytes.Equal(bits(want), bits(ref.Params())) {
+			t.Fatalf("step %d: the reference's parameters are bf16 already: the test rounds nothing", step)
+		}
+		params = append(params[:0], out[0]...)
+	}
+	late, err := c.Worker(ctx, rec.Spec.ID, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Close()
+	// The workers are pushed the parameters a moment before the stream holds every shard's: wait
+	// for step 5 there.
+	testutil.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		step, got, err := late.Params(ctx)
+		if err != nil || step != steps {
+			return fmt.Errorf("a late worker's Params: step %d, %v", step, err)
+		}
+		if !bytes.Equal(bits(got), bits(params)) {
+			t.Fatal("a late worker's parameters are not the bf16 ones the others hold")
+		}
+		return nil
+	})
 }
