@@ -16,6 +16,13 @@
 // wire.F32ToBF16 or wire.F32ToF16 (round to nearest even, overflow to Inf) feeds Reference
 // wire.Round of its gradients. Parameters, state and the arithmetic stay float32.
 //
+// What the workers receive of the parameters is not part of this contract: a job with
+// param_dtype bf16 (job.Spec.ParamDtype) publishes, after step 0, its float32 parameters rounded
+// to bfloat16 (wire.Encode with wire.BF16: nearest even), but the parameters the functions update,
+// checkpoint and restore are the float32 ones, bit for bit those of Reference. A worker of such a
+// job computes its gradients from wire.Round(Reference.Params(), wire.BF16); fed those gradients,
+// Reference gives the service's float32 parameters exactly.
+//
 // Let scale = float32(1/WeightSum) (WeightSum is N, or for a weighted function the float64 sum of
 // the weights in rank order, see SumWeights). Every optimizer sees the mean gradient
 //

@@ -7,8 +7,9 @@ import (
 	"unsafe"
 )
 
-// Element types on the wire (the values of HdrDtype). Gradients may be any of them; parameters,
-// checkpoints and uploads are f32.
+// Element types on the wire (the values of HdrDtype). Gradients may be any of them; checkpoints,
+// uploads and step-0 parameters are f32; parameters after step 0 are f32, or bf16 for a job with
+// param_dtype bf16 (messages.go).
 const (
 	DtypeF32  = "f32"  // little-endian IEEE-754 binary32
 	DtypeBF16 = "bf16" // little-endian bfloat16: the top 16 bits of a binary32

@@ -12,7 +12,7 @@ import (
 const (
 	HdrStep    = "Fanin-Step"     // gradients: the step they belong to (1, 2, ...); params: the step they follow (0 = initial)
 	HdrRank    = "Fanin-Rank"     // gradients: the logical rank 0..N-1
-	HdrDtype   = "Fanin-Dtype"    // element type of the payload: "f32", or for gradients "bf16" or "f16" (dtype.go)
+	HdrDtype   = "Fanin-Dtype"    // element type of the payload: "f32", or for gradients "bf16" or "f16", for parameters after step 0 "bf16" (dtype.go)
 	HdrWeight  = "Fanin-Weight"   // gradients of weighted functions (fedavg): the rank's weight, e.g. its sample count
 	HdrReplyTo = "Fanin-Reply-To" // gradients: a subject where a rejection of this message is reported
 	HdrSeq     = "Fanin-Seq"      // params and checkpoints: the last gradient stream sequence folded in
