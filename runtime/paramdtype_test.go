@@ -254,6 +254,11 @@ func (x *bf16Run) checkParams(s job.Shard, h nats.Header, data []byte) error {
 	if !bytes.Equal(data, want) {
 		return fmt.Errorf("shard %d step %d: the %s payload differs from the reference's", s.ID, step, dt)
 	}
+	if step > 0 {
+		if err := x.checkSyncHeaders(h); err != nil {
+			return fmt.Errorf("shard %d step %d: %v", s.ID, step, err)
+		}
+	}
 	got, rounded := make([]float32, s.Len), make([]float32, s.Len)
 	if _, err := wire.DecodeParams(got, h, data); err != nil {
 		return fmt.Errorf("shard %d step %d: %v", s.ID, step, err)
@@ -261,6 +266,24 @@ func (x *bf16Run) checkParams(s job.Shard, h nats.Header, data []byte) error {
 	wire.Round(rounded, master[s.Off:s.Off+s.Len], dt)
 	if !bytes.Equal(f32bytes(got), f32bytes(rounded)) {
 		return fmt.Errorf("shard %d step %d: decoded, the parameters are not wire.Round of the reference's", s.ID, step)
+	}
+	return nil
+}
+
+// checkSyncHeaders: a snapshot or parameters message of an ssp or asp job carries what its sync
+// mode adds (docs/PROTOCOL.md, section 7), whatever its dtype.
+func (x *bf16Run) checkSyncHeaders(h nats.Header) error {
+	var need []string
+	switch x.rec.Spec.Sync {
+	case "ssp":
+		need = []string{wire.HdrReplayFrom, wire.HdrStepSeqs}
+	case "asp":
+		need = []string{wire.HdrRankSteps, wire.HdrApplied}
+	}
+	for _, k := range need {
+		if h.Get(k) == "" {
+			return fmt.Errorf("no %s header", k)
+		}
 	}
 	return nil
 }
@@ -291,6 +314,11 @@ func (x *bf16Run) checkCheckpoints() {
 		case x.version-step > 3+int64(max(1, (1+x.slots)/x.rec.Spec.Ranks)): // ckptEvery, and a few in flight
 			x.t.Fatalf("shard %d: checkpoint of step %d at step %d", s.ID, step, x.version)
 		}
+		if step > 0 {
+			if err := x.checkSyncHeaders(m.Header); err != nil {
+				x.t.Fatalf("shard %d: checkpoint of step %d: %v", s.ID, step, err)
+			}
+		}
 	}
 }
 
@@ -302,23 +330,38 @@ func (x *bf16Run) checkPushed() {
 	for _, s := range x.rec.Layout.Shards {
 		byID[s.ID] = s
 	}
+	type key struct {
+		shard int
+		step  int64
+	}
+	// Every shard's every step was pushed at least once (a push may trail the stored copy).
+	testutil.CheckFor(x.t, 10*time.Second, 5*time.Millisecond, func() error {
+		x.mu.Lock()
+		defer x.mu.Unlock()
+		seen := map[key]bool{}
+		for _, m := range x.pushed {
+			id, _ := wire.ShardFromSubject(m.Subject)
+			step, _ := wire.ParseStep(m.Header)
+			seen[key{id, step}] = true
+		}
+		for v := range x.version + 1 {
+			for id := range byID {
+				if !seen[key{id, v}] {
+					return fmt.Errorf("the parameters of shard %d at step %d were not pushed", id, v)
+				}
+			}
+		}
+		return nil
+	})
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	steps := map[int64]int{}
 	for _, m := range x.pushed {
-		id, err := strconv.Atoi(m.Subject[len(wire.ParamsWildcard(x.rec.Spec.ID))-1:])
-		if err != nil {
+		id, ok := wire.ShardFromSubject(m.Subject)
+		if _, known := byID[id]; !ok || !known {
 			x.t.Fatalf("pushed on %s", m.Subject)
 		}
 		if err := x.checkParams(byID[id], m.Header, m.Data); err != nil {
 			x.t.Fatalf("pushed: %v", err)
-		}
-		step, _ := wire.ParseStep(m.Header)
-		steps[step]++
-	}
-	for v := range x.version + 1 {
-		if steps[v] < len(byID) {
-			x.t.Fatalf("%d parameters messages of step %d pushed, want one per shard (%d)", steps[v], v, len(byID))
 		}
 	}
 }
