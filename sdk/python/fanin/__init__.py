@@ -53,6 +53,7 @@ __all__ = [
     "Ranks",
     "Reference",
     "connect",
+    "decode_params",
 ]
 
 _FLOATP = POINTER(c_float)
@@ -184,6 +185,39 @@ def _as_grads(grads: Any, n: int, what: str) -> tuple[np.ndarray, int]:
     c = np.ascontiguousarray(a.reshape(-1), dtype=np.float32)
     copied = 0 if np.may_share_memory(c, a) else c.nbytes
     return c, copied
+
+
+_ELEM_SIZE = {"f32": 4, "bf16": 2, "f16": 2}
+
+
+def decode_params(data: Any, dtype: Optional[str] = "f32", out: Optional[np.ndarray] = None) -> np.ndarray:
+    """Decodes the payload of a parameters message (docs/PROTOCOL.md) by its ``Fanin-Dtype``
+    header: ``"f32"`` (or None: the header absent), ``"bf16"`` or ``"f16"``, little-endian, into a
+    float32 vector (``out`` when given: its size must be the payload's elements). Both 16-bit
+    formats are exact subsets of float32: bf16 ``h`` is the float32 whose bits are ``h << 16``, f16
+    converts as numpy's ``float16 -> float32``. Workers need none of this (the library decodes what
+    it receives); it is for reading a job's parameters stream with a NATS client of your own.
+    Raises FaninError for a dtype it does not know or a payload that is not whole elements of it,
+    or not ``out.size`` of them."""
+    dtype = dtype or "f32"
+    es = _ELEM_SIZE.get(dtype)
+    if es is None:
+        raise FaninError(f"parameters: Fanin-Dtype {dtype!r}, want 'f32', 'bf16' or 'f16'", "bad_dtype")
+    b = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+    n = out.size if out is not None else b.size // es
+    if b.size != n * es:
+        raise FaninError(f"parameters: {b.size} bytes, want {n * es} ({n} {dtype} elements)", "bad_length")
+    if out is None:
+        out = np.empty(n, dtype=np.float32)
+    elif out.dtype != np.float32 or out.ndim != 1 or not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError("out must be a writable, contiguous float32 vector")
+    if dtype == "f32":
+        out[:] = b.view("<f4")
+    elif dtype == "bf16":
+        out.view(np.uint32)[:] = b.view("<u2").astype(np.uint32) << 16
+    else:
+        out[:] = b.view("<f2")
+    return out
 
 
 class _Closing:

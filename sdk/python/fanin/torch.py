@@ -40,7 +40,7 @@ import torch
 
 import fanin
 
-__all__ = ["Module", "spec"]
+__all__ = ["Module", "spec", "decode_params"]
 
 
 def _trainable(module: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
@@ -252,3 +252,9 @@ class Module:
 
     def __repr__(self) -> str:
         return f"fanin.torch.Module(job={self.job.id!r}, ranks={self.ranks}, step={self.step_count})"
+
+
+def decode_params(data: Any, dtype: Optional[str] = "f32") -> torch.Tensor:
+    """``fanin.decode_params`` as a float32 CPU tensor (sharing the decoded array's memory): the
+    payload of a parameters message decoded by its ``Fanin-Dtype`` (f32, bf16, f16)."""
+    return torch.from_numpy(fanin.decode_params(data, dtype))
