@@ -112,7 +112,9 @@ func WithParamsBuffer(buf []float32) WorkerOption {
 // to dt (round to nearest even, see wire.F32ToBF16 and wire.F32ToF16) into a buffer the worker
 // reuses from step to step, and the runtime converts it back to float32 exactly before the
 // float32 rank-order sum: the result is the reference's for the rounded gradients (wire.Round).
-// Parameters stay float32. Ranks of one job may use different dtypes. Elastic workers: WithElasticGradDtype.
+// Parameters are float32 whatever the gradients' dtype (a job's param_dtype sets what the
+// workers receive: see the package doc). Ranks of one job may use different dtypes. Elastic
+// workers: WithElasticGradDtype.
 func WithGradDtype(dt wire.Dtype) WorkerOption {
 	return func(wk *Worker) error {
 		if !dt.Valid() {

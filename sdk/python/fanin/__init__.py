@@ -16,6 +16,9 @@ ctypes, so the protocol has one implementation::
             grads = compute_gradients(params)
             params = w.step(grads)         # the same buffer, now at the next step
 
+Parameters arrive as float32 whatever their dtype on the wire: a job with ``"param_dtype": "bf16"``
+sends them, after step 0, rounded to bfloat16, and ``params`` holds exactly those values (Worker).
+
 Gradients and parameters cross no copy in Python: the library reads the gradient where it lies
 and writes the parameters straight from the network into the worker's buffer. ``bytes_copied``
 counts what Python had to copy (a gradient that was not a contiguous float32 array).
@@ -243,7 +246,17 @@ class _Closing:
 class Worker(_Closing):
     """One logical rank of a job. ``params`` is the worker's parameter buffer (a float32 vector of
     every parameter, in layout order): ``fetch`` and ``step`` write the parameters into it and
-    return it. A worker is used by one thread at a time (a second call at once is refused)."""
+    return it. A worker is used by one thread at a time (a second call at once is refused).
+
+    Each parameters message is decoded by its ``Fanin-Dtype`` (as ``decode_params`` does): f32 as
+    is, bf16 and f16 exactly. A job created with ``"param_dtype": "bf16"`` sends, after step 0, its
+    float32 parameters rounded to bf16 (to nearest, ties to even; half the bytes): ``params`` then
+    holds exactly those rounded values (``Reference``'s parameters rounded to bf16, as
+    ``torch.Tensor.to(torch.bfloat16)`` rounds) while the optimizer keeps float32; at step 0 it
+    holds the initial parameters in float32. A parameters message the worker cannot read (an
+    unknown dtype, a payload that is not the shard in its dtype) is never taken: ``step`` and
+    ``fetch`` raise FaninError naming the shard and what is wrong, and that shard of ``params``
+    keeps its values."""
 
     def __init__(self, client: "Client", job: Job, rank: int, handle: int, params: np.ndarray) -> None:
         self._client = client

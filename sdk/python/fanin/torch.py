@@ -24,6 +24,10 @@ new parameters straight into the module's weights.
 - Several logical ranks in one process: ``Module(model, client, job, ranks=[0, 1])``, then per rank
   ``with fm.rank(r): loss(...).backward()`` (each rank's backward accumulates into that rank's own
   gradient buffer), then one ``fm.step()`` that publishes every rank at once.
+- A job with ``param_dtype="bf16"`` (``spec(model, ..., param_dtype="bf16")``) loads, after step 0,
+  its parameters rounded to bfloat16 into the module's float32 weights: exactly
+  ``w.to(torch.bfloat16).float()`` of fanin's float32 parameters, whose optimizer state stays
+  float32. Half the bytes on the wire; the module itself stays float32.
 - CUDA tensors: fanin's buffers live in host memory. Each step copies every gradient from the
   device into the reused host buffer, and the new parameters back to the device (two copies the
   hardware forces, counted in ``bytes_copied``); the host buffers are pinned when CUDA is
