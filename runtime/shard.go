@@ -277,8 +277,12 @@ func (x *shardExec) restore(ctx context.Context) error {
 			return fmt.Errorf("shard has parameters at step %d but no checkpoint (of its optimizer state, or of the f32 parameters behind its %s ones)", snapStep(pm), x.paramsDt)
 		}
 		if x.ji.init != nil { // init "upload": the step 0 a worker uploaded, once checked
-			if done, err := x.adoptUpload(ctx); err != nil || done {
+			done, err := x.adoptUpload(ctx)
+			if err != nil {
 				return err
+			}
+			if done { // restore from the step 0 just published, as from any (first checkpoint included)
+				continue
 			}
 		}
 		select { // wait for the upload
@@ -294,7 +298,7 @@ func (x *shardExec) restore(ctx context.Context) error {
 // that serves the shard checks it (length, dtype, finite values where the job forbids others) and
 // publishes it as step 0. An upload it refuses is reported like a bad gradient and deleted, so
 // that the worker can upload again; an accepted one stays, written once (the stream refuses a
-// second message on the subject). It reports whether step 0 is published.
+// second message on the subject). It reports whether step 0 is published; restore then reads it.
 func (x *shardExec) adoptUpload(ctx context.Context) (bool, error) {
 	id := x.ji.rec.Spec.ID
 	m, err := x.ji.init.GetLastMsgForSubject(ctx, wire.InitSubject(id, x.shard.ID))
@@ -328,11 +332,7 @@ func (x *shardExec) adoptUpload(ctx context.Context) (bool, error) {
 	if err := store.PublishParams(ctx, x.r.js, id, x.shard.ID, 0, 0, m.Data); err != nil {
 		return false, err
 	}
-	pm, err := x.ji.params.GetLastMsgForSubject(ctx, wire.ParamsSubject(id, x.shard.ID))
-	if err != nil {
-		return false, fmt.Errorf("read the step-0 parameters: %w", err)
-	}
-	return true, x.load(pm, false)
+	return true, nil
 }
 
 func snapStep(m *jetstream.RawStreamMsg) int64 {
