@@ -386,3 +386,54 @@ func TestDecodeParams(t *testing.T) {
 		t.Errorf("fp8: %v", err)
 	}
 }
+
+// The 16-bit checks, 32 elements at a time, find the first NaN or Inf as an element-by-element
+// scan does, for every one of the 65,536 patterns placed at every position of a payload that spans
+// blocks, among neighbours of every finite pattern, at even and odd addresses.
+func TestNonFinite16MatchesScan(t *testing.T) {
+	for _, c := range []struct {
+		dt  Dtype
+		exp uint16
+	}{{BF16, 0x7f80}, {F16, 0x7c00}} {
+		scan := func(b []byte) int {
+			for i := 0; i+1 < len(b); i += 2 {
+				if binary.LittleEndian.Uint16(b[i:])&c.exp == c.exp {
+					return i / 2
+				}
+			}
+			return -1
+		}
+		var finite []uint16
+		for h := range 1 << 16 {
+			if uint16(h)&c.exp != c.exp {
+				finite = append(finite, uint16(h))
+			}
+		}
+		const n = 75 // two blocks of 32 and a tail
+		buf := make([]byte, 1+2*n)
+		for _, off := range []int{0, 1} {
+			b := buf[off : off+2*n]
+			k := 0
+			fill := func() {
+				for i := range n {
+					binary.LittleEndian.PutUint16(b[2*i:], finite[k%len(finite)])
+					k += 7919
+				}
+			}
+			for range 200 {
+				fill()
+				if got := NonFinite(b, c.dt); got != -1 {
+					t.Fatalf("%s offset %d, all finite: NonFinite = %d", c.dt, off, got)
+				}
+			}
+			for h := range 1 << 16 {
+				fill()
+				pos := h % n
+				binary.LittleEndian.PutUint16(b[2*pos:], uint16(h))
+				if got, want := NonFinite(b, c.dt), scan(b); got != want {
+					t.Fatalf("%s offset %d, %#04x at %d: NonFinite = %d, scan = %d", c.dt, off, h, pos, got, want)
+				}
+			}
+		}
+	}
+}
