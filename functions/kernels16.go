@@ -36,8 +36,6 @@ func asHalves(b []byte) ([]uint16, bool) {
 
 func addBF16(dst []float32, h []uint16) {
 	h = h[:len(dst)]
-	k := add16SIMD(dst, h, false)
-	dst, h = dst[k:], h[k:]
 	for i, x := range h {
 		dst[i] += math.Float32frombits(uint32(x) << 16)
 	}
@@ -45,8 +43,6 @@ func addBF16(dst []float32, h []uint16) {
 
 func addF16(dst []float32, h []uint16) {
 	h = h[:len(dst)]
-	k := add16SIMD(dst, h, true)
-	dst, h = dst[k:], h[k:]
 	t := wire.F16Table()
 	for i, x := range h {
 		dst[i] += t[x]
@@ -60,11 +56,8 @@ func CopyLE16(dst []float32, src []byte, dt wire.Dtype) {
 		return
 	}
 	check16(len(dst), src, dt)
-	if h, ok := asHalves(src); ok {
-		k := cvt16SIMD(dst, h, dt == wire.F16)
-		dst, src = dst[k:], src[2*k:]
-	}
-	wire.Decode(dst, src, dt)
+	k := cvt16SIMD(dst, src, dt == wire.F16)
+	wire.Decode(dst[k:], src[2*k:], dt)
 }
 
 // AddLE16 adds element i of the dt payload src, converted exactly, to dst[i].
@@ -74,6 +67,8 @@ func AddLE16(dst []float32, src []byte, dt wire.Dtype) {
 		AddLE(dst, src)
 	case wire.BF16:
 		check16(len(dst), src, dt)
+		k := add16SIMD(dst, src, false)
+		dst, src = dst[k:], src[2*k:]
 		if h, ok := asHalves(src); ok {
 			addBF16(dst, h)
 			return
@@ -84,6 +79,8 @@ func AddLE16(dst []float32, src []byte, dt wire.Dtype) {
 		}
 	default:
 		check16(len(dst), src, dt)
+		k := add16SIMD(dst, src, true)
+		dst, src = dst[k:], src[2*k:]
 		if h, ok := asHalves(src); ok {
 			addF16(dst, h)
 			return

@@ -15,45 +15,46 @@ var (
 var use16SIMD = true
 
 //go:noescape
-func addBF16AVX2(dst *float32, src *uint16, n int)
+func addBF16AVX2(dst *float32, src *byte, n int)
 
 //go:noescape
-func addF16AVX2(dst *float32, src *uint16, n int)
+func addF16AVX2(dst *float32, src *byte, n int)
 
 //go:noescape
-func cvtBF16AVX2(dst *float32, src *uint16, n int)
+func cvtBF16AVX2(dst *float32, src *byte, n int)
 
 //go:noescape
-func cvtF16AVX2(dst *float32, src *uint16, n int)
+func cvtF16AVX2(dst *float32, src *byte, n int)
 
-// cvt16SIMD converts the first n - n%8 elements of h into dst with the assembly when the CPU has
-// it, and returns how many it converted.
-func cvt16SIMD(dst []float32, h []uint16, f16 bool) int {
+// cvt16SIMD converts the first n - n%8 elements of the payload src into dst with the assembly when
+// the CPU has it, and returns how many it converted. src may be at any address: a payload after
+// NATS headers often starts at an odd one.
+func cvt16SIMD(dst []float32, src []byte, f16 bool) int {
 	n := len(dst) &^ 7
 	if !use16SIMD || n == 0 || f16 && !have16F || !f16 && !have16BF {
 		return 0
 	}
-	_ = h[n-1]
+	_ = src[2*n-1]
 	if f16 {
-		cvtF16AVX2(&dst[0], &h[0], n)
+		cvtF16AVX2(&dst[0], &src[0], n)
 	} else {
-		cvtBF16AVX2(&dst[0], &h[0], n)
+		cvtBF16AVX2(&dst[0], &src[0], n)
 	}
 	return n
 }
 
-// add16SIMD adds the first n - n%16 elements of h into dst with the assembly when the CPU has it,
-// and returns how many it added.
-func add16SIMD(dst []float32, h []uint16, f16 bool) int {
+// add16SIMD adds the first n - n%16 elements of the payload src into dst with the assembly when
+// the CPU has it, and returns how many it added. src may be at any address.
+func add16SIMD(dst []float32, src []byte, f16 bool) int {
 	n := len(dst) &^ 15
 	if !use16SIMD || n == 0 || f16 && !have16F || !f16 && !have16BF {
 		return 0
 	}
-	_ = h[n-1]
+	_ = src[2*n-1]
 	if f16 {
-		addF16AVX2(&dst[0], &h[0], n)
+		addF16AVX2(&dst[0], &src[0], n)
 	} else {
-		addBF16AVX2(&dst[0], &h[0], n)
+		addBF16AVX2(&dst[0], &src[0], n)
 	}
 	return n
 }

@@ -1,6 +1,7 @@
 #include "textflag.h"
 
-// func addBF16AVX2(dst *float32, src *uint16, n int)
+// func addBF16AVX2(dst *float32, src *byte, n int)
+// src is little-endian bf16 at any address (VEX loads need no alignment).
 // n is a multiple of 16. dst[i] = dst[i] + float32frombits(uint32(src[i]) << 16).
 TEXT ·addBF16AVX2(SB), NOSPLIT, $0-24
 	MOVQ dst+0(FP), DI
@@ -29,7 +30,7 @@ bfdone:
 	VZEROUPPER
 	RET
 
-// func addF16AVX2(dst *float32, src *uint16, n int)
+// func addF16AVX2(dst *float32, src *byte, n int)
 // n is a multiple of 16. dst[i] = dst[i] + (src[i] as IEEE binary16, converted exactly).
 TEXT ·addF16AVX2(SB), NOSPLIT, $0-24
 	MOVQ dst+0(FP), DI
@@ -56,7 +57,7 @@ hdone:
 	VZEROUPPER
 	RET
 
-// func cvtBF16AVX2(dst *float32, src *uint16, n int)
+// func cvtBF16AVX2(dst *float32, src *byte, n int)
 // n is a multiple of 8. dst[i] = float32frombits(uint32(src[i]) << 16).
 TEXT ·cvtBF16AVX2(SB), NOSPLIT, $0-24
 	MOVQ dst+0(FP), DI
@@ -84,7 +85,7 @@ DATA f16k<>+8(SB)/4, $0x1ff    // the rest of a NaN's payload
 DATA f16k<>+12(SB)/4, $0x400000 // float32's quiet bit
 GLOBL f16k<>(SB), RODATA|NOPTR, $16
 
-// func cvtF16AVX2(dst *float32, src *uint16, n int)
+// func cvtF16AVX2(dst *float32, src *byte, n int)
 // n is a multiple of 8. dst[i] = src[i] as binary16 converted exactly: VCVTPH2PS, except that it
 // quiets a signaling NaN, whose quiet bit is cleared again (the payload is kept either way).
 TEXT ·cvtF16AVX2(SB), NOSPLIT, $0-24

@@ -4,6 +4,6 @@ package functions
 
 var use16SIMD = false
 
-func add16SIMD(dst []float32, h []uint16, f16 bool) int { return 0 }
+func add16SIMD(dst []float32, src []byte, f16 bool) int { return 0 }
 
-func cvt16SIMD(dst []float32, h []uint16, f16 bool) int { return 0 }
+func cvt16SIMD(dst []float32, src []byte, f16 bool) int { return 0 }
