@@ -16,7 +16,7 @@ import pytest
 
 import fanin
 
-from conftest import CACHE, ROOT, _go_build
+from conftest import CACHE, _go_build
 
 N = 3000
 
