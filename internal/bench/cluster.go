@@ -15,10 +15,11 @@ import (
 // Elements float32 in one tensor cut into shards of ShardSize bytes (fanin's layout, used by the
 // baselines too), the sgd function, and for fanin Runtimes runtimes and JetStream memory storage.
 type workload struct {
-	Ranks     int
-	Elements  int
-	ShardSize int
-	Runtimes  int
+	Ranks      int
+	Elements   int
+	ShardSize  int
+	Runtimes   int
+	ParamDtype string // the job's param_dtype: "" (f32) or bf16
 }
 
 // learningRate of the sgd every system applies.
@@ -33,6 +34,7 @@ func (w workload) spec(id string) job.Spec {
 		ShardSize: job.ByteSize(w.ShardSize),
 		Storage:   "memory",
 	}
+	s.ParamDtype = w.ParamDtype
 	s.Normalize()
 	return s
 }

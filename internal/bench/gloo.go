@@ -211,8 +211,8 @@ func runGloo(ctx context.Context, rs *runState) ([]Result, error) {
 	}
 
 	// Steps/s at ResNet-50 size, and the service's CPU of each fanin run.
-	var fRuns, bRuns, gRuns, costs []string
-	var fBest, bBest, gBest float64
+	var fRuns, bRuns, pRuns, gRuns, costs []string
+	var fBest, bBest, pBest, gBest float64
 	var bestCost float64
 	var torchVersion string
 	for i := range p.reps {
@@ -236,6 +236,16 @@ func runGloo(ctx context.Context, rs *runState) ([]Result, error) {
 		rs.printf("   gloo %s fanin bf16: %.3f steps/s", big.name(), rep16.StepsPerSec)
 		bRuns = append(bRuns, num(rep16.StepsPerSec))
 		bBest = max(bBest, rep16.StepsPerSec)
+		rs.printf("   gloo %s fanin bf16 gradients and parameters run %d/%d ...", big.name(), i+1, p.reps)
+		bigP := big
+		bigP.ParamDtype = "bf16"
+		repP, _, err := workerProcess(ctx, rs, goWorkers, "go", bigP, p.warmup, p.steps, false, "--dtype", "bf16")
+		if err != nil {
+			return nil, fmt.Errorf("fanin %s bf16 gradients and parameters: %w", big.name(), err)
+		}
+		rs.printf("   gloo %s fanin bf16 gradients and parameters: %.3f steps/s", big.name(), repP.StepsPerSec)
+		pRuns = append(pRuns, num(repP.StepsPerSec))
+		pBest = max(pBest, repP.StepsPerSec)
 		rs.printf("   gloo %s gloo run %d/%d ...", big.name(), i+1, p.reps)
 		g, err := runGlooOnce(ctx, python, script, big, "throughput", p.warmup, p.steps)
 		if err != nil {
@@ -245,7 +255,7 @@ func runGloo(ctx context.Context, rs *runState) ([]Result, error) {
 		gRuns = append(gRuns, num(g.stepsPerSec))
 		gBest, torchVersion = max(gBest, g.stepsPerSec), g.torch
 	}
-	setup := fmt.Sprintf("%s, %d ranks, sgd; fanin open (no security), %d runtimes, shards of %s, JetStream memory storage, its %d ranks in one Go worker process with a connection each; gloo: %d Python processes (torch %s, one thread each); best of %d runs of %d steps after %d warm-up, fanin (f32, then bf16 gradients) and gloo alternating",
+	setup := fmt.Sprintf("%s, %d ranks, sgd; fanin open (no security), %d runtimes, shards of %s, JetStream memory storage, its %d ranks in one Go worker process with a connection each; gloo: %d Python processes (torch %s, one thread each); best of %d runs of %d steps after %d warm-up, fanin (f32, bf16 gradients, bf16 gradients and parameters) and gloo alternating",
 		model, big.Ranks, big.Runtimes, mib(big.ShardSize), big.Ranks, big.Ranks, torchVersion, p.reps, p.steps, p.warmup)
 	out := []Result{throughput(Result{
 		Scenario: "gloo", Case: big.name(), Metric: "steps/s", Baseline: glooBaseline,
@@ -256,6 +266,11 @@ func runGloo(ctx context.Context, rs *runState) ([]Result, error) {
 		Scenario: "gloo", Case: big.name() + ",bf16 gradients", Metric: "steps/s", Baseline: glooBaseline,
 		Fanin: bBest, Base: gBest, Goal: 1.8, Setup: setup,
 		Notes: fmt.Sprintf("fanin's workers publish bfloat16 gradients (sdk.WithGradDtype(wire.BF16): half the bytes, rounded to nearest even, summed in float32), against gloo's float32; runs: fanin bf16 %s; gloo %s steps/s", strings.Join(bRuns, ", "), strings.Join(gRuns, ", ")),
+	}))
+	out = append(out, throughput(Result{
+		Scenario: "gloo", Case: big.name() + ",bf16 gradients and parameters", Metric: "steps/s", Baseline: glooBaseline,
+		Fanin: pBest, Base: gBest, Goal: 1.8, Setup: setup,
+		Notes: fmt.Sprintf("bfloat16 gradients as above, and a job with param_dtype bf16: after step 0 the workers receive the float32 master parameters rounded to bfloat16 (half the bytes of the fan-out), and each shard writes a float32 checkpoint per step instead; runs: fanin %s; gloo %s steps/s", strings.Join(pRuns, ", "), strings.Join(gRuns, ", ")),
 	}))
 	out = append(out, throughput(Result{
 		Scenario: "gloo", Case: "service cost," + big.name(), Metric: "GB of gradient per core-second", Baseline: bytepsBaseline,
