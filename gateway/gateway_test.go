@@ -84,6 +84,7 @@ func TestJobsAPIErrors(t *testing.T) {
 		{"bad shard size", "application/yaml", strings.Replace(tinyYAML, "4KiB", "1KiB", 1), 400, "invalid_spec", "shard_size: must be 4 KiB..8 MiB"},
 		{"unknown function", "application/yaml", strings.Replace(tinyYAML, "sgd", "lbfgs", 1), 400, "unknown_function", `unknown function "lbfgs"`},
 		{"unknown field", "application/json", `{"id":"x","colour":1}`, 400, "invalid_spec", "colour"},
+		{"f16 parameters", "application/yaml", tinyYAML + "param_dtype: f16\n", 400, "invalid_spec", "param_dtype: f16 is not offered for parameters: a parameter beyond ±65504 would become Inf"},
 		{"not yaml", "application/yaml", "id: [", 400, "invalid_spec", "not JSON or YAML"},
 		{"content type", "text/plain", tinyYAML, 415, "unsupported_media_type", "text/plain"},
 		{"too many shards", "application/json", `{"id":"x","ranks":1,"function":{"name":"sum"},"tensors":[{"name":"w","shape":[4294967296]}],"shard_size":4096}`, 400, "invalid_spec", "more than 1048576"},
