@@ -3,7 +3,9 @@ package runtime
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -116,6 +118,87 @@ func TestPurgeOnlyBehindSnapshots(t *testing.T) {
 				}
 			}
 			x.finish()
+		})
+	}
+}
+
+// TestRestoreFromAnOlderRuntimesParameters: in a rolling upgrade, a runtime of before param_dtype
+// serves a bf16 job's shard as an f32 one: it publishes f32 parameters, purges the gradients
+// behind them and writes no checkpoint. The runtime that takes the shard over must restore from
+// those parameters (exact: f32, of a stateless function) and write the checkpoint its own
+// snapshots rest on; it refused before ("parameters at step 3 but no checkpoint"). A bf16
+// parameters message is never taken as a snapshot, and a stateful function still needs its
+// checkpoint.
+func TestRestoreFromAnOlderRuntimesParameters(t *testing.T) {
+	ns, err := embed.Start(embed.Config{Port: -1, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	js, _ := jetstream.New(nc)
+	for _, c := range []struct {
+		fn, dtype string // the function, and the dtype of the parameters message at step 3
+		ok        bool
+	}{{"sgd", "f32", true}, {"sgd", "bf16", false}, {"adam", "f32", false}} {
+		t.Run(c.fn+"-"+c.dtype, func(t *testing.T) {
+			spec := job.Spec{ID: "upgrade-" + c.fn + "-" + c.dtype, Tensors: []job.Tensor{{Name: "w", Shape: []int{1000}}}, Ranks: 2,
+				Function: job.Function{Name: c.fn, Hyper: map[string]float64{"lr": 0.1}}, ParamDtype: "bf16"}
+			spec.Normalize()
+			rec := job.NewRecord(spec, time.Now())
+			if err := store.CreateJobStreams(ctx, js, &rec, 8<<20); err != nil {
+				t.Fatal(err)
+			}
+			grads, _ := js.Stream(ctx, wire.GradStream(spec.ID))
+			params, _ := js.Stream(ctx, wire.ParamsStream(spec.ID))
+			want := make([]float32, 1000)
+			for i := range want {
+				want[i] = float32(i)*0.001 + 1.0/3 // not representable in bf16
+			}
+			dt, _ := wire.ParseDtype(c.dtype)
+			data := make([]byte, len(want)*dt.ElemSize())
+			wire.Encode(data, want, dt)
+			m := wire.ParamsMsg(spec.ID, 0, 3, 0, data)
+			wire.SetParamsHeaders(m.Header, spec.ID, 0, 3, 0, dt)
+			if _, err := js.PublishMsg(ctx, m); err != nil {
+				t.Fatal(err)
+			}
+			r, err := New(nc, WithLogger(slog.New(slog.DiscardHandler)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.acks, r.purger = newAcker(r.js, r.log), newPurger(r.log) // neither runs
+			x, err := newShardExec(r, &jobInfo{rec: &rec, grads: grads, params: params}, 0, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			x.cancel = func() {}
+			err = x.restore(ctx)
+			if !c.ok {
+				if err == nil || !strings.Contains(err.Error(), "no checkpoint") {
+					t.Fatalf("restore: %v, want the refusal naming the missing checkpoint", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("restore: %v", err)
+			}
+			if x.step != 3 || !slices.Equal(x.params, want) {
+				t.Fatalf("restored step %d, parameters equal: %v; want step 3 and the f32 parameters", x.step, slices.Equal(x.params, want))
+			}
+			ck, err := params.GetLastMsgForSubject(ctx, wire.CkptSubject(spec.ID, 0))
+			if err != nil {
+				t.Fatalf("no checkpoint after the restore: %v", err)
+			}
+			if s, _ := wire.ParseStep(ck.Header); s != 3 || string(ck.Data) != string(data) {
+				t.Fatalf("checkpoint at step %d (%d bytes), want step 3 holding the f32 parameters", s, len(ck.Data))
+			}
 		})
 	}
 }

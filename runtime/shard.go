@@ -262,10 +262,15 @@ func (x *shardExec) restore(ctx context.Context) error {
 				return fmt.Errorf("read snapshot: %w", err)
 			}
 		}
+		// A parameters message is a snapshot when it is exact: f32, of a stateless function. That
+		// is every one of an f32 job, and of a bf16 job its step 0, or one that a runtime of before
+		// param_dtype wrote while it served the shard (a rolling upgrade: it purged the gradients
+		// behind it and wrote no checkpoint).
+		pmSnap := pm != nil && x.fn.Slots() == 0 && snapDtype(pm) == wire.DtypeF32
 		switch {
-		case ck != nil && (pm == nil || !x.paramsSnap || snapStep(ck) >= snapStep(pm)):
+		case ck != nil && (pm == nil || !pmSnap || snapStep(ck) >= snapStep(pm)):
 			return x.load(ck, true)
-		case pm != nil && (x.paramsSnap || snapStep(pm) == 0):
+		case pm != nil && (pmSnap || snapStep(pm) == 0):
 			if err := x.load(pm, false); err != nil {
 				return err
 			}
@@ -335,6 +340,14 @@ func (x *shardExec) adoptUpload(ctx context.Context) (bool, error) {
 	return true, nil
 }
 
+// snapDtype is the dtype of a stored parameters message: its Fanin-Dtype, f32 when absent.
+func snapDtype(m *jetstream.RawStreamMsg) string {
+	if dt := m.Header.Get(wire.HdrDtype); dt != "" {
+		return dt
+	}
+	return wire.DtypeF32
+}
+
 func snapStep(m *jetstream.RawStreamMsg) int64 {
 	s, _ := wire.ParseStep(m.Header)
 	return s
@@ -356,7 +369,7 @@ func (x *shardExec) load(m *jetstream.RawStreamMsg, withState bool) error {
 	if len(m.Data) != vecs*x.shard.Bytes() {
 		return fmt.Errorf("snapshot at step %d has %d bytes, want %d", step, len(m.Data), vecs*x.shard.Bytes())
 	}
-	if dt := m.Header.Get(wire.HdrDtype); dt != "" && dt != wire.DtypeF32 {
+	if dt := snapDtype(m); dt != wire.DtypeF32 {
 		return fmt.Errorf("snapshot at step %d is %s, not f32", step, dt) // a rounded copy is no snapshot
 	}
 	x.mu.Lock()
