@@ -178,6 +178,13 @@ func (x *shardExec) replayFrom() uint64 {
 	if x.sync.mode != modeSSP {
 		return from
 	}
+	// Just restored from a snapshot whose replay starts below its own sequence (held gradients),
+	// and not yet replayed up to it: the messages after x.seq are not decided again yet, and some
+	// are held gradients that the empty gathers below do not name (a checkpoint written now, as
+	// restore writes one from an f32 parameters message, must not let them be purged).
+	if x.seq < x.stepSeq {
+		from = x.seq + 1
+	}
 	for r, h := range x.have {
 		if h && x.sync.curSeq[r] > 0 {
 			from = min(from, x.sync.curSeq[r])
