@@ -26,6 +26,17 @@ type trainer struct {
 	rounded [][]float32  // the gradients as the runtimes see them: the reference's input
 	step    int64
 	onStall func() // called when a step fails for good, before the test stops (diagnostics)
+
+	// A job with param_dtype bf16: its workers hold the reference's f32 parameters rounded to
+	// paramDt after step 0, and hist keeps the reference's f32 parameters of every step (what
+	// the checkpoints must hold).
+	paramDt  wire.Dtype
+	want     []float32   // the reference's parameters as the workers must hold them
+	hist     [][]float32 // hist[step]: the reference's f32 parameters after step (bf16 jobs)
+	roundedP int         // steps whose rounded parameters differed from the f32 ones (bf16 jobs)
+	// inStep, when set, is called on the test's goroutine while step's gradients are being
+	// published (the workers' Step calls run): a fault injected there hits the step mid-way.
+	inStep func(step int64)
 }
 
 // newTrainer makes the trainer; with dts (one per rank) its workers publish their gradients in
@@ -59,6 +70,10 @@ func newTrainer(t *testing.T, url string, rec *job.Record, dts ...wire.Dtype) *t
 	fn, _ := rec.Spec.NewFunc()
 	tr.ref = functions.NewReference(fn, rec.Spec.Ranks, rec.Layout.Ranges(), init)
 	tr.params = slices.Clone(init)
+	if tr.paramDt = rec.Spec.ParamsDtype(); tr.paramDt != wire.F32 {
+		tr.want = make([]float32, len(init))
+		tr.hist = [][]float32{slices.Clone(init)}
+	}
 	for range tr.workers {
 		tr.grads = append(tr.grads, make([]float32, len(init)))
 	}
@@ -97,6 +112,9 @@ func (tr *trainer) run(to int64) {
 				}
 			}()
 		}
+		if tr.inStep != nil {
+			tr.inStep(step)
+		}
 		wg.Wait()
 		if t.Failed() {
 			if tr.onStall != nil {
@@ -112,8 +130,17 @@ func (tr *trainer) run(to int64) {
 			ref = tr.rounded
 		}
 		tr.ref.Step(ref, nil)
+		want := tr.ref.Params()
+		if tr.paramDt != wire.F32 { // the workers' copy: the f32 master parameters, rounded
+			tr.hist = append(tr.hist, slices.Clone(want))
+			wire.Round(tr.want, want, tr.paramDt)
+			if !bytes.Equal(f32bytes(tr.want), f32bytes(want)) {
+				tr.roundedP++
+			}
+			want = tr.want
+		}
 		for r := range results {
-			if !bytes.Equal(f32bytes(results[r]), f32bytes(tr.ref.Params())) {
+			if !bytes.Equal(f32bytes(results[r]), f32bytes(want)) {
 				t.Fatalf("step %d: rank %d's parameters differ from the reference", step, r)
 			}
 		}
