@@ -255,8 +255,9 @@ func (x *shardExec) serve(ctx context.Context) error {
 // (init "upload"), it waits for the step-0 parameters.
 func (x *shardExec) restore(ctx context.Context) error {
 	for {
-		ck, ckErr := x.ji.params.GetLastMsgForSubject(ctx, wire.CkptSubject(x.ji.rec.Spec.ID, x.shard.ID))
-		pm, pmErr := x.ji.params.GetLastMsgForSubject(ctx, wire.ParamsSubject(x.ji.rec.Spec.ID, x.shard.ID))
+		stream := wire.ParamsStream(x.ji.rec.Spec.ID) // read from its leader (lastFromLeader says why)
+		ck, ckErr := lastFromLeader(ctx, x.r.nc, stream, wire.CkptSubject(x.ji.rec.Spec.ID, x.shard.ID))
+		pm, pmErr := lastFromLeader(ctx, x.r.nc, stream, wire.ParamsSubject(x.ji.rec.Spec.ID, x.shard.ID))
 		for _, err := range []error{ckErr, pmErr} {
 			if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 				return fmt.Errorf("read snapshot: %w", err)
