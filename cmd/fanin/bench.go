@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime/debug"
 	"runtime/pprof"
 	"strings"
 
@@ -27,6 +28,7 @@ the date of the run they come from.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg := bench.Config{Quick: quick, Redis: redis, Log: slog.Default()}
+			limitBenchMemory()
 			if only != "" {
 				cfg.Only = strings.Split(only, ",")
 			}
@@ -107,5 +109,29 @@ func benchElasticWorkerCmd() *cobra.Command {
 			}
 			return bench.RunElasticWorker(cmd.Context(), cfg, cmd.OutOrStdout())
 		},
+	}
+}
+
+// limitBenchMemory gives this process a soft memory limit of three quarters of the machine's
+// memory unless GOMEMLIMIT sets one. The bench runs servers, runtimes, workers and baselines in
+// this one process, several ResNet-size models at once (10 GiB and more in use in e2e-resnet50); with
+// only GOGC the heap may grow to twice that, and on a 24 GiB machine the kernel killed the run.
+// Near the limit the collector runs more often instead.
+func limitBenchMemory() {
+	if os.Getenv("GOMEMLIMIT") != "" {
+		return
+	}
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return
+	}
+	var kib int64
+	for _, line := range strings.Split(string(b), "\n") {
+		if _, err := fmt.Sscanf(line, "MemTotal: %d kB", &kib); err == nil {
+			break
+		}
+	}
+	if kib > 0 {
+		debug.SetMemoryLimit(kib << 10 / 4 * 3)
 	}
 }
