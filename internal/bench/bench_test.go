@@ -136,6 +136,16 @@ func TestKeepScenarios(t *testing.T) {
 			t.Errorf("lacks %q", want)
 		}
 	}
+	// Carried over a second time (another --only run), a section keeps its first mark and a row
+	// its one "earlier run", instead of gaining one more of each.
+	md2 := Markdown([]Result{r("kernel", "k-newer")}, "cmd --only kernel", "- date: 2026-11-25 13:41 UTC")
+	again := KeepScenarios(md2, got, []string{"kernel"})
+	if n := strings.Count(again, "*Not run by this report's command"); n != 3 { // e2e-redis, gloo, python
+		t.Errorf("%d carried-over marks after a second carry-over, want 3 (one per section):\n%s", n, again)
+	}
+	if strings.Contains(again, "(earlier run: see its section) (earlier run") || !strings.Contains(again, "dated 2026-11-22 03:06 UTC") {
+		t.Errorf("a second carry-over stacked the marks or lost the first one:\n%s", again)
+	}
 	if strings.Contains(got, "k-old") || strings.Contains(got, "HANDMADE") {
 		t.Errorf("kept the re-run scenario's old figures or the hand-written section:\n%s", got)
 	}

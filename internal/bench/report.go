@@ -139,6 +139,12 @@ func KeepHandWritten(md, old string) string {
 // KeepScenarios carries over from old, the report of an earlier run, the summary rows and the
 // sections of the scenarios this run did not run (a run with --only; ran names those it ran), each
 // marked as carried over, so that one page keeps every figure.
+// The marks of a carried-over section and of its summary rows.
+const (
+	carriedMark = "*Not run by this report's command: carried over from "
+	earlierRun  = " (earlier run: see its section)"
+)
+
 func KeepScenarios(md, old string, ran []string) string {
 	from := "the previous version of this file"
 	for _, l := range strings.Split(old, "\n") {
@@ -172,14 +178,19 @@ func KeepScenarios(md, old string, ran []string) string {
 			}
 		}
 		head, rest, _ := strings.Cut(body, "\n\n")
-		body = head + "\n\n*Not run by this report's command: carried over from " + from + ".*\n\n" + rest
+		if !strings.HasPrefix(rest, carriedMark) { // carried over before: it keeps its first mark
+			body = head + "\n\n" + carriedMark + from + ".*\n\n" + rest
+		}
 		md = md[:at] + body + md[at:]
 		// Its summary rows, at the end of the summary table.
 		var rows []string
 		for _, l := range strings.Split(old, "\n") {
 			if cells, ok := strings.CutPrefix(l, "| "+sc+" | "); ok {
 				c, more, _ := strings.Cut(cells, " | ")
-				rows = append(rows, "| "+sc+" | "+c+" (earlier run: see its section) | "+more)
+				if !strings.HasSuffix(c, earlierRun) {
+					c += earlierRun
+				}
+				rows = append(rows, "| "+sc+" | "+c+" | "+more)
 			}
 		}
 		if len(rows) == 0 {
