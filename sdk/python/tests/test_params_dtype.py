@@ -6,6 +6,7 @@ test gives it, encoded in the dtype it names, or malformed), and a param_dtype b
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -70,6 +71,7 @@ class Fake:
             self.proc.wait(20)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
