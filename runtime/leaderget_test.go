@@ -1,18 +1,14 @@
 package runtime
 
 import (
-	"context"
 	"errors"
-	"log/slog"
 	"slices"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/fanin-ml/fanin/internal/embed"
 	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/wire"
@@ -26,36 +22,19 @@ import (
 // lastFromLeader reads what a direct get reads: subject, sequence, headers and payload, and
 // ErrMsgNotFound for a subject without messages.
 func TestRestoreReadsSnapshotsFromTheLeader(t *testing.T) {
-	ns, err := embed.Start(embed.Config{Port: -1, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Shutdown()
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	js, _ := jetstream.New(nc)
+	h := newShardHarness(t)
+	ctx, js, nc := h.ctx, h.js, h.nc
 	spec := job.Spec{ID: "leader", Tensors: []job.Tensor{{Name: "w", Shape: []int{1000}}}, Ranks: 2,
 		Function: job.Function{Name: "adam", Hyper: map[string]float64{"lr": 0.1}}}
-	spec.Normalize()
-	rec := job.NewRecord(spec, time.Now())
-	if err := store.CreateJobStreams(ctx, js, &rec, 8<<20); err != nil {
-		t.Fatal(err)
-	}
+	rec, grads, params := h.job(t, spec)
 	if err := store.PublishParams(ctx, js, spec.ID, 0, 0, 0, make([]byte, 4000)); err != nil { // step 0
 		t.Fatal(err)
 	}
-	grads, _ := js.Stream(ctx, wire.GradStream(spec.ID))
-	params, _ := js.Stream(ctx, wire.ParamsStream(spec.ID))
 	if !params.CachedInfo().Config.AllowDirect {
 		t.Fatal("the parameters stream does not allow direct gets: this test watches for them")
 	}
 
-	watch, err := nats.Connect(ns.ClientURL())
+	watch, err := nats.Connect(h.url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,16 +53,7 @@ func TestRestoreReadsSnapshotsFromTheLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	r, err := New(nc, WithLogger(slog.New(slog.DiscardHandler)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.acks, r.purger = newAcker(r.js, r.log), newPurger(r.log) // neither runs
-	x, err := newShardExec(r, &jobInfo{rec: &rec, grads: grads, params: params}, 0, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	x.cancel = func() {}
+	x := h.shard(t, h.runtime(t), &rec, grads, params)
 	if err := x.restore(ctx); err != nil { // step 0, then its first checkpoint (adam)
 		t.Fatal(err)
 	}

@@ -1,19 +1,13 @@
 package runtime
 
 import (
-	"context"
-	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/fanin-ml/fanin/internal/embed"
-	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/wire"
 )
@@ -27,40 +21,15 @@ import (
 // acknowledgements one by one, in order, checking after each what the purger was asked to do
 // against the snapshots acknowledged so far.
 func TestPurgeOnlyBehindSnapshots(t *testing.T) {
-	ns, err := embed.Start(embed.Config{Port: -1, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Shutdown()
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	h := newShardHarness(t)
+	ctx, js := h.ctx, h.js
 	for _, c := range []struct{ fn, dtype string }{{"sgd", "f32"}, {"sgd", "bf16"}, {"adam", "bf16"}} {
 		t.Run(c.fn+"-"+c.dtype, func(t *testing.T) {
 			spec := job.Spec{ID: "purge-" + c.fn + "-" + c.dtype, Tensors: []job.Tensor{{Name: "w", Shape: []int{1000}}}, Ranks: 2,
 				Function: job.Function{Name: c.fn, Hyper: map[string]float64{"lr": 0.1}}, ParamDtype: c.dtype}
-			spec.Normalize()
-			rec := job.NewRecord(spec, time.Now())
-			js, _ := jetstream.New(nc)
-			if err := store.CreateJobStreams(ctx, js, &rec, 8<<20); err != nil {
-				t.Fatal(err)
-			}
-			grads, _ := js.Stream(ctx, wire.GradStream(spec.ID))
-			params, _ := js.Stream(ctx, wire.ParamsStream(spec.ID))
-			r, err := New(nc, WithLogger(slog.New(slog.DiscardHandler)))
-			if err != nil {
-				t.Fatal(err)
-			}
-			r.acks, r.purger = newAcker(r.js, r.log), newPurger(r.log) // neither runs: the test plays them
-			x, err := newShardExec(r, &jobInfo{rec: &rec, grads: grads, params: params}, 0, 1)
-			if err != nil {
-				t.Fatal(err)
-			}
-			x.cancel = func() {}
+			rec, grads, params := h.job(t, spec)
+			r := h.runtime(t) // its acker and purger do not run: the test plays them
+			x := h.shard(t, r, &rec, grads, params)
 			snapIsParams := c.fn == "sgd" && c.dtype == "f32"
 			if x.paramsSnap != snapIsParams {
 				t.Fatalf("paramsSnap %v, want %v", x.paramsSnap, snapIsParams)
@@ -130,19 +99,8 @@ func TestPurgeOnlyBehindSnapshots(t *testing.T) {
 // parameters message is never taken as a snapshot, and a stateful function still needs its
 // checkpoint.
 func TestRestoreFromAnOlderRuntimesParameters(t *testing.T) {
-	ns, err := embed.Start(embed.Config{Port: -1, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Shutdown()
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	js, _ := jetstream.New(nc)
+	h := newShardHarness(t)
+	ctx, js := h.ctx, h.js
 	for _, c := range []struct {
 		fn, dtype string // the function, and the dtype of the parameters message at step 3
 		ok        bool
@@ -150,13 +108,7 @@ func TestRestoreFromAnOlderRuntimesParameters(t *testing.T) {
 		t.Run(c.fn+"-"+c.dtype, func(t *testing.T) {
 			spec := job.Spec{ID: "upgrade-" + c.fn + "-" + c.dtype, Tensors: []job.Tensor{{Name: "w", Shape: []int{1000}}}, Ranks: 2,
 				Function: job.Function{Name: c.fn, Hyper: map[string]float64{"lr": 0.1}}, ParamDtype: "bf16"}
-			spec.Normalize()
-			rec := job.NewRecord(spec, time.Now())
-			if err := store.CreateJobStreams(ctx, js, &rec, 8<<20); err != nil {
-				t.Fatal(err)
-			}
-			grads, _ := js.Stream(ctx, wire.GradStream(spec.ID))
-			params, _ := js.Stream(ctx, wire.ParamsStream(spec.ID))
+			rec, grads, params := h.job(t, spec)
 			want := make([]float32, 1000)
 			for i := range want {
 				want[i] = float32(i)*0.001 + 1.0/3 // not representable in bf16
@@ -169,17 +121,8 @@ func TestRestoreFromAnOlderRuntimesParameters(t *testing.T) {
 			if _, err := js.PublishMsg(ctx, m); err != nil {
 				t.Fatal(err)
 			}
-			r, err := New(nc, WithLogger(slog.New(slog.DiscardHandler)))
-			if err != nil {
-				t.Fatal(err)
-			}
-			r.acks, r.purger = newAcker(r.js, r.log), newPurger(r.log) // neither runs
-			x, err := newShardExec(r, &jobInfo{rec: &rec, grads: grads, params: params}, 0, 1)
-			if err != nil {
-				t.Fatal(err)
-			}
-			x.cancel = func() {}
-			err = x.restore(ctx)
+			x := h.shard(t, h.runtime(t), &rec, grads, params)
+			err := x.restore(ctx)
 			if !c.ok {
 				if err == nil || !strings.Contains(err.Error(), "no checkpoint") {
 					t.Fatalf("restore: %v, want the refusal naming the missing checkpoint", err)

@@ -1,16 +1,11 @@
 package runtime
 
 import (
-	"context"
-	"log/slog"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/fanin-ml/fanin/internal/embed"
 	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/wire"
@@ -24,52 +19,22 @@ import (
 // nothing at or above it: it said Fanin-Seq+1 (the held gathers are empty until the replay) and
 // purged the held gradient, which no restore could then apply.
 func TestRestoreFromOlderParametersKeepsHeldGradients(t *testing.T) {
-	ns, err := embed.Start(embed.Config{Port: -1, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Shutdown()
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	js, _ := jetstream.New(nc)
+	h := newShardHarness(t)
+	ctx, js := h.ctx, h.js
 
 	spec := job.Spec{ID: "sspup", Tensors: []job.Tensor{{Name: "w", Shape: []int{1000}}}, Ranks: 2, Sync: "ssp", Staleness: 1,
 		Function: job.Function{Name: "sgd", Hyper: map[string]float64{"lr": 0.1}}, ParamDtype: wire.DtypeBF16}
-	spec.Normalize()
-	rec := job.NewRecord(spec, time.Now())
+	rec, grads, params := h.job(t, spec)
 	old := rec // the job as a runtime of before param_dtype reads it: f32 parameters
 	oldSpec := rec.Spec
 	oldSpec.ParamDtype = ""
 	old.Spec = oldSpec
-	if err := store.CreateJobStreams(ctx, js, &rec, 8<<20); err != nil {
-		t.Fatal(err)
-	}
-	grads, _ := js.Stream(ctx, wire.GradStream(spec.ID))
-	params, _ := js.Stream(ctx, wire.ParamsStream(spec.ID))
 	if err := store.PublishParams(ctx, js, spec.ID, 0, 0, 0, make([]byte, 4000)); err != nil {
 		t.Fatal(err)
 	}
-	newRT := func() *Runtime {
-		r, err := New(nc, WithLogger(slog.New(slog.DiscardHandler)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.acks, r.purger = newAcker(r.js, r.log), newPurger(r.log) // neither runs: the test plays them
-		return r
-	}
-
 	// The old runtime: steps 1 and 2, rank 0 sending step 3 (from version 1) before rank 1's step 2.
-	r0 := newRT()
-	x0, err := newShardExec(r0, &jobInfo{rec: &old, grads: grads, params: params}, 0, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	x0.cancel = func() {}
+	r0 := h.runtime(t) // its acker and purger do not run: the test plays them
+	x0 := h.shard(t, r0, &old, grads, params)
 	if !x0.paramsSnap {
 		t.Fatal("the old runtime's view: paramsSnap false")
 	}
@@ -112,7 +77,7 @@ func TestRestoreFromOlderParametersKeepsHeldGradients(t *testing.T) {
 	}
 
 	// The new runtime takes the shard over.
-	r1 := newRT()
+	r1 := h.runtime(t)
 	x1, err := newShardExec(r1, &jobInfo{rec: &rec, grads: grads, params: params}, 0, 2)
 	if err != nil {
 		t.Fatal(err)
