@@ -13,6 +13,7 @@ import (
 	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/internal/testutil"
 	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/sdk"
 	"github.com/fanin-ml/fanin/wire"
 )
 
@@ -83,6 +84,26 @@ func (f *fakeJob) publishAll(step int64, dt wire.Dtype, p []float32) {
 	for i, s := range f.rec.Layout.Shards {
 		f.publishParams(i, step, dt, p[s.Off:s.Off+s.Len], nil)
 	}
+}
+
+// startAtStepZero publishes the job's initial parameters as its step 0 (f32, as fanin does) and
+// returns them, with a client and its worker of rank 0 (opts), both closed when the test ends.
+func (f *fakeJob) startAtStepZero(ctx context.Context, opts ...sdk.WorkerOption) ([]float32, *sdk.Client, *sdk.Worker) {
+	f.t.Helper()
+	p := make([]float32, f.rec.Layout.Elements)
+	f.rec.Spec.InitShard(0, p)
+	f.publishAll(0, wire.F32, p)
+	c, err := sdk.Connect(ctx, f.url)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(c.Close)
+	w, err := c.Worker(ctx, f.rec.Spec.ID, 0, opts...)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { w.Close() })
+	return p, c, w
 }
 
 // waitGrads waits until the gradient stream holds step's gradient of every shard (of any rank).

@@ -43,20 +43,7 @@ func TestParamsInTheirDtype(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	id, shards := f.rec.Spec.ID, f.rec.Layout.Shards
-	p := make([]float32, f.rec.Layout.Elements)
-	f.rec.Spec.InitShard(0, p)
-	f.publishAll(0, wire.F32, p)
-
-	c, err := sdk.Connect(ctx, f.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	w, err := c.Worker(ctx, id, 0, sdk.WithFetchAfter(20*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	p, c, w := f.startAtStepZero(ctx, sdk.WithFetchAfter(20*time.Millisecond))
 	if _, got, err := w.Params(ctx); err != nil || !bytes.Equal(bits(got), bits(p)) {
 		t.Fatalf("step 0 (f32): %v, equal: %v", err, err == nil && bytes.Equal(bits(got), bits(p)))
 	}
@@ -132,19 +119,7 @@ func paramsUnreadable(t *testing.T, sync, dtype string, size func(int) int, reas
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	id, shards := f.rec.Spec.ID, f.rec.Layout.Shards
-	p := make([]float32, f.rec.Layout.Elements)
-	f.rec.Spec.InitShard(0, p)
-	f.publishAll(0, wire.F32, p)
-	c, err := sdk.Connect(ctx, f.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	w, err := c.Worker(ctx, id, 0, sdk.WithFetchAfter(20*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	p, _, w := f.startAtStepZero(ctx, sdk.WithFetchAfter(20*time.Millisecond))
 	if _, _, err := w.Params(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +147,7 @@ func paramsUnreadable(t *testing.T, sync, dtype string, size func(int) int, reas
 		}
 		f.publishParams(i, 1, wire.BF16, want[sh.Off:sh.Off+sh.Len], nil)
 	}
-	err = <-done
+	err := <-done
 	if err == nil || !strings.Contains(err.Error(), "shard 1") || !strings.Contains(err.Error(), reason) {
 		t.Fatalf("Step with shard 1's parameters unreadable: %v, want an error naming shard 1 and %q", err, reason)
 	}
@@ -197,19 +172,7 @@ func TestParamsInTheirDtypeSSP(t *testing.T) {
 	f := newFakeJob(t, s)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	p := make([]float32, f.rec.Layout.Elements)
-	f.rec.Spec.InitShard(0, p)
-	f.publishAll(0, wire.F32, p)
-	c, err := sdk.Connect(ctx, f.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	w, err := c.Worker(ctx, f.rec.Spec.ID, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	p, _, w := f.startAtStepZero(ctx)
 	g := make([]float32, len(p))
 	got, err := w.Step(ctx, g) // step 1 needs version 0: the initial f32 parameters
 	if err != nil || !bytes.Equal(bits(got), bits(p)) {

@@ -46,20 +46,7 @@ func failedStepLeavesNoPublishBehind(t *testing.T, dt wire.Dtype) {
 	if err := f.js.DeleteStream(ctx, wire.GradStream(id)); err != nil {
 		t.Fatal(err)
 	}
-	p0 := make([]float32, f.rec.Layout.Elements)
-	f.rec.Spec.InitShard(0, p0)
-	f.publishAll(0, wire.F32, p0)
-
-	c, err := sdk.Connect(ctx, f.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	w, err := c.Worker(ctx, id, 0, sdk.WithGradDtype(dt))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	p0, c, w := f.startAtStepZero(ctx, sdk.WithGradDtype(dt))
 	if _, _, err := w.Params(ctx); err != nil {
 		t.Fatal(err)
 	}
