@@ -320,31 +320,18 @@ func (w *Worker) copyShard(s job.Shard, m *nats.Msg, want int64) (int64, error) 
 	if err != nil {
 		return 0, fmt.Errorf("shard %d: %w", s.ID, err)
 	}
-	if !paramsValid(m.Header, m.Data, s.Len) {
-		_, err := wire.DecodeParams(make([]float32, s.Len), m.Header, m.Data) // its reason
+	dt, err := wire.ParamsDtype(m.Header, m.Data, s.Len)
+	if err != nil {
 		return 0, fmt.Errorf("job %q, shard %d, step %d: %w", w.rec.Spec.ID, s.ID, step, err)
 	}
 	w.noteRankSteps(s.ID, m.Header)
 	if want < 0 || step == want {
 		w.mu.Lock()
-		_, err = wire.DecodeParams(w.vec[s.Off:s.Off+s.Len], m.Header, m.Data) // checked above
+		wire.Decode(w.vec[s.Off:s.Off+s.Len], m.Data, dt)
 		w.got[s.ID] = step
 		w.mu.Unlock()
 	}
-	return step, err
-}
-
-// paramsValid reports whether a parameters message of a shard of n elements is one
-// wire.DecodeParams takes: a Fanin-Dtype it knows (f32 when absent), n elements of it.
-func paramsValid(h nats.Header, data []byte, n int) bool {
-	dt := wire.F32
-	if v := h.Get(wire.HdrDtype); v != "" {
-		var ok bool
-		if dt, ok = wire.ParseDtype(v); !ok {
-			return false
-		}
-	}
-	return len(data) == n*dt.ElemSize()
+	return step, nil
 }
 
 // Step publishes the rank's gradient of the whole model for the next step and waits for the
@@ -691,7 +678,8 @@ func (w *Worker) onParams(m *nats.Msg) {
 	}
 	step, err := wire.ParseStep(m.Header)
 	s := w.rec.Layout.Shards[id]
-	if err != nil || !paramsValid(m.Header, m.Data, s.Len) {
+	dt, dtErr := wire.ParamsDtype(m.Header, m.Data, s.Len)
+	if err != nil || dtErr != nil {
 		// Not parameters this worker can read: ignored, as if lost. Step fetches the shard from
 		// the stream after WithFetchAfter, and fails naming what is wrong if it is this message.
 		return
@@ -706,9 +694,7 @@ func (w *Worker) onParams(m *nats.Msg) {
 	if w.want == 0 || step != w.want || w.got[id] >= step {
 		return
 	}
-	if _, err := wire.DecodeParams(w.vec[s.Off:s.Off+s.Len], m.Header, m.Data); err != nil {
-		return // checked above
-	}
+	wire.Decode(w.vec[s.Off:s.Off+s.Len], m.Data, dt)
 	w.got[id] = step
 	w.traceReceive(m, id, step, received)
 	if w.missing--; w.missing == 0 {

@@ -22,15 +22,14 @@ func CheckpointMsgID(job string, shard int, step int64) string {
 // gradient sequence folded in, its dtype, and its message id. A reused message keeps its header
 // slices (no allocation but the id's string).
 func SetParamsHeaders(h nats.Header, job string, shard int, step int64, seq uint64, dt Dtype) {
-	setSnapshotHeaders(h, step, seq)
-	set(h, HdrDtype, dt.String())
+	setSnapshotHeaders(h, step, seq, dt)
 	set(h, HdrMsgID, ParamsMsgID(job, shard, step))
 }
 
-// DecodeParams decodes the payload of a parameters message into dst (the shard's elements) by its
-// HdrDtype (f32 when absent), and returns that dtype. A dtype it does not know, or a payload of
-// another length than len(dst) elements of the dtype, is an error naming both.
-func DecodeParams(dst []float32, h nats.Header, data []byte) (Dtype, error) {
+// ParamsDtype checks that a parameters message is elems elements of the dtype its HdrDtype names
+// (f32 when absent) and returns that dtype. A dtype it does not know, or a payload of another
+// length, is an error naming both.
+func ParamsDtype(h nats.Header, data []byte, elems int) (Dtype, error) {
 	dt := F32
 	if v := first(h, HdrDtype); v != "" {
 		var ok bool
@@ -38,25 +37,35 @@ func DecodeParams(dst []float32, h nats.Header, data []byte) (Dtype, error) {
 			return F32, fmt.Errorf("parameters: %s %q, want %s, %s or %s", HdrDtype, v, DtypeF32, DtypeBF16, DtypeF16)
 		}
 	}
-	if want := len(dst) * dt.ElemSize(); len(data) != want {
-		return dt, fmt.Errorf("parameters: %d bytes, want %d (%d %s elements)", len(data), want, len(dst), dt)
+	if want := elems * dt.ElemSize(); len(data) != want {
+		return dt, fmt.Errorf("parameters: %d bytes, want %d (%d %s elements)", len(data), want, elems, dt)
+	}
+	return dt, nil
+}
+
+// DecodeParams decodes the payload of a parameters message into dst (the shard's elements) by its
+// HdrDtype, once ParamsDtype accepts it, and returns that dtype.
+func DecodeParams(dst []float32, h nats.Header, data []byte) (Dtype, error) {
+	dt, err := ParamsDtype(h, data, len(dst))
+	if err != nil {
+		return dt, err
 	}
 	Decode(dst, data, dt)
 	return dt, nil
 }
 
 // SetCheckpointHeaders fills the headers of a checkpoint message, as SetParamsHeaders with the
-// checkpoint's message id. Sync-mode headers (HdrReplayFrom, HdrStepSeqs, HdrRankSteps,
-// HdrApplied) are the caller's.
+// checkpoint's message id (always f32). Sync-mode headers (HdrReplayFrom, HdrStepSeqs,
+// HdrRankSteps, HdrApplied) are the caller's.
 func SetCheckpointHeaders(h nats.Header, job string, shard int, step int64, seq uint64) {
-	setSnapshotHeaders(h, step, seq)
+	setSnapshotHeaders(h, step, seq, F32)
 	set(h, HdrMsgID, CheckpointMsgID(job, shard, step))
 }
 
-func setSnapshotHeaders(h nats.Header, step int64, seq uint64) {
+func setSnapshotHeaders(h nats.Header, step int64, seq uint64, dt Dtype) {
 	set(h, HdrStep, strconv.FormatInt(step, 10))
 	set(h, HdrSeq, strconv.FormatUint(seq, 10))
-	set(h, HdrDtype, DtypeF32)
+	set(h, HdrDtype, dt.String())
 }
 
 // ParamsMsg is a parameters message of one shard after step (data: its f32 little-endian bytes).

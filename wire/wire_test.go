@@ -163,7 +163,7 @@ func TestMessageBuilders(t *testing.T) {
 	if m.Header.Get(HdrMsgID) != "j.c.3.13" || m.Header.Get(HdrStep) != "13" || m.Header.Get(HdrSeq) != "100" || len(m.Header[HdrStep]) != 1 {
 		t.Fatalf("checkpoint headers: %v", m.Header)
 	}
-	if n := testing.AllocsPerRun(100, func() { setSnapshotHeaders(m.Header, 7, 8) }); n > 2 { // the two numbers' strings at most
+	if n := testing.AllocsPerRun(100, func() { setSnapshotHeaders(m.Header, 7, 8, F32) }); n > 2 { // the two numbers' strings at most
 		t.Errorf("setting the headers of a reused message allocates %v times", n)
 	}
 	i := InitMsg("j", 2, nil)
