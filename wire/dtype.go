@@ -234,28 +234,11 @@ func NonFinite(src []byte, dt Dtype) int {
 }
 
 // nonFinite16 is NonFinite for 16-bit payloads whose exponent field is exp and its lowest bit
-// low: the word-parallel test of nonFiniteF32 (below) with four elements to a 64-bit word, 32 per
-// iteration. e + low carries into the element's sign bit exactly when e is all ones, and at most
-// reaches 0x8000, so no element carries into the next.
+// low: finiteBlocks with four elements to a 64-bit word (e + low at most reaches 0x8000, so no
+// element carries into the next), then element by element.
 func nonFinite16(src []byte, exp, low uint64) int {
-	exp4 := exp * 0x0001000100010001
-	carry4 := low * 0x0001000100010001
-	const sign4 = 0x8000800080008000
-	i := 0
-	for ; i+64 <= len(src); i += 64 {
-		b := (*[64]byte)(src[i:])
-		x := (binary.LittleEndian.Uint64(b[0:])&exp4 + carry4) |
-			(binary.LittleEndian.Uint64(b[8:])&exp4 + carry4) |
-			(binary.LittleEndian.Uint64(b[16:])&exp4 + carry4) |
-			(binary.LittleEndian.Uint64(b[24:])&exp4 + carry4) |
-			(binary.LittleEndian.Uint64(b[32:])&exp4 + carry4) |
-			(binary.LittleEndian.Uint64(b[40:])&exp4 + carry4) |
-			(binary.LittleEndian.Uint64(b[48:])&exp4 + carry4) |
-			(binary.LittleEndian.Uint64(b[56:])&exp4 + carry4)
-		if x&sign4 != 0 {
-			break
-		}
-	}
+	const rep4 = 0x0001000100010001
+	i := finiteBlocks(src, exp*rep4, low*rep4, 0x8000*rep4)
 	for ; i+1 < len(src); i += 2 {
 		if uint64(binary.LittleEndian.Uint16(src[i:]))&exp == exp {
 			return i / 2
@@ -265,39 +248,42 @@ func nonFinite16(src []byte, exp, low uint64) int {
 }
 
 // nonFiniteF32 is NonFinite for f32 payloads, the check of every gradient of a job that refuses
-// NaN and Inf: it tests 16 elements per iteration, two to a 64-bit word. An element's exponent
-// field (e) plus its lowest bit carries into the element's sign bit exactly when e is all ones;
-// the fields of the two halves of a word cannot carry into each other, since e + 1 << 23 is at
-// most 1 << 31. A block that has one is searched element by element. binary.LittleEndian.Uint64
-// compiles to one unaligned load on amd64 and arm64, so a payload needs no alignment, and it
-// decodes little-endian on any machine.
+// NaN and Inf: finiteBlocks with two elements to a 64-bit word (e + 1 << 23 is at most 1 << 31,
+// so the halves cannot carry into each other), then element by element.
 func nonFiniteF32(src []byte) int {
-	const (
-		exp2   = 0x7f800000<<32 | 0x7f800000
-		carry2 = 1<<55 | 1<<23
-		sign2  = 1<<63 | 1<<31
-	)
-	i := 0
-	for ; i+64 <= len(src); i += 64 {
-		b := (*[64]byte)(src[i:])
-		x := (binary.LittleEndian.Uint64(b[0:])&exp2 + carry2) |
-			(binary.LittleEndian.Uint64(b[8:])&exp2 + carry2) |
-			(binary.LittleEndian.Uint64(b[16:])&exp2 + carry2) |
-			(binary.LittleEndian.Uint64(b[24:])&exp2 + carry2) |
-			(binary.LittleEndian.Uint64(b[32:])&exp2 + carry2) |
-			(binary.LittleEndian.Uint64(b[40:])&exp2 + carry2) |
-			(binary.LittleEndian.Uint64(b[48:])&exp2 + carry2) |
-			(binary.LittleEndian.Uint64(b[56:])&exp2 + carry2)
-		if x&sign2 != 0 {
-			break
-		}
-	}
+	i := finiteBlocks(src, 0x7f800000<<32|0x7f800000, 1<<55|1<<23, 1<<63|1<<31)
 	for ; i+3 < len(src); i += 4 {
 		if binary.LittleEndian.Uint32(src[i:])&0x7f800000 == 0x7f800000 {
 			return i / 4
 		}
 	}
 	return -1
+}
+
+// finiteBlocks returns how many leading bytes of src, in whole 64-byte blocks, it found free of
+// NaN and Inf: it stops at the first block that may hold one, for the caller to search element by
+// element. exp, carry and sign repeat an element's exponent field, the lowest bit of that field
+// and its sign bit over a 64-bit word: an element's exponent field (e) plus its lowest bit carries
+// into the element's sign bit exactly when e is all ones. binary.LittleEndian.Uint64 compiles to
+// one unaligned load on amd64 and arm64, so a payload needs no alignment, and it decodes
+// little-endian on any machine.
+func finiteBlocks(src []byte, exp, carry, sign uint64) int {
+	i := 0
+	for ; i+64 <= len(src); i += 64 {
+		b := (*[64]byte)(src[i:])
+		x := (binary.LittleEndian.Uint64(b[0:])&exp + carry) |
+			(binary.LittleEndian.Uint64(b[8:])&exp + carry) |
+			(binary.LittleEndian.Uint64(b[16:])&exp + carry) |
+			(binary.LittleEndian.Uint64(b[24:])&exp + carry) |
+			(binary.LittleEndian.Uint64(b[32:])&exp + carry) |
+			(binary.LittleEndian.Uint64(b[40:])&exp + carry) |
+			(binary.LittleEndian.Uint64(b[48:])&exp + carry) |
+			(binary.LittleEndian.Uint64(b[56:])&exp + carry)
+		if x&sign != 0 {
+			break
+		}
+	}
+	return i
 }
 
 func checkLen(bytes, elems int, dt Dtype) {
