@@ -215,37 +215,39 @@ func runGloo(ctx context.Context, rs *runState) ([]Result, error) {
 	var fBest, bBest, pBest, gBest float64
 	var bestCost float64
 	var torchVersion string
-	for i := range p.reps {
-		rs.printf("   gloo %s fanin run %d/%d ...", big.name(), i+1, p.reps)
-		rep, cpu, err := workerProcess(ctx, rs, goWorkers, "go", big, p.warmup, p.steps, false)
+	// faninRun runs fanin once on w (label names the case, extra are the worker process's flags)
+	// and keeps its steps/s in runs and best.
+	faninRun := func(label string, w workload, i int, runs *[]string, best *float64, extra ...string) (*WorkersReport, time.Duration, error) {
+		rs.printf("   gloo %s fanin%s run %d/%d ...", big.name(), label, i+1, p.reps)
+		rep, cpu, err := workerProcess(ctx, rs, goWorkers, "go", w, p.warmup, p.steps, false, extra...)
 		if err != nil {
-			return nil, fmt.Errorf("fanin %s: %w", big.name(), err)
+			return nil, 0, fmt.Errorf("fanin %s%s: %w", big.name(), label, err)
+		}
+		rs.printf("   gloo %s fanin%s: %.3f steps/s", big.name(), label, rep.StepsPerSec)
+		*runs = append(*runs, num(rep.StepsPerSec))
+		*best = max(*best, rep.StepsPerSec)
+		return rep, cpu, nil
+	}
+	bigP := big
+	bigP.ParamDtype = "bf16"
+	for i := range p.reps {
+		prev := fBest
+		rep, cpu, err := faninRun("", big, i, &fRuns, &fBest)
+		if err != nil {
+			return nil, err
 		}
 		cost := gbPerCoreSecond(big, p.warmup+p.steps, cpu)
-		rs.printf("   gloo %s fanin: %.3f steps/s, service %.2f GB/core-s", big.name(), rep.StepsPerSec, cost)
-		fRuns = append(fRuns, num(rep.StepsPerSec))
+		rs.printf("   gloo %s fanin: service %.2f GB/core-s", big.name(), cost)
 		costs = append(costs, fmt.Sprintf("%s (%.1f s CPU for %d steps)", num(cost), cpu.Seconds(), p.warmup+p.steps))
-		if rep.StepsPerSec > fBest {
-			fBest, bestCost = rep.StepsPerSec, cost
+		if rep.StepsPerSec > prev {
+			bestCost = cost
 		}
-		rs.printf("   gloo %s fanin bf16 run %d/%d ...", big.name(), i+1, p.reps)
-		rep16, _, err := workerProcess(ctx, rs, goWorkers, "go", big, p.warmup, p.steps, false, "--dtype", "bf16")
-		if err != nil {
-			return nil, fmt.Errorf("fanin %s bf16: %w", big.name(), err)
+		if _, _, err := faninRun(" bf16", big, i, &bRuns, &bBest, "--dtype", "bf16"); err != nil {
+			return nil, err
 		}
-		rs.printf("   gloo %s fanin bf16: %.3f steps/s", big.name(), rep16.StepsPerSec)
-		bRuns = append(bRuns, num(rep16.StepsPerSec))
-		bBest = max(bBest, rep16.StepsPerSec)
-		rs.printf("   gloo %s fanin bf16 gradients and parameters run %d/%d ...", big.name(), i+1, p.reps)
-		bigP := big
-		bigP.ParamDtype = "bf16"
-		repP, _, err := workerProcess(ctx, rs, goWorkers, "go", bigP, p.warmup, p.steps, false, "--dtype", "bf16")
-		if err != nil {
-			return nil, fmt.Errorf("fanin %s bf16 gradients and parameters: %w", big.name(), err)
+		if _, _, err := faninRun(" bf16 gradients and parameters", bigP, i, &pRuns, &pBest, "--dtype", "bf16"); err != nil {
+			return nil, err
 		}
-		rs.printf("   gloo %s fanin bf16 gradients and parameters: %.3f steps/s", big.name(), repP.StepsPerSec)
-		pRuns = append(pRuns, num(repP.StepsPerSec))
-		pBest = max(pBest, repP.StepsPerSec)
 		rs.printf("   gloo %s gloo run %d/%d ...", big.name(), i+1, p.reps)
 		g, err := runGlooOnce(ctx, python, script, big, "throughput", p.warmup, p.steps)
 		if err != nil {
