@@ -56,24 +56,8 @@ func (p placer) place(t testing.TB, key, runtime string) {
 // the job, and joins one worker per rank.
 func movableJob(tb testing.TB, spec job.Spec) (*devstack.Stack, placer, *job.Record, []*sdk.Worker) {
 	tb.Helper()
-	st, err := devstack.Start(context.Background(), devstack.Config{
-		DataDir: tb.TempDir(), NATSPort: -1, Runtimes: 2, NoAutoscaler: true, Logger: testutil.Logger(),
-	})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(st.Close)
 	ctx := context.Background()
-	nc, err := nats.Connect(st.URL)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
-	b, err := store.OpenBuckets(ctx, js)
-	if err != nil {
-		tb.Fatal(err)
-	}
+	st, _, pl := placeableStack(tb)
 	rec, err := st.Gateway.CreateJob(ctx, spec)
 	if err != nil {
 		tb.Fatal(err)
@@ -89,7 +73,34 @@ func movableJob(tb testing.TB, spec job.Spec) (*devstack.Stack, placer, *job.Rec
 			tb.Fatal(err)
 		}
 	}
-	return st, placer{b.Placement}, rec, workers
+	return st, pl, rec, workers
+}
+
+// placeableStack starts two runtimes without an autoscaler, for a test that writes the placement
+// itself (placer), and returns a connection's JetStream to the stack; all end with the test.
+func placeableStack(tb testing.TB) (*devstack.Stack, jetstream.JetStream, placer) {
+	tb.Helper()
+	st, err := devstack.Start(context.Background(), devstack.Config{
+		DataDir: tb.TempDir(), NATSPort: -1, Runtimes: 2, NoAutoscaler: true, Logger: testutil.Logger(),
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(st.Close)
+	nc, err := nats.Connect(st.URL)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	b, err := store.OpenBuckets(context.Background(), js)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return st, js, placer{b.Placement}
 }
 
 // TestMigrationsDuringTraining moves shards between two runtimes while four workers train, at

@@ -15,7 +15,6 @@ import (
 
 	"github.com/fanin-ml/fanin/functions"
 	"github.com/fanin-ml/fanin/internal/devstack"
-	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/internal/testutil"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/runtime"
@@ -104,26 +103,11 @@ type bf16Run struct {
 }
 
 func newBF16Run(t *testing.T, spec job.Spec) *bf16Run {
-	st, err := devstack.Start(context.Background(), devstack.Config{
-		DataDir: t.TempDir(), NATSPort: -1, Runtimes: 2, NoAutoscaler: true, Logger: testutil.Logger(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
+	st, js, pl := placeableStack(t)
 	ctx := context.Background()
-	nc, err := nats.Connect(st.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
-	b, err := store.OpenBuckets(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
-	x := &bf16Run{t: t, ctx: ctx, st: st, js: js, pl: placer{b.Placement}, hist: map[int64][]float32{}}
+	x := &bf16Run{t: t, ctx: ctx, st: st, js: js, pl: pl, hist: map[int64][]float32{}}
 	// Every parameters message pushed, step 0 included: subscribed before the job exists.
+	nc := js.Conn()
 	sub, err := nc.Subscribe(wire.ParamsWildcard(spec.ID), func(m *nats.Msg) {
 		x.mu.Lock()
 		x.pushed = append(x.pushed, m)
