@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
@@ -18,10 +19,11 @@ type acker struct {
 }
 
 type ackItem struct {
-	msg  *nats.Msg
-	fut  jetstream.PubAckFuture
-	err  error
-	done func(ok bool)
+	msg     *nats.Msg
+	fut     jetstream.PubAckFuture
+	err     error
+	current func(context.Context) error // nil, or jobInfo.current of the message's job
+	done    func(ok bool)
 }
 
 // ackRetryFor is how long a failed publish is retried, with a backoff from ackBackoff to
@@ -41,10 +43,12 @@ func newAcker(js jetstream.JetStream, log *slog.Logger) *acker {
 	return &acker{js: js, log: log, queue: make(chan ackItem, 4096)}
 }
 
-// submit publishes msg; msg and its data must stay untouched until done is called.
-func (a *acker) submit(msg *nats.Msg, done func(ok bool)) {
+// submit publishes msg; msg and its data must stay untouched until done is called. A retry is
+// sent only while current (if not nil) finds the job's streams as they were: a message of a job
+// deleted meanwhile must not land in the streams of the job created again under its id.
+func (a *acker) submit(msg *nats.Msg, current func(context.Context) error, done func(ok bool)) {
 	fut, err := a.js.PublishMsgAsync(msg)
-	a.queue <- ackItem{msg: msg, fut: fut, err: err, done: done}
+	a.queue <- ackItem{msg: msg, fut: fut, err: err, current: current, done: done}
 }
 
 func (a *acker) run(ctx context.Context) {
@@ -80,6 +84,13 @@ func (a *acker) wait(ctx context.Context, it ackItem) bool {
 	for attempt, backoff := 1, ackBackoff; ctx.Err() == nil && time.Now().Before(deadline); attempt, backoff = attempt+1, min(2*backoff, ackBackoffMax) {
 		a.log.Warn("publish not acknowledged; retrying", "subject", it.msg.Subject, "err", err, "attempt", attempt)
 		pctx, cancel := context.WithTimeout(ctx, ackAttempt)
+		if it.current != nil {
+			if cerr := it.current(pctx); errors.Is(cerr, jetstream.ErrStreamNotFound) {
+				cancel()
+				a.log.Warn("publish dropped: its job's stream is gone", "subject", it.msg.Subject, "err", cerr)
+				return false
+			}
+		}
 		_, err = a.js.PublishMsg(pctx, it.msg)
 		cancel()
 		if err == nil {

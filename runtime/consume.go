@@ -24,6 +24,9 @@ type gradConsumer struct {
 	subject string
 	opts    []jetstream.PullConsumeOpt
 	handle  func(jetstream.Msg)
+	// current checks, before each consumer is made, that the stream is still the one the shard
+	// serves (jobInfo.current): a job created again under its id has a stream of the same name.
+	current func(context.Context) error
 
 	started chan struct{} // closed once the first consumer consumes
 
@@ -46,8 +49,8 @@ const (
 	consumerInactive = 30 * time.Second
 )
 
-func newGradConsumer(stream jetstream.Stream, subject string, start uint64, handle func(jetstream.Msg), opts ...jetstream.PullConsumeOpt) *gradConsumer {
-	return &gradConsumer{stream: stream, subject: subject, next: start, handle: handle, lost: make(chan struct{}, 1),
+func newGradConsumer(stream streamRef, subject string, start uint64, handle func(jetstream.Msg), opts ...jetstream.PullConsumeOpt) *gradConsumer {
+	return &gradConsumer{stream: stream.stream, current: stream.current, subject: subject, next: start, handle: handle, lost: make(chan struct{}, 1),
 		started: make(chan struct{}), opts: append(opts, jetstream.PullHeartbeat(consumerHeartbeat))}
 }
 
@@ -109,6 +112,9 @@ func (g *gradConsumer) start(ctx context.Context) (jetstream.Consumer, jetstream
 	}
 	cctx, cancel := context.WithTimeout(ctx, createTimeout)
 	defer cancel()
+	if err := g.current(cctx); err != nil {
+		return nil, nil, err
+	}
 	cons, err := g.stream.CreateConsumer(cctx, jetstream.ConsumerConfig{
 		Name:              "fanin_" + strings.ReplaceAll(uuid.NewString(), "-", ""),
 		FilterSubject:     g.subject,

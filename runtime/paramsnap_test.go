@@ -69,10 +69,10 @@ func TestPurgeOnlyBehindSnapshots(t *testing.T) {
 					}
 					it.done(ok)
 					r.purger.mu.Lock()
-					req, asked := r.purger.pending[x.gradSj]
+					upTo, asked := r.purger.pending[purgeKey{x.ji.streams[0], x.gradSj}]
 					r.purger.mu.Unlock()
-					if asked && req.upTo > covered {
-						t.Fatalf("step %d, after %s was acknowledged (%v): purge asked below sequence %d, the stored snapshots cover below %d", step, it.msg.Subject, ok, req.upTo, covered)
+					if asked && upTo > covered {
+						t.Fatalf("step %d, after %s was acknowledged (%v): purge asked below sequence %d, the stored snapshots cover below %d", step, it.msg.Subject, ok, upTo, covered)
 					}
 				}
 				want := 2*uint64(step) + 1 // the step's own snapshot covers its two gradients
@@ -80,10 +80,10 @@ func TestPurgeOnlyBehindSnapshots(t *testing.T) {
 					want = 2*2 + 1 // step 2's checkpoint
 				}
 				r.purger.mu.Lock()
-				req := r.purger.pending[x.gradSj]
+				upTo := r.purger.pending[purgeKey{x.ji.streams[0], x.gradSj}]
 				r.purger.mu.Unlock()
-				if covered != want || req.upTo != want {
-					t.Fatalf("step %d: purge asked below %d, snapshots cover below %d, want %d", step, req.upTo, covered, want)
+				if covered != want || upTo != want {
+					t.Fatalf("step %d: purge asked below %d, snapshots cover below %d, want %d", step, upTo, covered, want)
 				}
 			}
 			x.finish()

@@ -16,23 +16,27 @@ type purger struct {
 	wake chan struct{}
 
 	mu      sync.Mutex // guards pending
-	pending map[string]purgeReq
+	pending map[purgeKey]uint64
 }
 
-type purgeReq struct {
-	stream jetstream.Stream
-	upTo   uint64 // purge messages with sequence < upTo
+// purgeKey names a subject of one stream as one job incarnation created it: a purge is never sent
+// to the stream of the job created again under the same id (its sequences start over, and the old
+// bound would take its gradients).
+type purgeKey struct {
+	stream  streamRef
+	subject string
 }
 
 func newPurger(log *slog.Logger) *purger {
-	return &purger{log: log, wake: make(chan struct{}, 1), pending: make(map[string]purgeReq)}
+	return &purger{log: log, wake: make(chan struct{}, 1), pending: make(map[purgeKey]uint64)}
 }
 
 // schedule asks for the messages of subject below sequence upTo to be purged.
-func (p *purger) schedule(stream jetstream.Stream, subject string, upTo uint64) {
+func (p *purger) schedule(stream streamRef, subject string, upTo uint64) {
+	k := purgeKey{stream, subject}
 	p.mu.Lock()
-	if old, ok := p.pending[subject]; !ok || upTo > old.upTo {
-		p.pending[subject] = purgeReq{stream: stream, upTo: upTo}
+	if upTo > p.pending[k] {
+		p.pending[k] = upTo
 	}
 	p.mu.Unlock()
 	select {
@@ -56,14 +60,22 @@ func (p *purger) run(ctx context.Context) {
 func (p *purger) drain(ctx context.Context) {
 	p.mu.Lock()
 	batch := p.pending
-	p.pending = make(map[string]purgeReq, len(batch))
+	p.pending = make(map[purgeKey]uint64, len(batch))
 	p.mu.Unlock()
-	for subject, req := range batch {
+	checked := map[streamRef]error{} // one look at each stream per batch
+	for k, upTo := range batch {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := req.stream.Purge(pctx, jetstream.WithPurgeSubject(subject), jetstream.WithPurgeSequence(req.upTo))
+		err, ok := checked[k.stream]
+		if !ok {
+			err = k.stream.current(pctx)
+			checked[k.stream] = err
+		}
+		if err == nil {
+			err = k.stream.stream.Purge(pctx, jetstream.WithPurgeSubject(k.subject), jetstream.WithPurgeSequence(upTo))
+		}
 		cancel()
 		if err != nil {
-			p.log.Debug("purge failed; gradients are kept until the next one", "subject", subject, "err", err)
+			p.log.Debug("purge failed; gradients are kept until the next one", "subject", k.subject, "err", err)
 		}
 	}
 }

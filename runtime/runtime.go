@@ -54,7 +54,7 @@ type Runtime struct {
 
 	mu     sync.Mutex // guards shards and jobs
 	shards map[string]*shardExec
-	jobs   map[string]*jobInfo
+	jobs   map[string]*jobInfo // by incarnation
 	// releasing holds, per shard key, the newest executor started here; one that is stopping is
 	// waited for by the next executor of the same shard on this runtime.
 	releasing map[string]*shardExec
@@ -73,8 +73,13 @@ type jobInfo struct {
 	params jetstream.Stream
 	init   jetstream.Stream // init "upload" jobs: the uploaded initial parameters; nil otherwise
 	refs   int
-	// incarnation is the job's id and creation time: the key of its rejection counts (r.tally).
+	// incarnation is the job's id and creation time: the key of r.jobs and of its rejection counts
+	// (r.tally).
 	incarnation string
+	// streams are the gradient and parameter streams as this incarnation created them: an executor
+	// checks them (current) before it creates a consumer, purges, or retries a publish, so that
+	// nothing it does lands in the streams of the job created again under the same id.
+	streams []streamRef
 }
 
 // Option configures a Runtime.
@@ -406,12 +411,12 @@ func (r *Runtime) startShard(ctx context.Context, key, jobID string, shard int, 
 		return err
 	}
 	if shard >= ji.rec.Layout.NumShards() {
-		r.releaseJob(jobID)
+		r.releaseJob(ji)
 		return fmt.Errorf("%w: job %s has no shard %d", errPermanent, jobID, shard)
 	}
 	x, err := newShardExec(r, ji, shard, p.Epoch)
 	if err != nil {
-		r.releaseJob(jobID)
+		r.releaseJob(ji)
 		return fmt.Errorf("%w: %w", errPermanent, err)
 	}
 	sctx, cancel := context.WithCancel(ctx)
@@ -433,7 +438,7 @@ func (r *Runtime) startShard(ctx context.Context, key, jobID string, shard int, 
 			delete(r.shards, key)
 		}
 		r.mu.Unlock()
-		r.releaseJob(jobID)
+		r.releaseJob(ji)
 	}()
 	r.mu.Lock()
 	delete(r.retries, key)
@@ -483,14 +488,8 @@ func (r *Runtime) stopAll() {
 }
 
 func (r *Runtime) acquireJob(ctx context.Context, id string) (*jobInfo, error) {
-	r.mu.Lock()
-	if ji := r.jobs[id]; ji != nil {
-		ji.refs++
-		r.mu.Unlock()
-		return ji, nil
-	}
-	r.mu.Unlock()
-
+	// The record first: a job deleted and created again under its id is another incarnation, and
+	// shares nothing with the one before it, whose executors may still be stopping here.
 	e, err := r.buckets.Jobs.Get(ctx, id)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, fmt.Errorf("%w: job %s does not exist", errPermanent, id)
@@ -502,6 +501,14 @@ func (r *Runtime) acquireJob(ctx context.Context, id string) (*jobInfo, error) {
 	if err := json.Unmarshal(e.Value(), &rec); err != nil {
 		return nil, fmt.Errorf("decode job %s: %w", id, err)
 	}
+	incarnation := id + "@" + strconv.FormatInt(rec.Created.UnixNano(), 36)
+	r.mu.Lock()
+	if ji := r.jobs[incarnation]; ji != nil {
+		ji.refs++
+		r.mu.Unlock()
+		return ji, nil
+	}
+	r.mu.Unlock()
 	if rec.Paused {
 		return nil, fmt.Errorf("%w: job %s is paused", errPermanent, id)
 	}
@@ -519,26 +526,35 @@ func (r *Runtime) acquireJob(ctx context.Context, id string) (*jobInfo, error) {
 			return nil, fmt.Errorf("open upload stream of job %s: %w", id, err)
 		}
 	}
+	ji := newJobInfo(&rec, grads, params, init)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if ji := r.jobs[id]; ji != nil { // another shard of the job got here first
-		ji.refs++
-		return ji, nil
+	if cur := r.jobs[incarnation]; cur != nil { // another shard of the job got here first
+		cur.refs++
+		return cur, nil
 	}
-	ji := &jobInfo{rec: &rec, grads: grads, params: params, init: init, refs: 1,
-		incarnation: id + "@" + strconv.FormatInt(rec.Created.UnixNano(), 36)}
-	r.jobs[id] = ji
+	r.jobs[incarnation] = ji
 	return ji, nil
 }
 
-func (r *Runtime) releaseJob(id string) {
+// newJobInfo is the jobInfo of one incarnation of rec's job, with one reference.
+func newJobInfo(rec *job.Record, grads, params, init jetstream.Stream) *jobInfo {
+	return &jobInfo{rec: rec, grads: grads, params: params, init: init, refs: 1,
+		incarnation: rec.Spec.ID + "@" + strconv.FormatInt(rec.Created.UnixNano(), 36),
+		streams:     []streamRef{newStreamRef(grads), newStreamRef(params)}}
+}
+
+func (r *Runtime) releaseJob(ji *jobInfo) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if ji := r.jobs[id]; ji != nil {
-		if ji.refs--; ji.refs <= 0 {
-			delete(r.jobs, id)
-			r.met.ForgetJob(id)
+	if ji.refs--; ji.refs <= 0 && r.jobs[ji.incarnation] == ji {
+		delete(r.jobs, ji.incarnation)
+		for _, other := range r.jobs {
+			if other.rec.Spec.ID == ji.rec.Spec.ID {
+				return // the job's metrics are its next incarnation's now
+			}
 		}
+		r.met.ForgetJob(ji.rec.Spec.ID)
 	}
 }
 

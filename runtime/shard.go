@@ -201,7 +201,7 @@ func (x *shardExec) serve(ctx context.Context) error {
 	// Pull room for at least two of the largest messages the job's stream accepts: a message the
 	// consumer could not pull would stall the shard for good.
 	msgBytes := max(x.shard.Bytes()+wire.Headroom, int(store.GradMaxMsgSize(x.ji.rec)))
-	gc := newGradConsumer(x.ji.grads, x.gradSj, start, x.handle,
+	gc := newGradConsumer(x.ji.streams[0], x.gradSj, start, x.handle,
 		// Buffer up to two steps of this shard's gradients in the client, within maxPullBytes (and
 		// at least two messages): flow control, never a slow-consumer drop. (Were one to happen,
 		// the consumer starts over from the last sequence seen: a replay, not a loss.)
@@ -597,10 +597,10 @@ func (x *shardExec) publishParams() {
 	if x.paramsSnap { // the parameters are the snapshot: once stored, older gradients can go
 		purgeTo = x.replayFrom()
 	}
-	x.r.acks.submit(ob.msg, func(ok bool) {
+	x.r.acks.submit(ob.msg, x.ji.current, func(ok bool) {
 		done.acked(ok)
 		if ok && purgeTo > 0 {
-			x.r.purger.schedule(x.ji.grads, x.gradSj, purgeTo)
+			x.r.purger.schedule(x.ji.streams[0], x.gradSj, purgeTo)
 		}
 		x.outs <- ob
 	})
@@ -615,9 +615,9 @@ func (x *shardExec) checkpointAsync() {
 	x.fillCkpt()
 	purgeTo := x.replayFrom()
 	step := x.step
-	x.r.acks.submit(x.ckptBuf.msg, func(ok bool) {
+	x.r.acks.submit(x.ckptBuf.msg, x.ji.current, func(ok bool) {
 		if ok {
-			x.r.purger.schedule(x.ji.grads, x.gradSj, purgeTo)
+			x.r.purger.schedule(x.ji.streams[0], x.gradSj, purgeTo)
 		}
 		if ok {
 			storeMax(&x.ckptAt, step)
@@ -663,11 +663,16 @@ func (x *shardExec) checkpointSync(ctx context.Context, onlyNewer bool) error {
 	x.fillCkpt()
 	step, purgeTo := x.step, x.replayFrom()
 	x.mu.Unlock()
+	// Written when the shard starts or stops, perhaps long after its job was deleted and created
+	// again: the checkpoint must not land in the new incarnation's stream.
+	if err := x.ji.current(ctx); err != nil {
+		return fmt.Errorf("checkpoint at step %d: %w", step, err)
+	}
 	if _, err := x.r.js.PublishMsg(ctx, x.ckptBuf.msg); err != nil {
 		return fmt.Errorf("checkpoint at step %d: %w", step, err)
 	}
 	storeMax(&x.ckptAt, step)
-	x.r.purger.schedule(x.ji.grads, x.gradSj, purgeTo)
+	x.r.purger.schedule(x.ji.streams[0], x.gradSj, purgeTo)
 	return nil
 }
 

@@ -81,7 +81,7 @@ func (h *shardHarness) runtime(t *testing.T) *Runtime {
 // shard is r's executor of shard 0 of rec, not started.
 func (h *shardHarness) shard(t *testing.T, r *Runtime, rec *job.Record, grads, params jetstream.Stream) *shardExec {
 	t.Helper()
-	x, err := newShardExec(r, &jobInfo{rec: rec, grads: grads, params: params}, 0, 1)
+	x, err := newShardExec(r, newJobInfo(rec, grads, params, nil), 0, 1)
 	if err != nil {
 		t.Fatal(err)
 	}

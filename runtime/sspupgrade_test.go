@@ -78,7 +78,7 @@ func TestRestoreFromOlderParametersKeepsHeldGradients(t *testing.T) {
 
 	// The new runtime takes the shard over.
 	r1 := h.runtime(t)
-	x1, err := newShardExec(r1, &jobInfo{rec: &rec, grads: grads, params: params}, 0, 2)
+	x1, err := newShardExec(r1, newJobInfo(&rec, grads, params, nil), 0, 2)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,50 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// errStreamReplaced says that a job's stream was deleted and created again under the same name:
+// the job was deleted and created again, and what an executor of the old incarnation would do
+// there (consume, purge, publish a late snapshot) would corrupt the new one. It wraps
+// jetstream.ErrStreamNotFound: for the old incarnation the stream is gone.
+var errStreamReplaced = fmt.Errorf("%w: created again since this runtime opened it", jetstream.ErrStreamNotFound)
+
+// streamRef is one stream of one job incarnation: its name and the time it was created.
+type streamRef struct {
+	stream  jetstream.Stream
+	name    string
+	created time.Time
+}
+
+func newStreamRef(s jetstream.Stream) streamRef {
+	info := s.CachedInfo()
+	return streamRef{stream: s, name: info.Config.Name, created: info.Created}
+}
+
+// current returns nil if the stream is still the one it was, errStreamReplaced if it was created
+// again, and the error of the look-up otherwise (jetstream.ErrStreamNotFound when it is gone).
+func (ref streamRef) current(ctx context.Context) error {
+	info, err := ref.stream.Info(ctx)
+	if err != nil {
+		return err
+	}
+	if !info.Created.Equal(ref.created) {
+		return fmt.Errorf("stream %s: %w", ref.name, errStreamReplaced)
+	}
+	return nil
+}
+
+// current checks every stream of the incarnation (current of each).
+func (ji *jobInfo) current(ctx context.Context) error {
+	for _, ref := range ji.streams {
+		if err := ref.current(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
