@@ -29,6 +29,7 @@ import (
 // Config of a stack.
 type Config struct {
 	DataDir  string // JetStream storage
+	MaxStore int64  // JetStream's file storage cap (0: the server's default, from the free disk)
 	NATSPort int    // -1: any free port
 	HTTPAddr string // gateway listen address; "" disables HTTP, "127.0.0.1:0" picks a port
 	Runtimes int    // runtimes the pool starts with, and its minimum (default 3)
@@ -103,7 +104,7 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 		cfg.Logger = slog.Default()
 	}
 	var authority *auth.Authority
-	ecfg := embed.Config{Port: cfg.NATSPort, StoreDir: cfg.DataDir, Logs: cfg.NATSLogs}
+	ecfg := embed.Config{Port: cfg.NATSPort, StoreDir: cfg.DataDir, MaxStore: cfg.MaxStore, Logs: cfg.NATSLogs}
 	var gw atomic.Pointer[gateway.Server] // set once the gateway is up; violations before it go unrecorded
 	if cfg.Auth {
 		if cfg.AuthDir != "" {

@@ -21,7 +21,10 @@ type Config struct {
 	Host     string // default 127.0.0.1
 	Port     int    // -1 picks a free port
 	StoreDir string // JetStream file storage
-	Logs     bool   // the server's own logs to stderr
+	// MaxStore caps JetStream's file storage (0: the server's default, 75% of the store's free
+	// disk space when it starts).
+	MaxStore int64
+	Logs     bool // the server's own logs to stderr
 
 	// Configure, if set, adjusts the server's options before it starts (e.g. operator mode:
 	// auth.Authority.ConfigureServer).
@@ -54,6 +57,8 @@ func Start(cfg Config) (*server.Server, error) {
 		JetStream:  true,
 		StoreDir:   cfg.StoreDir,
 		MaxPayload: MaxPayload,
+		// JetStreamMaxStore: 0 lets the server size it from the disk.
+		JetStreamMaxStore: cfg.MaxStore,
 		// A runtime's shards pull up to 16 MiB each over one connection, and a runtime may be briefly
 		// busy with a large shard: room before the server calls it a slow consumer and cuts it.
 		MaxPending: 1 << 30,
