@@ -41,6 +41,13 @@ const (
 	sourceNATS    = "nats"
 )
 
+// The log of rejected inputs reserves rejectsBytes of JetStream storage, or as much as the servers
+// can give down to rejectsMinBytes: a small disk must not keep fanin from starting.
+const (
+	rejectsBytes    = 256 << 20
+	rejectsMinBytes = 4 << 20
+)
+
 type rejectStore struct {
 	s      *Server
 	stream jetstream.Stream
@@ -50,18 +57,22 @@ type rejectStore struct {
 }
 
 func newRejectStore(ctx context.Context, s *Server) (*rejectStore, error) {
-	st, err := store.EnsureStream(ctx, s.js, jetstream.StreamConfig{
+	st, size, err := store.EnsureSizedStream(ctx, s.js, jetstream.StreamConfig{
 		Name:              RejectsStream,
 		Description:       "fanin rejected inputs: the latest per job",
 		Subjects:          []string{wire.Prefix + "*.rejects"},
 		Storage:           jetstream.FileStorage,
 		MaxMsgsPerSubject: RejectsPerJob,
 		MaxAge:            rejectsMaxAge,
-		MaxBytes:          256 << 20,
+		MaxBytes:          rejectsBytes,
 		Discard:           jetstream.DiscardOld,
-	})
+	}, rejectsMinBytes)
 	if err != nil {
 		return nil, err
+	}
+	if size < rejectsBytes {
+		s.log.Warn("the NATS server's storage is small: the log of rejected inputs keeps less",
+			"stream", RejectsStream, "bytes", size, "wanted", rejectsBytes)
 	}
 	cons, err := st.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
 		Durable: countsConsumer, Description: "fanin gateway: counts rejections by job and reason",

@@ -166,6 +166,42 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.Str
 	return st, err
 }
 
+// EnsureSizedStream is EnsureStream for a stream of fanin's own whose MaxBytes is a wish, not a
+// need (a log of recent events): when the servers cannot reserve cfg.MaxBytes, it halves it until
+// they can or it would fall below floor. It returns the stream and the bytes reserved; a NATS
+// server on a small disk (its JetStream max_store is 75% of the free space by default) then still
+// runs fanin, with a shorter log.
+func EnsureSizedStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig, floor int64) (jetstream.Stream, int64, error) {
+	for {
+		st, err := EnsureStream(ctx, js, cfg)
+		if err == nil || !StorageFull(err) || cfg.MaxBytes/2 < floor {
+			return st, cfg.MaxBytes, err
+		}
+		cfg.MaxBytes /= 2
+	}
+}
+
+// ErrStorageFull says that the NATS servers are out of the storage they may use for JetStream: a
+// stream's reservation (MaxBytes) or a message did not fit.
+var ErrStorageFull = errors.New("the NATS servers are out of JetStream storage")
+
+// StorageFull tells the errors of a NATS server out of JetStream storage: a reservation it cannot
+// make (max_store or max_memory reached by the streams' reservations) or a write that the disk
+// refused.
+func StorageFull(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.Is(err, ErrStorageFull) || (errors.As(err, &apiErr) &&
+		(apiErr.ErrorCode == errStorageResourcesExceeded || apiErr.ErrorCode == errMemoryResourcesExceeded)) ||
+		(err != nil && strings.Contains(err.Error(), "no space left on device"))
+}
+
+// JetStream's error codes for a reservation beyond max_store or max_memory (nats-server's
+// JSStorageResourcesExceededErr and JSMemoryResourcesExceededErr).
+const (
+	errStorageResourcesExceeded jetstream.ErrorCode = 10047
+	errMemoryResourcesExceeded  jetstream.ErrorCode = 10028
+)
+
 // Transient tells the JetStream errors that pass by themselves: a request met a server restarting,
 // a cluster forming, or a stream or meta leader being elected (nothing answers in the meantime).
 func Transient(err error) bool {
