@@ -141,6 +141,10 @@ func (s *Server) setup(ctx context.Context, rec *job.Record, c *api.JobCreated) 
 		switch {
 		case errors.Is(err, jetstream.ErrStreamNameAlreadyInUse):
 			return fmt.Errorf("job %q: %w", id, ErrJobExists)
+		case store.StorageFull(err):
+			grad, params := store.JobStorageBound(rec)
+			return fmt.Errorf("job %q: %w: its streams reserve %s for gradients and %s for parameters (%s storage, %d replicas): free space on the servers' JetStream store, raise their max_store, or use a smaller or memory job: %w",
+				id, store.ErrStorageFull, job.ByteSize(grad), job.ByteSize(params), rec.Spec.Storage, rec.Spec.Replicas, err)
 		case errors.As(err, &apiErr) && (apiErr.ErrorCode == jsErrReplicasNotSupported || apiErr.ErrorCode == jsErrInsufficientResources):
 			return fmt.Errorf("%w: replicas: the NATS servers cannot keep %d replicas of the job's streams: %s",
 				job.ErrInvalidSpec, rec.Spec.Replicas, apiErr.Description)
@@ -443,6 +447,9 @@ func (s *Server) createJob(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case errors.Is(err, ErrJobExists):
 		s.problem(w, http.StatusConflict, codeJobExists, err.Error())
+	case errors.Is(err, store.ErrStorageFull):
+		s.log.Warn("job refused: the NATS servers are out of storage", "job", spec.ID, "err", err)
+		s.problem(w, http.StatusInsufficientStorage, string(wire.ReasonStorageFull), err.Error())
 	case errors.Is(err, ErrQuota):
 		s.reject(w, wire.ReasonQuotaExceeded, err.Error(), recordAs)
 	case errors.Is(err, ErrHighPriority):

@@ -91,11 +91,18 @@ func (s *Server) problem(w http.ResponseWriter, status int, code, detail string)
 // leader being elected after a server was lost, a server restarting) is a 503 with Retry-After,
 // not a 500: the client should retry, and nothing is wrong with its request or with fanin.
 func (s *Server) internal(w http.ResponseWriter, what string, err error) {
+	if store.StorageFull(err) {
+		s.log.Warn(what, "err", err)
+		s.problem(w, http.StatusInsufficientStorage, string(wire.ReasonStorageFull),
+			what+": "+err.Error()+" (the NATS servers are out of JetStream storage: free space on their store)")
+		return
+	}
 	if store.Transient(err) {
 		s.log.Warn(what, "err", err)
 		w.Header().Set("Retry-After", "2")
 		s.problem(w, http.StatusServiceUnavailable, codeJetStreamUnavailable,
-			what+": "+err.Error()+" (NATS is electing a leader or restarting: retry in a few seconds)")
+			what+": "+err.Error()+" (NATS did not answer: a leader election or a server restart passes in seconds; "+
+				"if it lasts, a server may have stopped storing, e.g. on a full disk: see its log)")
 		return
 	}
 	s.log.Error(what, "err", err)

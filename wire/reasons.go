@@ -37,6 +37,7 @@ const (
 	ReasonMediaType       Reason = "unsupported_media_type" // a Content-Type the route does not take
 	ReasonInvalidPolicy   Reason = "invalid_policy"         // an autoscaler policy that does not decode or validate
 	ReasonBadParameter    Reason = "bad_parameter"          // a malformed path or query parameter
+	ReasonStorageFull     Reason = "storage_full"           // the NATS servers are out of JetStream storage
 )
 
 // Reasons lists every reason with a one-line description, in table order.
@@ -67,6 +68,7 @@ var Reasons = []struct {
 	{ReasonMediaType, "the Content-Type is not one the route accepts"},
 	{ReasonInvalidPolicy, "the autoscaler policy does not decode or does not validate"},
 	{ReasonBadParameter, "a path or query parameter is malformed"},
+	{ReasonStorageFull, "the NATS servers are out of JetStream storage: nothing was stored; retry once space is freed"},
 }
 
 // DataPlaneReasons is how many rows at the head of Reasons are about gradient messages
