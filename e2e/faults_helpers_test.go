@@ -42,8 +42,13 @@ type natsProc struct {
 // startNATS starts n nats-server processes; n > 1 routes them into one cluster.
 func startNATS(t *testing.T, n int) *natsNodes {
 	t.Helper()
+	return startNATSIn(t, n, t.TempDir())
+}
+
+// startNATSIn is startNATS with the servers' stores and configurations in dir.
+func startNATSIn(t *testing.T, n int, dir string) *natsNodes {
+	t.Helper()
 	nn := &natsNodes{t: t, procs: make([]*natsProc, n)}
-	dir := t.TempDir()
 	routes := make([]int, n)
 	for i := range n {
 		nn.ports = append(nn.ports, testutil.FreePort(t))
