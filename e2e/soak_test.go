@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,6 +26,20 @@ func TestFaultsSoak(t *testing.T) {
 	dur, err := time.ParseDuration(os.Getenv("FANIN_SOAK"))
 	if err != nil {
 		t.Skip("a soak run: set FANIN_SOAK to its duration (e.g. 30m)")
+	}
+	every := time.Minute
+	if v := os.Getenv("FANIN_SOAK_EVERY"); v != "" {
+		if every, err = time.ParseDuration(v); err != nil || every < 10*time.Second {
+			t.Fatalf("FANIN_SOAK_EVERY=%q: want a duration of 10s or more", v)
+		}
+	}
+	burners, _ := strconv.Atoi(os.Getenv("FANIN_SOAK_BURN"))
+	for range burners { // other processes keeping the cores busy, as on a loaded node
+		cmd := exec.Command("sh", "-c", "while :; do :; done")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	}
 	nn := startNATS(t, 3)
 	f := startFanin(t, nn, 2)
@@ -48,7 +63,7 @@ func TestFaultsSoak(t *testing.T) {
 	var restart func()
 	var restartAt time.Time
 	mem := map[string][]int64{} // process -> RSS (KiB) each minute
-	begin, nextFault, nextSample := time.Now(), time.Now().Add(time.Minute), time.Now()
+	begin, nextFault, nextSample := time.Now(), time.Now().Add(every), time.Now()
 	for time.Since(begin) < dur {
 		stepAt := time.Now()
 		tt.run(tt.step + 1)
@@ -88,7 +103,7 @@ func TestFaultsSoak(t *testing.T) {
 				restart, restartAt = func() { nn.restart(i) }, now.Add(5*time.Second)
 			}
 			faults = append(faults, fault{kind, now})
-			nextFault = nextFault.Add(time.Minute)
+			nextFault = nextFault.Add(every)
 		}
 		if d := period - time.Since(stepAt); d > 0 {
 			time.Sleep(d)
@@ -111,11 +126,16 @@ func TestFaultsSoak(t *testing.T) {
 		}
 		gaps[fl.kind] = append(gaps[fl.kind], g)
 	}
-	t.Logf("%d steps in %v, bit-exact, %d faults", tt.step, time.Since(begin).Round(time.Second), len(faults))
+	t.Logf("%d steps in %v, bit-exact, %d faults, a fault every %v, %d CPU burners", tt.step, time.Since(begin).Round(time.Second), len(faults), every, burners)
 	for kind, gs := range gaps {
 		slices.Sort(gs)
-		t.Logf("after a %s fault (%d): longest gap between steps median %v, max %v", kind, len(gs),
-			gs[len(gs)/2].Round(time.Millisecond), gs[len(gs)-1].Round(time.Millisecond))
+		t.Logf("after a %s fault (%d): longest gap between steps median %v, p99 %v, max %v", kind, len(gs),
+			gs[len(gs)/2].Round(time.Millisecond), gs[(len(gs)*99)/100].Round(time.Millisecond), gs[len(gs)-1].Round(time.Millisecond))
+	}
+	for i, p := range f.as {
+		out := p.output()
+		t.Logf("autoscaler %d: %d runtime starts, %d stops, %d leaderships won", i,
+			strings.Count(out, "runtime process started"), strings.Count(out, "runtime process stopping"), strings.Count(out, "became the autoscaler leader"))
 	}
 	names := make([]string, 0, len(mem))
 	for name := range mem {
