@@ -109,6 +109,15 @@ func TestBadInputRejected(t *testing.T) {
 		{"missing rank", func() *nats.Msg { m := good(3, 0, zeros); m.Header.Del(wire.HdrRank); return m }, wire.ReasonMissingHeader},
 		{"missing dtype", func() *nats.Msg { m := good(3, 0, zeros); m.Header.Del(wire.HdrDtype); return m }, wire.ReasonMissingHeader},
 		{"bad step", func() *nats.Msg { m := good(3, 0, zeros); m.Header.Set(wire.HdrStep, "-3"); return m }, wire.ReasonBadHeader},
+		// The rank parses though the step does not: the report names rank 1, and no step (the
+		// value past int64 is quoted as sent, not clamped).
+		{"step 2^64+1 of rank 1", func() *nats.Msg {
+			m := good(3, 1, zeros)
+			m.Header.Set(wire.HdrStep, "18446744073709551617")
+			return m
+		}, wire.ReasonBadHeader},
+		{"bad step of rank 2", func() *nats.Msg { m := good(3, 2, zeros); m.Header.Set(wire.HdrStep, "x"); return m }, wire.ReasonBadHeader},
+		{"bad rank at step 3", func() *nats.Msg { m := good(3, 1, zeros); m.Header.Set(wire.HdrRank, "one"); return m }, wire.ReasonBadHeader},
 		{"bad dtype", func() *nats.Msg { m := good(3, 0, zeros); m.Header.Set(wire.HdrDtype, "f64"); return m }, wire.ReasonBadDtype},
 		{"f16 of f32 length", func() *nats.Msg { m := good(3, 0, zeros); m.Header.Set(wire.HdrDtype, "f16"); return m }, wire.ReasonOversized},
 		{"bf16 short", func() *nats.Msg {
@@ -168,6 +177,15 @@ func TestBadInputRejected(t *testing.T) {
 				"f16 of f32 length": fmt.Sprintf("payload is %d bytes, shard %d holds %d f16 elements (%d bytes)", shard.Bytes(), shard.ID, shard.Len, 2*shard.Len),
 			}[c.name]; !strings.Contains(rej.Detail, want) {
 				t.Fatalf("detail %q, want it to say %q", rej.Detail, want)
+			}
+			// The rank and step the report names (rank -1, step 0: none).
+			if want, ok := map[string][2]int64{
+				"step 2^64+1 of rank 1": {1, 0}, "bad step of rank 2": {2, 0}, "bad rank at step 3": {-1, 3},
+			}[c.name]; ok && (int64(rej.Rank) != want[0] || rej.Step != want[1]) {
+				t.Fatalf("report names rank %d step %d, want rank %d step %d: %+v", rej.Rank, rej.Step, want[0], want[1], rej)
+			}
+			if c.name == "step 2^64+1 of rank 1" && !strings.Contains(rej.Detail, `"18446744073709551617"`) {
+				t.Fatalf("detail %q does not quote the step as sent", rej.Detail)
 			}
 			if rej.Job != rec.Spec.ID || rej.Detail == "" {
 				t.Fatalf("report lacks job or detail: %+v", rej)

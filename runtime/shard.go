@@ -433,7 +433,7 @@ func (x *shardExec) handleSeq(m jetstream.Msg, seq uint64) {
 		if rej.Step == 0 {
 			rej.Step = meta.Step
 		}
-		if rej.Rank < 0 && meta.Rank < x.ranks {
+		if rej.Rank < 0 && meta.Rank < x.ranks { // -1 when it did not parse
 			rej.Rank = meta.Rank
 		}
 		x.r.reject(rej, meta.ReplyTo, x.ji.incarnation)

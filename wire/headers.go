@@ -65,41 +65,54 @@ func GradAttempt(msgID string) int {
 
 // GradMeta is what a gradient message's headers say.
 type GradMeta struct {
-	Step    int64
-	Rank    int
+	Step    int64   // 0 when HdrStep is absent or malformed
+	Rank    int     // -1 when HdrRank is absent or malformed
 	Weight  float64 // 1 unless HdrWeight is set
 	ReplyTo string
 	Version int64 // HdrVersion, -1 when absent
 	Dtype   Dtype // HdrDtype: the payload's element type
 }
 
-// ParseGradHeaders reads and checks the headers of a gradient message. It allocates nothing.
+// ParseGradHeaders reads and checks the headers of a gradient message. It allocates nothing but
+// its rejection. Step and rank are read whatever else is wrong, so that a rejection names the
+// sender's rank and step whenever they parse; a rejection reports the first problem in the order
+// step, rank, dtype, weight, version. A number is canonical decimal of at most 18 digits: a
+// longer one (say 2^64+1) is a bad header quoted as sent, never clamped or wrapped.
 func ParseGradHeaders(h nats.Header) (GradMeta, *Reject) {
-	m := GradMeta{Weight: 1, Version: -1}
+	m := GradMeta{Rank: -1, Weight: 1, Version: -1}
 	if h == nil {
 		return m, Rejectf(ReasonMissingHeader, "message has no headers; %s, %s and %s are required", HdrStep, HdrRank, HdrDtype)
 	}
 	m.ReplyTo = first(h, HdrReplyTo)
-	step, ok := first(h, HdrStep), true
-	if step == "" {
-		return m, Rejectf(ReasonMissingHeader, "header %s is missing", HdrStep)
-	}
-	if m.Step, ok = parseInt(step); !ok || m.Step < 1 {
-		return m, Rejectf(ReasonBadHeader, "header %s: %q is not a step number >= 1", HdrStep, step)
+	var rej *Reject
+	step := first(h, HdrStep)
+	switch n, ok := parseInt(step); {
+	case step == "":
+		rej = Rejectf(ReasonMissingHeader, "header %s is missing", HdrStep)
+	case !ok || n < 1:
+		rej = Rejectf(ReasonBadHeader, "header %s: %q is not a step number >= 1%s", HdrStep, step, tooLong(step))
+	default:
+		m.Step = n
 	}
 	rank := first(h, HdrRank)
-	if rank == "" {
-		return m, Rejectf(ReasonMissingHeader, "header %s is missing", HdrRank)
+	if r, ok := parseInt(rank); ok && r <= math.MaxInt32 {
+		m.Rank = int(r)
 	}
-	r, ok := parseInt(rank)
-	if !ok || r < 0 || r > math.MaxInt32 {
-		return m, Rejectf(ReasonBadHeader, "header %s: %q is not a rank number >= 0", HdrRank, rank)
+	switch {
+	case rej != nil: // the step's problem is the one reported, with the rank that sent it
+	case rank == "":
+		rej = Rejectf(ReasonMissingHeader, "header %s is missing", HdrRank)
+	case m.Rank < 0:
+		rej = Rejectf(ReasonBadHeader, "header %s: %q is not a rank number >= 0", HdrRank, rank)
 	}
-	m.Rank = int(r)
+	if rej != nil {
+		return m, rej
+	}
 	dt := first(h, HdrDtype)
 	if dt == "" {
 		return m, Rejectf(ReasonMissingHeader, "header %s is missing", HdrDtype)
 	}
+	var ok bool
 	if m.Dtype, ok = ParseDtype(dt); !ok {
 		return m, Rejectf(ReasonBadDtype, "header %s: %q is not supported (%q, %q or %q)", HdrDtype, dt, DtypeF32, DtypeBF16, DtypeF16)
 	}
@@ -113,11 +126,25 @@ func ParseGradHeaders(h nats.Header) (GradMeta, *Reject) {
 	if v := first(h, HdrVersion); v != "" {
 		n, ok := parseInt(v)
 		if !ok {
-			return m, Rejectf(ReasonBadHeader, "header %s: %q is not a step number >= 0", HdrVersion, v)
+			return m, Rejectf(ReasonBadHeader, "header %s: %q is not a step number >= 0%s", HdrVersion, v, tooLong(v))
 		}
 		m.Version = n
 	}
 	return m, nil
+}
+
+// tooLong explains a number refused for its length alone: all digits, canonical, but beyond what
+// parseInt reads (a step or version past 10^18).
+func tooLong(s string) string {
+	if len(s) <= maxDigits || s[0] == '0' {
+		return ""
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return ""
+		}
+	}
+	return " (out of range: at most 18 digits)"
 }
 
 // CheckPayload checks a gradient payload of dt against a shard of elems elements: its length must
@@ -161,6 +188,9 @@ func ParseSeq(h nats.Header) (uint64, error) {
 	return n, nil
 }
 
+// maxDigits is the longest number parseInt reads: every 18-digit number fits an int64.
+const maxDigits = 18
+
 func first(h nats.Header, key string) string {
 	if v := h[key]; len(v) > 0 {
 		return v[0]
@@ -169,9 +199,9 @@ func first(h nats.Header, key string) string {
 }
 
 // parseInt accepts a number in canonical decimal only: digits, no sign, no spaces, no leading
-// zero (one number, one spelling, as in message ids), at most 18 digits.
+// zero (one number, one spelling, as in message ids), at most maxDigits digits.
 func parseInt(s string) (int64, bool) {
-	if len(s) == 0 || len(s) > 18 || (s[0] == '0' && len(s) > 1) {
+	if len(s) == 0 || len(s) > maxDigits || (s[0] == '0' && len(s) > 1) {
 		return 0, false
 	}
 	var n int64

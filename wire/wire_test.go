@@ -2,6 +2,7 @@ package wire
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/nats-io/nats.go"
@@ -79,6 +80,32 @@ func TestParseGradHeaders(t *testing.T) {
 	}
 	if _, rej := ParseGradHeaders(nil); rej == nil || rej.Reason != ReasonMissingHeader {
 		t.Errorf("nil headers: got %v", rej)
+	}
+}
+
+// A number past int64 (2^64+1) is a bad header quoted as sent, never clamped; and a rejection
+// for one header still carries the rank (and step) that parsed, so the report names the sender.
+func TestParseGradHeadersReportsWhatParsed(t *testing.T) {
+	h := nats.Header{}
+	h.Set(HdrStep, "18446744073709551617")
+	h.Set(HdrRank, "1")
+	h.Set(HdrDtype, "f32")
+	m, rej := ParseGradHeaders(h)
+	if rej == nil || rej.Reason != ReasonBadHeader || !strings.Contains(rej.Detail, `"18446744073709551617"`) || !strings.Contains(rej.Detail, "out of range") {
+		t.Fatalf("step 2^64+1: got %v, want %s quoting the value as sent and saying it is out of range", rej, ReasonBadHeader)
+	}
+	if m.Step != 0 || m.Rank != 1 {
+		t.Fatalf("step 2^64+1 of rank 1: read step %d rank %d, want step 0 (none) and rank 1", m.Step, m.Rank)
+	}
+	h.Set(HdrStep, "7")
+	h.Set(HdrRank, "x")
+	if m, rej = ParseGradHeaders(h); rej == nil || rej.Reason != ReasonBadHeader || m.Step != 7 || m.Rank != -1 {
+		t.Fatalf("rank x at step 7: got %+v %v, want a bad header with step 7 and rank -1 (none)", m, rej)
+	}
+	h.Set(HdrRank, "2")
+	h.Set(HdrVersion, "99999999999999999999")
+	if m, rej = ParseGradHeaders(h); rej == nil || rej.Reason != ReasonBadHeader || !strings.Contains(rej.Detail, `"99999999999999999999" is not a step number >= 0 (out of range`) || m.Step != 7 || m.Rank != 2 {
+		t.Fatalf("version 10^20: got %+v %v", m, rej)
 	}
 }
 
