@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -9,26 +10,47 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// purger deletes gradients that a stored snapshot covers. Requests for one subject coalesce: only
-// the highest sequence matters. It owns its goroutine (run).
+// purger deletes gradients that a stored snapshot covers, and each gradient a shard refused.
+// Requests for one subject coalesce: only the highest sequence matters. It owns its goroutine
+// (run).
+//
+// A refused gradient is deleted by its own sequence, at once, not left for the next purge: the
+// gradient stream's bound (store.CreateJobStreams: ranks x shards x GradWindow messages, refusal
+// beyond) counts every stored message, and refusals of a step that never completes would
+// otherwise hold it until the stream refuses the valid gradients that would complete it, for good.
+// Deleting one is safe for exactly-once: the executor's decision on a message depends only on its
+// state and the message, and a refusal changes no state, so a replay with the message gone takes
+// every other decision the same way; and only a sequence the executor refused is ever deleted.
+//
+// Every purge and delete names the stream as one job incarnation created it (streamRef), and is
+// sent only while the stream is still that one: the stream of a job created again under the same
+// id starts its sequences over, and an old bound or sequence would take its gradients.
 type purger struct {
-	log  *slog.Logger
-	wake chan struct{}
+	log   *slog.Logger
+	wake  chan struct{}
+	retry time.Duration // how soon deletes that failed are tried again
 
-	mu      sync.Mutex // guards pending
+	mu      sync.Mutex // guards pending and refused
 	pending map[purgeKey]uint64
+	refused []refusedMsg
 }
 
-// purgeKey names a subject of one stream as one job incarnation created it: a purge is never sent
-// to the stream of the job created again under the same id (its sequences start over, and the old
-// bound would take its gradients).
+// purgeKey names a subject of one incarnation's stream; its value in pending is the bound: purge
+// the subject's messages with sequence < bound.
 type purgeKey struct {
 	stream  streamRef
 	subject string
 }
 
+// refusedMsg is one gradient a shard refused, to delete.
+type refusedMsg struct {
+	stream  streamRef
+	subject string
+	seq     uint64
+}
+
 func newPurger(log *slog.Logger) *purger {
-	return &purger{log: log, wake: make(chan struct{}, 1), pending: make(map[purgeKey]uint64)}
+	return &purger{log: log, wake: make(chan struct{}, 1), retry: time.Second, pending: make(map[purgeKey]uint64)}
 }
 
 // schedule asks for the messages of subject below sequence upTo to be purged.
@@ -39,6 +61,18 @@ func (p *purger) schedule(stream streamRef, subject string, upTo uint64) {
 		p.pending[k] = upTo
 	}
 	p.mu.Unlock()
+	p.signal()
+}
+
+// remove asks for the message at seq on subject, which the shard refused, to be deleted.
+func (p *purger) remove(stream streamRef, subject string, seq uint64) {
+	p.mu.Lock()
+	p.refused = append(p.refused, refusedMsg{stream: stream, subject: subject, seq: seq})
+	p.mu.Unlock()
+	p.signal()
+}
+
+func (p *purger) signal() {
 	select {
 	case p.wake <- struct{}{}:
 	default:
@@ -46,36 +80,74 @@ func (p *purger) schedule(stream streamRef, subject string, upTo uint64) {
 }
 
 func (p *purger) run(ctx context.Context) {
+	var again <-chan time.Time // set while deletes that failed wait for another try
 	for {
 		select {
 		case <-ctx.Done():
 			p.drain(context.Background()) // best effort: what is left is purged by the next owner
 			return
 		case <-p.wake:
-			p.drain(ctx)
+		case <-again:
+		}
+		again = nil
+		if !p.drain(ctx) {
+			again = time.After(p.retry)
 		}
 	}
 }
 
-func (p *purger) drain(ctx context.Context) {
+// drain carries out the pending purges and deletes; it reports false when some delete failed
+// and is queued again.
+func (p *purger) drain(ctx context.Context) bool {
 	p.mu.Lock()
-	batch := p.pending
-	p.pending = make(map[purgeKey]uint64, len(batch))
+	batch, refused := p.pending, p.refused
+	p.pending, p.refused = make(map[purgeKey]uint64, len(batch)), nil
 	p.mu.Unlock()
-	checked := map[streamRef]error{} // one look at each stream per batch
+	checked := map[streamRef]error{} // one look at each stream per drain
+	current := func(ctx context.Context, s streamRef) error {
+		err, ok := checked[s]
+		if !ok {
+			err = s.current(ctx)
+			checked[s] = err
+		}
+		return err
+	}
 	for k, upTo := range batch {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err, ok := checked[k.stream]
-		if !ok {
-			err = k.stream.current(pctx)
-			checked[k.stream] = err
-		}
+		err := current(pctx, k.stream)
 		if err == nil {
 			err = k.stream.stream.Purge(pctx, jetstream.WithPurgeSubject(k.subject), jetstream.WithPurgeSequence(upTo))
 		}
 		cancel()
 		if err != nil {
 			p.log.Debug("purge failed; gradients are kept until the next one", "subject", k.subject, "err", err)
+			delete(batch, k)
 		}
 	}
+	var failed []refusedMsg
+	for _, m := range refused {
+		if upTo, ok := batch[purgeKey{m.stream, m.subject}]; ok && m.seq < upTo {
+			continue // purged just now
+		}
+		dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := current(dctx, m.stream)
+		if err == nil {
+			err = m.stream.stream.DeleteMsg(dctx, m.seq)
+		}
+		cancel()
+		if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			p.log.Debug("delete of a refused gradient failed; retrying", "subject", m.subject, "seq", m.seq, "err", err)
+			failed = append(failed, m)
+		}
+	}
+	if len(failed) == 0 {
+		return true
+	}
+	if ctx.Err() != nil {
+		return false // stopping: a refused gradient left behind is refused and deleted again by the next owner
+	}
+	p.mu.Lock()
+	p.refused = append(failed, p.refused...)
+	p.mu.Unlock()
+	return false
 }

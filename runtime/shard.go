@@ -422,6 +422,11 @@ func (x *shardExec) handleSeq(m jetstream.Msg, seq uint64) {
 	if rej == nil {
 		rej = x.admit(&meta, data, seq)
 	}
+	if rej != nil {
+		// A refusal is never applied, and the message goes at once: it must not hold a place in
+		// the stream's bound (purger says why that is safe).
+		x.r.purger.remove(x.ji.streams[0], x.gradSj, seq)
+	}
 	if rej != nil && seq <= x.sync.quietTo {
 		return // decided (and reported) before the restore this replay follows
 	}
