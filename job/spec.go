@@ -100,7 +100,11 @@ const (
 	MaxTensors       = 100000
 	MaxElements      = 1 << 32 // 16 GiB of float32
 	MaxShards        = 1 << 20
-	MaxStaleness     = 16
+	// MaxUploadShards bounds the shards of an init "upload" job: its upload stream names every
+	// shard's subject (store.CreateJobStreams). 4096 shards of 8 MiB are 32 GiB, twice what
+	// MaxElements allows: room for the worst layout (every tensor just over a shard takes two).
+	MaxUploadShards = 4096
+	MaxStaleness    = 16
 )
 
 var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
@@ -275,6 +279,8 @@ func (s *Spec) Validate() error {
 	if len(errs) == 0 && total > 0 {
 		if n := s.shardCount(); n > MaxShards {
 			bad("shard_size", "gives %d shards, more than %d: use larger shards", n, MaxShards)
+		} else if s.Init.Kind == "upload" && n > MaxUploadShards {
+			bad("shard_size", "gives %d shards, more than %d for init upload (its upload stream names each shard): use larger shards", n, MaxUploadShards)
 		}
 	}
 	if len(errs) > 0 {

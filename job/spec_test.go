@@ -42,6 +42,9 @@ func TestValidateSpecificErrors(t *testing.T) {
 		{"shard small", func(s *Spec) { s.ShardSize = 1024 }, "shard_size", "must be 4 KiB..8 MiB"},
 		{"shard big", func(s *Spec) { s.ShardSize = 9 << 20 }, "shard_size", "got 9 MiB"},
 		{"shard odd", func(s *Spec) { s.ShardSize = 4097 * 2 }, "shard_size", "multiple of 4"},
+		{"upload shards", func(s *Spec) {
+			s.Init.Kind, s.ShardSize, s.Tensors = "upload", 4<<10, []Tensor{{Name: "w", Shape: []int{1024, 4097}}}
+		}, "shard_size", "gives 4097 shards, more than 4096 for init upload"},
 		{"storage", func(s *Spec) { s.Storage = "disk" }, "storage", "memory or file"},
 		{"replicas", func(s *Spec) { s.Replicas = 2 }, "replicas", "1, 3 or 5"},
 		{"init", func(s *Spec) { s.Init.Kind = "xavier" }, "init.kind", "zeros, uniform, normal or upload"},

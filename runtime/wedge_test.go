@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -18,6 +19,7 @@ import (
 	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/internal/testutil"
 	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/sdk"
 	"github.com/fanin-ml/fanin/wire"
 )
 
@@ -145,4 +147,55 @@ func TestRefusedGradientsDoNotWedgeTheJob(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestUploadToUnknownShardIsRefused: the upload stream of an init "upload" job holds one message
+// per shard. An upload to a shard the layout does not have is refused at publish (no stream binds
+// its subject: "no responders"), so it takes no place, and the real shards' upload then works.
+// Before the fix the stream bound every subject: the stray upload was stored, the stream was full
+// with one shard still to upload, and that shard's upload was refused for good.
+func TestUploadToUnknownShardIsRefused(t *testing.T) {
+	st := testutil.Stack(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rec, err := st.Gateway.CreateJob(ctx, job.Spec{
+		ID:        "stray",
+		Tensors:   []job.Tensor{{Name: "w", Shape: []int{2048}}},
+		Ranks:     1,
+		Function:  job.Function{Name: "sgd", Hyper: map[string]float64{"lr": 0.1}},
+		Init:      job.Init{Kind: "upload"},
+		ShardSize: 4 << 10,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := rec.Layout.NumShards()
+	if n != 2 {
+		t.Fatalf("%d shards, want 2", n)
+	}
+	nc, err := nats.Connect(st.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	for _, shard := range []int{n, 99} {
+		_, err := js.PublishMsg(ctx, wire.InitMsg(rec.Spec.ID, shard, make([]byte, rec.Layout.Shards[0].Bytes())))
+		if !errors.Is(err, jetstream.ErrNoStreamResponse) && !errors.Is(err, nats.ErrNoResponders) {
+			t.Fatalf("an upload to shard %d of a job of %d shards: %v, want no responders (no stream binds it)", shard, n, err)
+		}
+	}
+	c, err := sdk.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	upload := make([]float32, rec.Layout.Elements)
+	testutil.Gradient(upload, upload, 3, 0)
+	if err := c.UploadParams(ctx, rec.Spec.ID, upload); err != nil {
+		t.Fatalf("the real shards' upload after the stray ones: %v", err)
+	}
+	ps, _ := js.Stream(ctx, wire.ParamsStream(rec.Spec.ID))
+	if got := testutil.ParamsAt(t, ps, rec, 0); !bytes.Equal(f32bytes(got), f32bytes(upload)) {
+		t.Fatal("the step-0 parameters are not the upload")
+	}
 }

@@ -28,6 +28,17 @@ func CkptSubject(job string, shard int) string { return shardSubject(job, ".ckpt
 // once: the runtime that serves the shard checks them and publishes them as the step-0 parameters.
 func InitSubject(job string, shard int) string { return shardSubject(job, ".init.", shard) }
 
+// InitSubjects lists the upload subject of each of a job's shards 0..shards-1. A job's upload
+// stream binds exactly these, not InitWildcard: an upload to a shard the job does not have finds
+// no stream ("no responders") and is never stored, so it cannot take the place of a real shard's.
+func InitSubjects(job string, shards int) []string {
+	out := make([]string, shards)
+	for i := range out {
+		out[i] = InitSubject(job, i)
+	}
+	return out
+}
+
 // InitWildcard matches the initial parameters of every shard of a job.
 func InitWildcard(job string) string { return Prefix + job + ".init.*" }
 

@@ -328,7 +328,11 @@ func CreateJobStreams(ctx context.Context, js jetstream.JetStream, rec *job.Reco
 	}
 	if rec.Spec.Init.Kind == "upload" {
 		// One message per shard, written once: a second upload of a shard is refused by JetStream
-		// (DiscardNewPerSubject), so the initial parameters cannot change once stored.
+		// (DiscardNewPerSubject), so the initial parameters cannot change once stored. The stream
+		// binds each shard's subject, not a wildcard: an upload to a shard id outside the layout
+		// finds no stream and is refused at publish ("no responders"); stored, it would take one
+		// of the stream's places for good, and the last real shard's upload would be refused.
+		// job.MaxUploadShards bounds the list.
 		model := int64(0)
 		for _, s := range rec.Layout.Shards {
 			model += int64(s.Bytes()) + MaxGradHeaders
@@ -336,7 +340,7 @@ func CreateJobStreams(ctx context.Context, js jetstream.JetStream, rec *job.Reco
 		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
 			Name:                 wire.InitStream(id),
 			Description:          "fanin initial parameters uploaded for job " + id,
-			Subjects:             []string{wire.InitWildcard(id)},
+			Subjects:             wire.InitSubjects(id, int(shards)),
 			Storage:              storage,
 			Replicas:             rec.Spec.Replicas,
 			Discard:              jetstream.DiscardNew,
