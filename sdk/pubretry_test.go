@@ -149,3 +149,45 @@ func payloadOf(f *fakeJob, m *nats.Msg, dt wire.Dtype, sent, next []float32) str
 	}
 	return fmt.Sprintf("shard %d with %d bytes of neither gradient", i, len(m.Data))
 }
+
+// A gradient stream that stays full (no runtime drains it) fails Step after a bounded number of
+// publishes, with a quota_exceeded rejection that wraps JetStream's refusal; before, the worker
+// retried "maximum messages exceeded" until its context ended (forty minutes in the field).
+func TestFullStreamFailsStepAfterBoundedRetries(t *testing.T) {
+	f := newFakeJob(t, spec("full", "sum", 1))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	id := f.rec.Spec.ID
+	stream, err := f.js.Stream(ctx, wire.GradStream(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bound := stream.CachedInfo().Config.MaxMsgs
+	for i := range bound { // stored gradients nobody applies or purges
+		m := nats.NewMsg(wire.GradSubject(id, 0))
+		m.Header.Set(wire.HdrMsgID, fmt.Sprintf("junk-%d", i))
+		if _, err := f.js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const retries = 3
+	p0, _, w := f.startAtStepZero(ctx, sdk.WithFullStreamRetries(retries))
+	sent, err := f.nc.SubscribeSync(wire.GradSubject(id, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = w.Step(ctx, make([]float32, len(p0)))
+	var apiErr *jetstream.APIError
+	if !errors.Is(err, wire.ErrReason(wire.ReasonQuotaExceeded)) || !errors.As(err, &apiErr) || apiErr.ErrorCode != 10077 {
+		t.Fatalf("Step into a full stream: %v, want a quota_exceeded rejection wrapping JetStream's maximum messages exceeded (10077)", err)
+	}
+	if err := f.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if n, _, _ := sent.Pending(); n != 1+retries {
+		t.Fatalf("shard 0's gradient was published %d times, want %d (once, then %d retries)", n, 1+retries, retries)
+	}
+}

@@ -32,6 +32,7 @@ type Worker struct {
 	ranks  []int  // the logical ranks it publishes for, in the order of StepRanks' gradients
 	weight string // HdrWeight value, or "" for unweighted
 	fetch  time.Duration
+	full   int        // WithFullStreamRetries
 	dtype  wire.Dtype // the element type of the gradients it publishes (WithGradDtype)
 
 	step    int64 // step of the parameters held in w.vec; -1 before the first fetch
@@ -91,6 +92,21 @@ func WithFetchAfter(d time.Duration) WorkerOption {
 	return func(wk *Worker) error { wk.fetch = d; return nil }
 }
 
+// WithFullStreamRetries sets how many times a gradient whose publish JetStream refused because
+// the job's gradient stream (or the server's storage) is full is sent again before Step fails
+// (default 240, about a minute with the 250 ms backoff). A full stream is backpressure that passes
+// once the runtimes apply and purge older steps; one that stays full means no runtime is draining
+// it, and Step then fails with a wire.ReasonQuotaExceeded rejection that wraps JetStream's error.
+func WithFullStreamRetries(n int) WorkerOption {
+	return func(wk *Worker) error {
+		if n < 0 {
+			return fmt.Errorf("full stream retries must be >= 0, got %d", n)
+		}
+		wk.full = n
+		return nil
+	}
+}
+
 // WithParamsBuffer makes the worker write the parameters it receives straight into buf (one element
 // per parameter of the job, in layout order) instead of a vector of its own: Step and Params then
 // return buf. The worker writes buf only during Step and Params; between calls it is the caller's.
@@ -126,7 +142,7 @@ func WithGradDtype(dt wire.Dtype) WorkerOption {
 }
 
 // Worker joins job id as rank. Options: WithWeight, WithFetchAfter, WithParamsBuffer,
-// WithGradDtype.
+// WithGradDtype, WithFullStreamRetries.
 func (c *Client) Worker(ctx context.Context, id string, rank int, opts ...WorkerOption) (*Worker, error) {
 	return c.WorkerRanks(ctx, id, []int{rank}, opts...)
 }
@@ -171,7 +187,7 @@ func (c *Client) workerRanks(ctx context.Context, id string, ranks []int, opts .
 	}
 	n := rec.Layout.NumShards()
 	w := &Worker{
-		c: c, rec: rec, rank: ranks[0], ranks: slices.Clone(ranks), fetch: time.Second, step: -1,
+		c: c, rec: rec, rank: ranks[0], ranks: slices.Clone(ranks), fetch: time.Second, step: -1, full: fullStreamRetries,
 		got:     make([]int64, n),
 		ahead:   make([]bool, n),
 		msgs:    make([]*nats.Msg, len(ranks)*n),
@@ -496,14 +512,23 @@ var asyncPublish = []jetstream.PublishOpt{jetstream.WithRetryAttempts(0)}
 // publishRetrying publishes m (a gradient whose asynchronous publish failed with first) until
 // JetStream stores it or ctx ends. It retries at once, then, with a backoff, for as long as the
 // refusal is one that passes (transient); anything else is returned at once, as a rejection where
-// it has a reason.
+// it has a reason. A full stream passes only while the runtimes drain it: after w.full retries
+// refused as full, it is returned too (quota_exceeded).
 func (w *Worker) publishRetrying(ctx context.Context, s job.Shard, rank int, m *nats.Msg, first error) error {
+	full := 0
+	if storageFull(first) {
+		full++
+	}
 	err := w.publishOnce(ctx, m)
 	for wait := 20 * time.Millisecond; err != nil; wait = min(2*wait, pubBackoff) {
 		if ctx.Err() != nil { // not the refusal's fault: say so, whatever it was
 			return fmt.Errorf("publish gradient of shard %d (refused: %v): %w", s.ID, errors.Join(first, err), ctx.Err())
 		}
-		if !w.transient(ctx, err) {
+		if storageFull(err) {
+			if full++; full > w.full {
+				return w.pubError(s, rank, err)
+			}
+		} else if !w.transient(ctx, err) {
 			return w.pubError(s, rank, errors.Join(first, err))
 		}
 		select {
@@ -515,6 +540,11 @@ func (w *Worker) publishRetrying(ctx context.Context, s job.Shard, rank int, m *
 	return nil
 }
 
+// fullStreamRetries is how many times a publish refused as full is sent again by default
+// (WithFullStreamRetries): about a minute at pubBackoff, far beyond the few seconds a runtime's
+// failover or a stream leader's election holds back the purges.
+const fullStreamRetries = 240
+
 // publishOnce publishes m and waits for its acknowledgement for at most pubAttempt.
 func (w *Worker) publishOnce(ctx context.Context, m *nats.Msg) error {
 	ctx, cancel := context.WithTimeout(ctx, pubAttempt)
@@ -523,10 +553,19 @@ func (w *Worker) publishOnce(ctx context.Context, m *nats.Msg) error {
 	return err
 }
 
+// storageFull reports whether JetStream refused a publish for want of room: the job's gradient
+// stream holds its bound of messages or bytes until the runtimes purge what they applied
+// (store.CreateJobStreams), or the server's JetStream storage is exhausted.
+func storageFull(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && (strings.Contains(apiErr.Description, "maximum bytes exceeded") ||
+		strings.Contains(apiErr.Description, "maximum messages exceeded") || strings.Contains(apiErr.Description, "resource limits exceeded"))
+}
+
 // transient reports whether a refused publish may pass if retried: the job exists but its account
-// refuses gradients for now (paused or throttled for its quota: no responders), its gradient stream
-// is full until the runtimes purge what they applied, a stream leader is being elected, or the
-// acknowledgement was lost. A job that no longer exists is not transient.
+// refuses gradients for now (paused or throttled for its quota: no responders), a stream leader is
+// being elected, or the acknowledgement was lost. A job that no longer exists is not transient; a
+// full stream is retried a bounded number of times (publishRetrying).
 func (w *Worker) transient(ctx context.Context, err error) bool {
 	var apiErr *jetstream.APIError
 	switch {
@@ -536,13 +575,13 @@ func (w *Worker) transient(ctx context.Context, err error) bool {
 	case errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, jetstream.ErrAsyncPublishTimeout):
 		return true
 	case errors.As(err, &apiErr):
-		return apiErr.Code == 503 || apiErr.Code == 429 || strings.Contains(apiErr.Description, "maximum bytes exceeded") ||
-			strings.Contains(apiErr.Description, "maximum messages exceeded") || strings.Contains(apiErr.Description, "resource limits exceeded")
+		return apiErr.Code == 503 || apiErr.Code == 429
 	}
 	return false
 }
 
-// pubError names why NATS or JetStream refused a gradient.
+// pubError names why NATS or JetStream refused a gradient. A refusal for a full stream is a
+// quota_exceeded rejection that also wraps JetStream's error (errors.As finds the APIError).
 func (w *Worker) pubError(s job.Shard, rank int, err error) error {
 	var rej *wire.Reject
 	switch {
@@ -550,6 +589,11 @@ func (w *Worker) pubError(s job.Shard, rank int, err error) error {
 		rej = wire.Rejectf(wire.ReasonUnknownJob, "no stream stores job %q: the job does not exist or was deleted", w.rec.Spec.ID)
 	case errors.Is(err, nats.ErrMaxPayload):
 		rej = wire.Rejectf(wire.ReasonOversized, "shard %d is %d bytes, more than the NATS server's max_payload %d", s.ID, s.Bytes(), w.c.nc.MaxPayload())
+	case storageFull(err):
+		rej = wire.Rejectf(wire.ReasonQuotaExceeded, "the gradient stream of job %q stayed full through %d retries of shard %d's gradient: it holds a few steps of every rank's gradients, and no runtime applied and purged older ones (is every shard served?)",
+			w.rec.Spec.ID, w.full, s.ID)
+		rej.Job, rej.Shard, rej.Rank = w.rec.Spec.ID, s.ID, rank
+		return fmt.Errorf("%w (%w)", rej, err)
 	default:
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum {
