@@ -45,7 +45,7 @@ type Elastic struct {
 	// up from the oldest missing step); the record callback. The versions of prev, per shard,
 	// are w.pubVersions.
 	heldBefore map[int]bool
-	record     func(rank int, step int64, shard int, version int64)
+	record     func(GradRecord)
 
 	mu    sync.Mutex // guards the fields below, read by the beat loop
 	ranks []int      // the ranks held, from the newest assignment read
@@ -76,11 +76,86 @@ func WithOnAssign(f func(ranks []int)) ElasticOption {
 	return func(e *Elastic) error { e.onAssign = f; return nil }
 }
 
-// WithRecord calls f for every gradient message of this worker that JetStream stored (not a
-// duplicate of another owner's): its rank, step, shard and the version of the shard's parameters
-// it was computed from. In an ssp job that is what a replay needs (functions.Reference).
-func WithRecord(f func(rank int, step int64, shard int, version int64)) ElasticOption {
+// WithRecord calls f for every gradient message of this worker: before it is published
+// (RecordIntended), and once JetStream has acknowledged it (RecordStored or RecordDuplicate). In
+// an ssp job the versions are what a replay needs (functions.Reference): RecordedVersions reads
+// them from the records of all the job's workers. The intent comes first so that a worker killed
+// between its publish and the acknowledgement still leaves a record of what it stored; f must
+// have written it (durably, if the replay is to survive the worker's process) when it returns.
+func WithRecord(f func(GradRecord)) ElasticOption {
 	return func(e *Elastic) error { e.record = f; return nil }
+}
+
+// GradRecord is one entry of an elastic worker's record of its gradient messages (WithRecord).
+type GradRecord struct {
+	Worker  string        `json:"worker"` // the worker's id (WithWorkerID)
+	Rank    int           `json:"rank"`
+	Step    int64         `json:"step"`
+	Shard   int           `json:"shard"`   // the shard's index in the job's layout
+	Version int64         `json:"version"` // the step of the shard's parameters the gradient was computed from
+	MsgID   string        `json:"msg_id"`  // the message's Nats-Msg-Id: one attempt of one worker
+	Outcome RecordOutcome `json:"outcome"`
+}
+
+// RecordOutcome says what a GradRecord knows of its message.
+type RecordOutcome string
+
+// Outcomes of a gradient message.
+const (
+	// RecordIntended is written before the publish: the message may or may not be stored (the
+	// worker can die before or after the publish, or the publish can fail).
+	RecordIntended RecordOutcome = "intended"
+	// RecordStored: JetStream stored the message.
+	RecordStored RecordOutcome = "stored"
+	// RecordDuplicate: JetStream already held a message of that id, stored first by another
+	// worker that held the rank (its own record names it): this one is void.
+	RecordDuplicate RecordOutcome = "duplicate"
+)
+
+// RecordedVersions reads, from the records of every worker of a job (WithRecord, in the order
+// each worker wrote them), the version each rank's gradient of each step and shard was computed
+// from. For one rank, step and shard: the version of a message recorded as stored; without one,
+// that of an intent no later record of its worker resolved (its worker died between publish and
+// acknowledgement, the one case where the message may be stored unacknowledged). Intents resolved
+// as duplicates, and intents of a worker that later recorded the message stored, do not count.
+// A message whose publish never happened is harmless: another worker (or the same one, retrying)
+// publishes that rank's gradient again and records it stored.
+func RecordedVersions(records []GradRecord) func(rank int, step int64, shard int) (int64, bool) {
+	type key struct {
+		rank  int
+		step  int64
+		shard int
+	}
+	type attempt struct{ worker, msgID string }
+	resolved := map[attempt]bool{}
+	stored := map[key]int64{}
+	for _, r := range records {
+		k := key{r.Rank, r.Step, r.Shard}
+		switch r.Outcome {
+		case RecordStored:
+			if _, ok := stored[k]; !ok {
+				stored[k] = r.Version
+			}
+			resolved[attempt{r.Worker, r.MsgID}] = true
+		case RecordDuplicate:
+			resolved[attempt{r.Worker, r.MsgID}] = true
+		}
+	}
+	open := map[key]int64{}
+	for _, r := range records {
+		k := key{r.Rank, r.Step, r.Shard}
+		if _, ok := open[k]; !ok && r.Outcome == RecordIntended && !resolved[attempt{r.Worker, r.MsgID}] {
+			open[k] = r.Version
+		}
+	}
+	return func(rank int, step int64, shard int) (int64, bool) {
+		k := key{rank, step, shard}
+		if v, ok := stored[k]; ok {
+			return v, true
+		}
+		v, ok := open[k]
+		return v, ok
+	}
 }
 
 // WithElasticGradDtype makes the worker publish its gradients as dt (see WithGradDtype).
@@ -117,12 +192,12 @@ func (c *Client) Elastic(ctx context.Context, id string, opts ...ElasticOption) 
 	w.elastic = true
 	w.waitHook = e.whileWaiting
 	if e.record != nil {
-		w.onStored = func(rank int, t int64, i int) {
+		w.onGrad = func(rank int, t int64, i int, msgID string, o RecordOutcome) {
 			v := t - 1 // bsp: the step before
 			if w.pubVersions != nil {
 				v = w.pubVersions[i]
 			}
-			e.record(rank, t, i, v)
+			e.record(GradRecord{Worker: e.id, Rank: rank, Step: t, Shard: i, Version: v, MsgID: msgID, Outcome: o})
 		}
 	}
 	bctx, stop := context.WithCancel(context.Background())

@@ -189,6 +189,31 @@ func TestElasticWorkersComeAndGo(t *testing.T) {
 // The result is byte-identical to the reference recomputing every stored gradient from the version
 // its worker recorded.
 func TestElasticSSPWorkerDies(t *testing.T) {
+	elasticSSPWorkerDies(t, nil)
+}
+
+// TestElasticSSPWorkerKilledMidPublish: as TestElasticSSPWorkerDies, but worker b dies inside a
+// step, at a fault point around one of its gradient messages: after its record of the intent and
+// before the publish (nothing stored: the record is of a message that never was), or after the
+// publish and before its acknowledgement is recorded (stored, and b never learns it: the case
+// that left a stored gradient with no record while the record was written after the
+// acknowledgement). Either way a replay from the records reproduces the run bit for bit.
+func TestElasticSSPWorkerKilledMidPublish(t *testing.T) {
+	for _, at := range []sdk.RecordOutcome{sdk.RecordIntended, sdk.RecordStored} {
+		t.Run("at "+string(at), func(t *testing.T) {
+			elasticSSPWorkerDies(t, &killPoint{outcome: at})
+		})
+	}
+}
+
+// killPoint kills worker b (closes its connection) at its first record of outcome at step 15 or
+// later: the record of the intent is kept, the record of the acknowledgement is lost with it.
+type killPoint struct {
+	outcome sdk.RecordOutcome
+	killed  bool
+}
+
+func elasticSSPWorkerDies(t *testing.T, kill *killPoint) {
 	st := testutil.Stack(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -200,13 +225,8 @@ func TestElasticSSPWorkerDies(t *testing.T) {
 		t.Fatal(err)
 	}
 	const last, dies = 40, 15
-	type key struct {
-		rank  int
-		step  int64
-		shard int
-	}
-	var mu sync.Mutex
-	used := map[key]int64{}
+	var mu sync.Mutex // guards records and kill
+	var records []sdk.GradRecord
 	var wg sync.WaitGroup
 	errs := make(chan error, 3)
 	for _, id := range []string{"a", "b", "c"} {
@@ -219,10 +239,18 @@ func TestElasticSSPWorkerDies(t *testing.T) {
 				return
 			}
 			defer c.Close()
-			e, err := c.Elastic(ctx, rec.Spec.ID, sdk.WithWorkerID(id), sdk.WithRecord(func(rank int, step int64, shard int, v int64) {
+			e, err := c.Elastic(ctx, rec.Spec.ID, sdk.WithWorkerID(id), sdk.WithRecord(func(r sdk.GradRecord) {
 				mu.Lock()
-				used[key{rank, step, shard}] = v
-				mu.Unlock()
+				defer mu.Unlock()
+				if kill != nil && id == "b" && r.Step >= dies && (kill.killed || r.Outcome == kill.outcome) {
+					if !kill.killed && r.Outcome == sdk.RecordIntended {
+						records = append(records, r) // written, then the process dies
+					}
+					kill.killed = true
+					c.Close() // the fault point: b's connection dies here, the publish (or the rest) with it
+					return
+				}
+				records = append(records, r)
 			}))
 			if err != nil {
 				errs <- err
@@ -236,10 +264,15 @@ func TestElasticSSPWorkerDies(t *testing.T) {
 					}
 					return nil
 				}); err != nil {
-					errs <- fmt.Errorf("worker %s: %w", id, err)
+					mu.Lock()
+					dead := kill != nil && kill.killed && id == "b"
+					mu.Unlock()
+					if !dead {
+						errs <- fmt.Errorf("worker %s: %w", id, err)
+					}
 					return
 				}
-				if id == "b" && e.OwnStep() >= dies && len(e.Ranks()) > 0 {
+				if kill == nil && id == "b" && e.OwnStep() >= dies && len(e.Ranks()) > 0 {
 					c.Close() // between two steps: nothing of b's in flight
 					return
 				}
@@ -254,14 +287,14 @@ func TestElasticSSPWorkerDies(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
+	if kill != nil && !kill.killed {
+		t.Fatal("worker b never reached the fault point")
+	}
 	got := finalParams(t, st.URL, rec, last)
 
 	mu.Lock()
 	defer mu.Unlock()
-	want := testutil.ReplaySSP(t, rec, last, func(rank int, step int64, shard int) (int64, bool) {
-		v, ok := used[key{rank, step, shard}]
-		return v, ok
-	})
+	want := testutil.ReplaySSP(t, rec, last, sdk.RecordedVersions(records))
 	if !bytes.Equal(bits(got), bits(want)) {
 		t.Fatal("the ssp run with a worker lost differs from the reference replayed from the records")
 	}

@@ -57,11 +57,12 @@ type Worker struct {
 	elastic  bool
 	// pubVersions (ssp and asp): per shard, the version the gradients publish computes from
 	// (HdrVersion); with skipApplied, publish leaves out the shards whose version is t or later.
-	// onStored is told of every gradient message JetStream stored (not a duplicate of one it
-	// had): rank, step, shard.
+	// onGrad is told of each gradient message (rank, step, shard index, message id) before it
+	// is published (RecordIntended), and once JetStream has acknowledged it (RecordStored, or
+	// RecordDuplicate when JetStream held a message of that id already: another owner's).
 	pubVersions []int64
 	skipApplied bool
-	onStored    func(rank int, t int64, i int)
+	onGrad      func(rank int, t int64, i int, msgID string, o RecordOutcome)
 	newest      atomic.Int64
 
 	mu      sync.Mutex // guards the fields below, written by the parameter subscription
@@ -465,6 +466,9 @@ func (w *Worker) publish(ctx context.Context, t int64, which []int, grads [][]fl
 			}
 			m.Header.Set(wire.HdrMsgID, id)
 			m.Data = w.bytesOf(grads[k][s.Off:s.Off+s.Len], j*w.rec.Layout.Elements+s.Off)
+			if w.onGrad != nil { // before the publish: a worker killed after it leaves a record
+				w.onGrad(rank, t, i, id, RecordIntended)
+			}
 			f, err := w.c.js.PublishMsgAsync(m, asyncPublish...)
 			if err != nil {
 				return w.pubError(s, rank, err)
@@ -478,16 +482,20 @@ func (w *Worker) publish(ctx context.Context, t int64, which []int, grads [][]fl
 		}
 		select {
 		case ack := <-f.Ok():
-			if w.onStored != nil && !ack.Duplicate {
-				w.onStored(w.ranks[k/n], t, k%n)
+			if w.onGrad != nil {
+				o := RecordStored
+				if ack.Duplicate {
+					o = RecordDuplicate
+				}
+				w.onGrad(w.ranks[k/n], t, k%n, w.msgs[k].Header.Get(wire.HdrMsgID), o)
 			}
 		case err := <-f.Err():
 			// Retry synchronously with the same id: JetStream drops it if the first one landed.
 			if err := w.publishRetrying(ctx, w.rec.Layout.Shards[k%n], w.ranks[k/n], w.msgs[k], err); err != nil {
 				return err
 			}
-			if w.onStored != nil { // stored by this attempt or the first: ours either way
-				w.onStored(w.ranks[k/n], t, k%n)
+			if w.onGrad != nil { // stored by this attempt or the first: ours either way
+				w.onGrad(w.ranks[k/n], t, k%n, w.msgs[k].Header.Get(wire.HdrMsgID), RecordStored)
 			}
 		case <-ctx.Done():
 			return ctx.Err()
