@@ -84,7 +84,12 @@ func (p *purger) run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
-			p.drain(context.Background()) // best effort: what is left is purged by the next owner
+			// Best effort, and bounded as a whole (a refused gradient is one delete each, and a
+			// server that is away answers none): what is left, the next owner purges, and
+			// refuses and deletes again.
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			p.drain(sctx)
+			cancel()
 			return
 		case <-p.wake:
 		case <-again:
