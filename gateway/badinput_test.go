@@ -355,3 +355,27 @@ func deepYAML(depth int) string {
 	fmt.Fprintf(&b, "%s leaf: 1\n", strings.Repeat(" ", depth+1))
 	return b.String()
 }
+
+// Small bad inputs of the API: a workers request with a key given twice is refused as a job spec
+// would be (a lenient decoder keeps the last); a team name with a control character is refused.
+func TestBadInputSmall(t *testing.T) {
+	st := authStack(t, 0)
+	c := client{t: t, base: st.HTTPURL, token: st.AdminToken}
+	var created api.JobCreated
+	c.call("POST", "/v1/jobs", "application/json", specJSON(smallSpec("twice")), 201, &created)
+
+	p := c.problem("PUT", "/v1/jobs/twice/workers", "application/json", `{"target": 1, "target": 0}`, 400, string(wire.ReasonBadParameter))
+	if !strings.Contains(p.Detail, `"target" is given twice`) {
+		t.Fatalf("a workers request with a key given twice: %s", p.Detail)
+	}
+	var ws api.JobWorkers
+	c.call("GET", "/v1/jobs/twice/workers", "", "", 200, &ws)
+	if ws.Target != 0 {
+		t.Fatalf("the refused request set the target to %d", ws.Target)
+	}
+	p = c.problem("POST", "/v1/tokens", "application/json", `{"name": "a\u0000b"}`, 400, string(wire.ReasonBadParameter))
+	if !strings.Contains(p.Detail, "control characters") {
+		t.Fatalf("a team name with a NUL: %s", p.Detail)
+	}
+
+}

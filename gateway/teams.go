@@ -8,12 +8,14 @@ import (
 	"net/http"
 	"sort"
 	"strings"
+	"unicode"
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanin-ml/fanin/gateway/api"
 	"github.com/fanin-ml/fanin/internal/auth"
+	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/wire"
 )
 
@@ -29,6 +31,9 @@ func (s *Server) CreateTeam(ctx context.Context, req api.TeamRequest) (*api.Team
 	name := strings.TrimSpace(req.Name)
 	if name == "" || len(name) > 100 {
 		return nil, errors.New("name: 1..100 characters are required")
+	}
+	if strings.ContainsFunc(name, unicode.IsControl) {
+		return nil, fmt.Errorf("name %q: control characters are not allowed", name)
 	}
 	id := "t-" + uuid.NewString()[:8]
 	tok, hash, err := s.issueToken(ctx, grant{Kind: auth.KindTeam, Team: id})
@@ -102,15 +107,13 @@ func (s *Server) DeleteTeam(ctx context.Context, id string) error {
 }
 
 func (s *Server) createTeam(w http.ResponseWriter, r *http.Request) {
-	body, reason, detail := readBody(w, r, jsonTypes, wire.ReasonBadParameter)
+	body, _, reason, detail := readRawBody(w, r, jsonTypes, wire.ReasonBadParameter)
 	if reason != "" {
 		s.reject(w, reason, detail, NoJob)
 		return
 	}
 	var req api.TeamRequest
-	dec := json.NewDecoder(strings.NewReader(string(body)))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
+	if err := job.DecodeStrict(body, &req); err != nil {
 		s.reject(w, wire.ReasonBadParameter, "token request: "+err.Error(), NoJob)
 		return
 	}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -130,15 +129,13 @@ func (s *Server) jobWorkers(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) setJobWorkers(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	body, reason, detail := readBody(w, r, jsonTypes, wire.ReasonBadParameter)
+	body, _, reason, detail := readRawBody(w, r, jsonTypes, wire.ReasonBadParameter)
 	if reason != "" {
 		s.reject(w, reason, detail, id)
 		return
 	}
 	var req api.WorkersRequest
-	dec := json.NewDecoder(strings.NewReader(string(body)))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
+	if err := job.DecodeStrict(body, &req); err != nil { // as strict as a job spec: no key given twice
 		s.reject(w, wire.ReasonBadParameter, `workers request: `+err.Error()+`: send {"target": n}`, id)
 		return
 	}

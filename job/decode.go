@@ -16,6 +16,19 @@ import (
 // ±8.6 scale (the largest Box-Muller deviate of 53-bit uniforms), and all must be finite float32.
 const MaxInitScale = math.MaxFloat32 / 9
 
+// DecodeStrict decodes one JSON or YAML document into v as strictly as Parse decodes a spec: no
+// key given twice in one object, no unknown field, nothing after the document. The gateway decodes
+// every request body with it.
+func DecodeStrict(data []byte, v any) error {
+	js, err := toJSON(data)
+	if err != nil {
+		return err
+	}
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.DisallowUnknownFields()
+	return dec.Decode(v)
+}
+
 // toJSON turns a spec in JSON or YAML into JSON, refusing what a lenient decoder would accept
 // silently: an empty document, data after the first document, and keys given twice.
 func toJSON(data []byte) ([]byte, error) {
