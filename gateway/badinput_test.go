@@ -357,7 +357,8 @@ func deepYAML(depth int) string {
 }
 
 // Small bad inputs of the API: a workers request with a key given twice is refused as a job spec
-// would be (a lenient decoder keeps the last); a team name with a control character is refused.
+// would be (a lenient decoder keeps the last); a team name with a control character is refused;
+// a refused job creation is not counted against the job created next under the same id.
 func TestBadInputSmall(t *testing.T) {
 	st := authStack(t, 0)
 	c := client{t: t, base: st.HTTPURL, token: st.AdminToken}
@@ -378,4 +379,20 @@ func TestBadInputSmall(t *testing.T) {
 		t.Fatalf("a team name with a NUL: %s", p.Detail)
 	}
 
+	// A refused creation of "later" (no job has the id) is counted under no job.
+	bad := smallSpec("later")
+	bad.Ranks = 0
+	c.problem("POST", "/v1/jobs", "application/json", specJSON(bad), 400, string(wire.ReasonInvalidSpec))
+	testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if n := c.counts(gateway.NoJob)[wire.ReasonInvalidSpec] + c.counts("later")[wire.ReasonInvalidSpec]; n != 1 {
+			return fmt.Errorf("the refused creation counted %d times", n)
+		}
+		return nil
+	})
+	c.call("POST", "/v1/jobs", "application/json", specJSON(smallSpec("later")), 201, &created)
+	var rj api.Rejects
+	c.call("GET", "/v1/jobs/later/rejects", "", "", 200, &rj)
+	if len(rj.Counts) != 0 || len(rj.Recent) != 0 {
+		t.Fatalf("a new job starts with the rejections of a refused creation under its id: %+v", rj)
+	}
 }

@@ -421,14 +421,15 @@ func (s *Server) createJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// A lenient decode names the job and the function for the rejection, whatever else is wrong.
-	// The rejection is recorded under that job if the caller may see the job's records, or if no
-	// job has that id (yet); under another owner's job, anyone could add to (and evict) its records.
+	// The rejection is recorded under that job only if the job exists and the caller may see its
+	// records: under another owner's job, anyone could add to (and evict) its records, and under an
+	// id no job has yet, it would be counted against the job created next with that id.
 	var loose job.Spec
 	_ = json.Unmarshal(body, &loose)
 	g := grantOf(r)
 	recordAs := NoJob
-	if validJobID(loose.ID) {
-		if _, err := s.meta(r.Context(), loose.ID); errors.Is(err, ErrJobNotFound) || s.canReach(r.Context(), g, loose.ID) {
+	if validJobID(loose.ID) && s.canReach(r.Context(), g, loose.ID) {
+		if _, err := s.meta(r.Context(), loose.ID); err == nil {
 			recordAs = loose.ID
 		}
 	}
