@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fanin-ml/fanin/gateway/api"
+	"github.com/fanin-ml/fanin/internal/rate"
 	"github.com/fanin-ml/fanin/wire"
 )
 
@@ -17,12 +18,17 @@ import (
 // the system account; every message, stored or refused), and what the runtimes aggregate (every
 // load report says, per shard, the last applied step and the gradient bytes of one step: ranks x
 // shard). The governor keeps a token bucket per job (refilled at the quota, holding QuotaBurst of
-// it); a job that overdraws it is throttled: it is paused like Pause does and, with NATS accounts,
-// its account is pushed without its gradient imports, so that the servers refuse what it
-// publishes (what it stored before stays, nothing accepted is lost or changed) until the bucket
-// holds half a burst again; then it is resumed. Each throttling is recorded as a quota_exceeded
-// rejection of the job. Over any long window a job sends at most its quota plus one burst, and
-// stores at most its storage bound (store.JobStorageBound) at any time.
+// it, and at most one burst of debt); a job that overdraws it is throttled: it is paused like
+// Pause does and, with NATS accounts, its account is pushed without its gradient imports, so that
+// the servers refuse what it publishes (what it stored before stays, nothing accepted is lost or
+// changed) until the bucket holds half a burst again; then it is resumed. It is told how long that
+// takes, and it takes that long: nothing is charged while the job is throttled (its refused
+// retries included) or while its pause is under way, and the debt has a floor. Each throttling is
+// recorded as a quota_exceeded rejection of the job. A job is charged only for what a server
+// counted between two of its answers: a server heard from for the first time is a baseline, so an
+// idle job is never charged. Over a long window a job sends about its quota (what it sends beyond
+// one burst of debt within one check is forgiven), and stores at most its storage bound
+// (store.JobStorageBound) at any time.
 //
 // Metering by the load reports is coarse (one report per second per runtime) and pausing costs a
 // drain and a restore; a runtime that delays consuming a job's gradients with the same token
@@ -37,12 +43,23 @@ type governor struct {
 	busy map[string]bool // a pause or resume of the job is under way
 }
 
-// meter is one job's token bucket.
+// meter is one job's token bucket and the baselines it meters from.
 type meter struct {
-	credit float64 // bytes
-	last   time.Time
-	steps  map[string]int64  // shard key -> last step counted
-	recv   map[string]uint64 // NATS server id -> the job account's received bytes there, last check
+	bucket *rate.Bucket     // bytes; its floor is one burst of debt
+	steps  map[string]int64 // shard key -> last step counted
+	recv   rate.Counters    // NATS server id -> the job account's received bytes there
+}
+
+// charge debits what the job used since the last check, unless it is throttled, and returns
+// the credit left. A throttled job is not charged: the NATS servers count the publishes they
+// refuse too, and a throttled job's publishes are all refused, so its retries alone would keep it
+// throttled for good, far beyond the wait it was told. Its credit never falls below one burst of
+// debt, so a throttle never lasts beyond one and a half bursts of its quota.
+func (mt *meter) charge(now time.Time, used float64, throttled bool) float64 {
+	if throttled {
+		return mt.bucket.Level(now)
+	}
+	return mt.bucket.Charge(now, used)
 }
 
 func newGovernor(s *Server) *governor {
@@ -83,23 +100,24 @@ func (g *governor) step(ctx context.Context) {
 		g.mu.Lock()
 		mt := g.jobs[m.ID]
 		if mt == nil {
-			mt = &meter{credit: burst, last: now, steps: g.baseline(ctx, m.ID)}
+			mt = &meter{bucket: rate.NewBucket(q, burst, burst, now), steps: g.baseline(ctx, m.ID)}
 			g.jobs[m.ID] = mt
 		}
-		mt.credit = min(burst, mt.credit+q*now.Sub(mt.last).Seconds())
-		mt.last = now
+		mt.bucket.Rate, mt.bucket.Burst, mt.bucket.Floor = q, burst, burst // the quota may have changed
 		used := g.used(m, mt)
 		g.mu.Unlock()
 		sent := g.received(ctx, m.ID) // outside g.mu: it waits for the servers' answers
 		g.mu.Lock()
-		used = max(used, g.sentSince(mt, sent))
-		mt.credit -= used
-		credit, busy := mt.credit, g.busy[m.ID]
+		if sent != nil {
+			used = max(used, float64(mt.recv.Delta(sent)))
+		}
+		busy := g.busy[m.ID]
+		credit := mt.charge(now, used, busy || m.State == api.StateThrottled)
+		wait := mt.bucket.Wait(now, burst/2).Round(100 * time.Millisecond)
 		g.mu.Unlock()
 		switch {
 		case busy:
 		case m.State == api.StateRunning && credit < 0:
-			wait := time.Duration((burst/2 - credit) / q * float64(time.Second)).Round(100 * time.Millisecond)
 			rej := wire.Rejectf(wire.ReasonQuotaExceeded,
 				"job %q sent or aggregated %.0f bytes of gradients in the last check, beyond its quota of %d bytes/s (burst %.0f bytes): throttled (paused, its publishes refused) for about %v",
 				m.ID, used, m.Quota.BytesPerSecond, burst, wait)
@@ -202,28 +220,6 @@ func (g *governor) received(ctx context.Context, id string) map[string]uint64 {
 			}
 		}
 	}
-}
-
-// sentSince is how many bytes the servers received from the job since the last check, and
-// remembers sent for the next one. A server's counter that went down (it restarted, or unloaded the
-// account) counts from zero. g.mu is held.
-func (g *governor) sentSince(mt *meter, sent map[string]uint64) float64 {
-	if sent == nil {
-		return 0
-	}
-	total := 0.0
-	for srv, n := range sent {
-		prev, seen := mt.recv[srv]
-		switch {
-		case !seen && mt.recv == nil: // the first check: a baseline
-		case n >= prev:
-			total += float64(n - prev)
-		default:
-			total += float64(n)
-		}
-	}
-	mt.recv = sent
-	return total
 }
 
 // baseline is where metering a job starts: every shard's last published step, read from its

@@ -1,6 +1,8 @@
 // Package rate is fanin's one estimator of training speed: steps per second from (time, step)
 // samples over a sliding window. The gateway (a job's status, `fanin jobs`, `fanin top`) and the
-// dashboard both use it, so they agree.
+// dashboard both use it, so they agree. It also holds the token bucket (Bucket) that meters the
+// bytes/s quota and the elastic workers' beats, and Counters, which turns samples of monotonic
+// counters into increments.
 package rate
 
 import "time"
