@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"encoding/json"
 	"regexp"
 	"time"
 )
@@ -35,13 +36,72 @@ const (
 	WorkerLapse  = 3 * time.Second
 )
 
-// MaxWorkerIDLen bounds a worker id.
-const MaxWorkerIDLen = 64
+// Bounds of a beat's fields (CheckBeat). A beat beyond any is refused with ReasonBadBeat.
+const (
+	MaxWorkerIDLen   = 64   // the id: 1-64 of a-z, A-Z, 0-9, '_' and '-'
+	MaxWorkerHostLen = 253  // the host: a DNS name or an address, of a-z, A-Z, 0-9 and . _ : % [ ] -
+	MaxBeatRanks     = 4096 // the ranks listed, each in 0..MaxBeatRanks-1 (job.MaxRanks)
+)
 
-var workerIDPattern = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_-]{0,63}$`)
+// Rates of beats the autoscaler takes; beyond them beats are dropped (ReasonBeatRate), before
+// they are decoded. A worker beats once per BeatInterval; it may send WorkerBeatBurst at once and
+// WorkerBeatRate a second. A job's workers together may send JobBeatRate(ranks) a second, and
+// twice that at once: enough for twice as many workers as ranks, plus 16.
+const (
+	WorkerBeatRate  = 4
+	WorkerBeatBurst = 8
+)
+
+// JobBeatRate is how many beats a second the workers of a job of ranks ranks may send.
+func JobBeatRate(ranks int) float64 { return float64(2*ranks + 16) }
+
+var (
+	workerIDPattern = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_-]{0,63}$`)
+	hostPattern     = regexp.MustCompile(`^[a-zA-Z0-9._:%\[\]-]{0,253}$`)
+)
 
 // ValidWorkerID reports whether id can name a worker: 1-64 of a-z, A-Z, 0-9, '_' and '-'.
 func ValidWorkerID(id string) bool { return workerIDPattern.MatchString(id) }
+
+// DecodeBeat decodes and checks a beat: at most MaxBeatBytes, JSON, every field within its bounds.
+// The rejection says which bound a beat broke.
+func DecodeBeat(data []byte) (*WorkerBeat, *Reject) {
+	if len(data) > MaxBeatBytes {
+		return nil, Rejectf(ReasonBadBeat, "a beat of %d bytes: at most %d are taken", len(data), MaxBeatBytes)
+	}
+	var b WorkerBeat
+	if err := json.Unmarshal(data, &b); err != nil {
+		return nil, Rejectf(ReasonBadBeat, "the beat does not decode: %v", err)
+	}
+	if rej := CheckBeat(&b); rej != nil {
+		return nil, rej
+	}
+	return &b, nil
+}
+
+// CheckBeat says which bound of its fields a beat breaks (nil if none).
+func CheckBeat(b *WorkerBeat) *Reject {
+	switch {
+	case !ValidWorkerID(b.ID):
+		return Rejectf(ReasonBadBeat, "id %.80q: 1-%d of a-z, A-Z, 0-9, '_' and '-'", b.ID, MaxWorkerIDLen)
+	case len(b.Host) > MaxWorkerHostLen:
+		return Rejectf(ReasonBadBeat, "worker %s: a host of %d bytes: at most %d", b.ID, len(b.Host), MaxWorkerHostLen)
+	case !hostPattern.MatchString(b.Host):
+		return Rejectf(ReasonBadBeat, "worker %s: host %.80q: a DNS name or an address (a-z, A-Z, 0-9 and . _ : %% [ ] -)", b.ID, b.Host)
+	case b.PID < 0:
+		return Rejectf(ReasonBadBeat, "worker %s: pid %d is negative", b.ID, b.PID)
+	case b.Step < -1:
+		return Rejectf(ReasonBadBeat, "worker %s: step %d: at least -1 (no parameters yet)", b.ID, b.Step)
+	case len(b.Ranks) > MaxBeatRanks:
+		return Rejectf(ReasonBadBeat, "worker %s: %d ranks listed: at most %d", b.ID, len(b.Ranks), MaxBeatRanks)
+	}
+	for _, r := range b.Ranks {
+		if r < 0 || r >= MaxBeatRanks {
+			return Rejectf(ReasonBadBeat, "worker %s: rank %d: ranks are 0..%d", b.ID, r, MaxBeatRanks-1)
+		}
+	}
+	return nil
+}
 
 // WorkerBeat is an elastic worker's heartbeat.
 type WorkerBeat struct {
@@ -58,8 +118,8 @@ type WorkerBeat struct {
 	Leaving bool `json:"leaving,omitempty"`
 }
 
-// MaxBeatBytes bounds a WorkerBeat message; larger ones are dropped.
-const MaxBeatBytes = 64 << 10
+// MaxBeatBytes bounds a WorkerBeat message (room for MaxBeatRanks ranks); larger ones are refused.
+const MaxBeatBytes = 32 << 10
 
 // Assignment says which live worker holds which logical ranks of a job.
 type Assignment struct {

@@ -38,6 +38,8 @@ const (
 	ReasonInvalidPolicy   Reason = "invalid_policy"         // an autoscaler policy that does not decode or validate
 	ReasonBadParameter    Reason = "bad_parameter"          // a malformed path or query parameter
 	ReasonStorageFull     Reason = "storage_full"           // the NATS servers are out of JetStream storage
+	ReasonBadBeat         Reason = "bad_beat"               // an elastic worker's beat: too large, unparsable, or a field out of bounds
+	ReasonBeatRate        Reason = "beat_rate"              // beats beyond the rate a worker or job may send
 )
 
 // Reasons lists every reason with a one-line description, in table order.
@@ -69,6 +71,8 @@ var Reasons = []struct {
 	{ReasonInvalidPolicy, "the autoscaler policy does not decode or does not validate"},
 	{ReasonBadParameter, "a path or query parameter is malformed"},
 	{ReasonStorageFull, "the NATS servers are out of JetStream storage: nothing was stored; retry once space is freed"},
+	{ReasonBadBeat, "an elastic worker's beat is too large, does not decode, or has a field out of bounds"},
+	{ReasonBeatRate, "an elastic worker or job sent beats faster than fanin takes them"},
 }
 
 // DataPlaneReasons is how many rows at the head of Reasons are about gradient messages

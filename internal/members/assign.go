@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fanin-ml/fanin/internal/rate"
 	"github.com/fanin-ml/fanin/wire"
 )
 
@@ -16,6 +17,8 @@ type Member struct {
 	Beat   wire.WorkerBeat
 	Joined time.Time // first beat seen
 	Last   time.Time // last beat seen
+
+	bucket *rate.Bucket // its beats (wire.WorkerBeatRate)
 }
 
 // Assign computes the assignment of ranks logical ranks to the live workers, in the order they

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/wire"
 )
 
@@ -91,7 +92,10 @@ func TestAssignTargetAndStandby(t *testing.T) {
 
 func TestObserveRefusesBadBeats(t *testing.T) {
 	now := t0
-	a := New(nil, nil, nil, nil, nil).WithClock(func() time.Time { return now })
+	jobs := func() map[string]job.Record {
+		return map[string]job.Record{"j": {Spec: job.Spec{ID: "j", Ranks: 2}}, "flood": {Spec: job.Spec{ID: "flood", Ranks: job.MaxRanks}}}
+	}
+	a := New(nil, nil, jobs, nil, nil).WithClock(func() time.Time { return now })
 	beat := func(subject string, b any) {
 		data, _ := json.Marshal(b)
 		a.Observe(subject, data)

@@ -12,7 +12,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 
+	"github.com/fanin-ml/fanin/internal/rate"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/wire"
 )
@@ -24,9 +26,15 @@ const (
 	Refresh  = 2 * time.Second
 )
 
-// MaxWorkersPerJob bounds the workers kept for one job: beats of further ids are dropped, so that
-// one job's credentials cannot grow the leader's memory without bound.
+// MaxWorkersPerJob bounds the workers kept for one job: beats of further ids are refused, so that
+// one job's credentials cannot grow the leader's memory without bound. (The job's beat rate,
+// wire.JobBeatRate, bounds them further: a worker is kept only while it beats.)
 const MaxWorkersPerJob = 4096
+
+// reportEvery is how often the refusals of one job for one reason are logged and reported on the
+// job's rejects subject (with the exact counts since this replica started), and answered to a
+// beat that asked for a reply: a flood of bad beats costs one report a second, not one per beat.
+const reportEvery = time.Second
 
 // Assigner follows every elastic worker's beats and, while its leader function says so, writes
 // every job's assignment. Every autoscaler replica runs one, so a new leader knows the workers at
@@ -39,11 +47,28 @@ type Assigner struct {
 	now    func() time.Time
 	log    *slog.Logger
 
-	mu      sync.Mutex
+	origin string // this replica in wire.HdrRejectOrigin
+
+	mu      sync.Mutex                    // guards the fields below
 	beats   map[string]map[string]*Member // job -> worker id -> member
 	left    map[string]map[string]bool    // job -> workers that said goodbye since this replica started
 	started time.Time                     // when beats began to be followed
 	written map[string]*written           // the leader's last write per job; nil while not leader
+	known   map[string]*jobBeats          // the jobs whose beats are taken, refreshed every Tick
+	refused map[string]map[wire.Reason]int64
+	noJob   int64                 // beats refused because their job is not known
+	report  map[refusal]time.Time // when each refusal was last reported
+}
+
+// jobBeats is what the Assigner keeps of a job to take its beats: its share of the beat rate.
+type jobBeats struct {
+	bucket *rate.Bucket
+}
+
+// refusal names what the refusals of a job are reported by.
+type refusal struct {
+	job    string
+	reason wire.Reason
 }
 
 type written struct {
@@ -58,8 +83,11 @@ func New(nc *nats.Conn, kv jetstream.KeyValue, jobs func() map[string]job.Record
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Assigner{nc: nc, kv: kv, jobs: jobs, leader: leader, now: time.Now, log: log,
-		beats: map[string]map[string]*Member{}, left: map[string]map[string]bool{}}
+	a := &Assigner{nc: nc, kv: kv, jobs: jobs, leader: leader, now: time.Now, log: log, origin: "members-" + nuid.Next(),
+		beats: map[string]map[string]*Member{}, left: map[string]map[string]bool{}, known: map[string]*jobBeats{},
+		refused: map[string]map[wire.Reason]int64{}, report: map[refusal]time.Time{}}
+	a.refresh(jobs())
+	return a
 }
 
 // WithClock sets the clock (tests).
@@ -67,11 +95,17 @@ func (a *Assigner) WithClock(now func() time.Time) *Assigner { a.now = now; retu
 
 // Run follows the beats and, while leader, assigns every Interval until ctx ends.
 func (a *Assigner) Run(ctx context.Context) error {
-	sub, err := a.nc.Subscribe(wire.WorkersWildcard, func(m *nats.Msg) { a.Observe(m.Subject, m.Data) })
+	a.refresh(a.jobs())
+	sub, err := a.nc.Subscribe(wire.WorkersWildcard, func(m *nats.Msg) {
+		if rej := a.Observe(m.Subject, m.Data); rej != nil {
+			a.reportRefusal(rej, m.Reply)
+		}
+	})
 	if err != nil {
 		return err
 	}
 	defer func() { _ = sub.Unsubscribe() }()
+	// A flood beyond what the client holds is dropped by it (slow consumer), not queued without end.
 	_ = sub.SetPendingLimits(64<<10, 64<<20)
 	a.mu.Lock()
 	a.started = a.now()
@@ -88,22 +122,39 @@ func (a *Assigner) Run(ctx context.Context) error {
 	}
 }
 
-// Observe takes one beat published on subject (wire.WorkersSubject of a job).
-func (a *Assigner) Observe(subject string, data []byte) {
+// Observe takes one beat published on subject (wire.WorkersSubject of a job), or says why not:
+// the job is unknown, its workers (or this worker) beat faster than wire.JobBeatRate (or
+// wire.WorkerBeatRate), the beat breaks a bound (wire.DecodeBeat), or the job has
+// MaxWorkersPerJob workers already. A job's excess beats are dropped before they are decoded,
+// so one job's flood costs a map lookup per beat, and the other jobs' beats go on being taken.
+func (a *Assigner) Observe(subject string, data []byte) *wire.Reject {
 	jobID, ok := strings.CutPrefix(subject, wire.Prefix)
 	if ok {
 		jobID, ok = strings.CutSuffix(jobID, ".workers")
 	}
-	if !ok || strings.Contains(jobID, ".") || len(data) > wire.MaxBeatBytes {
-		return
-	}
-	var b wire.WorkerBeat
-	if err := json.Unmarshal(data, &b); err != nil || !wire.ValidWorkerID(b.ID) {
-		return
+	if !ok || strings.Contains(jobID, ".") {
+		return wire.Rejectf(wire.ReasonBadBeat, "subject %.100q is not a job's beat subject", subject)
 	}
 	now := a.now()
 	a.mu.Lock()
+	jb := a.known[jobID]
+	if jb == nil {
+		a.noJob++
+		a.mu.Unlock()
+		return wire.Rejectf(wire.ReasonUnknownJob, "job %.100q: no such job", jobID)
+	}
+	if !jb.bucket.Allow(now, 1) {
+		defer a.mu.Unlock()
+		return a.refuseLocked(jobID, wire.Rejectf(wire.ReasonBeatRate,
+			"job %s: its workers beat faster than %g a second (twice its ranks plus 16): beats dropped", jobID, jb.bucket.Rate))
+	}
+	a.mu.Unlock()
+	b, rej := wire.DecodeBeat(data) // outside a.mu: the other jobs' beats are not held up by it
+	a.mu.Lock()
 	defer a.mu.Unlock()
+	if rej != nil {
+		return a.refuseLocked(jobID, rej)
+	}
 	ws := a.beats[jobID]
 	if b.Leaving {
 		delete(ws, b.ID)
@@ -113,7 +164,7 @@ func (a *Assigner) Observe(subject string, data []byte) {
 		if len(a.left[jobID]) < MaxWorkersPerJob {
 			a.left[jobID][b.ID] = true
 		}
-		return
+		return nil
 	}
 	delete(a.left[jobID], b.ID) // back (a worker may leave and rejoin under its id)
 	if ws == nil {
@@ -123,12 +174,103 @@ func (a *Assigner) Observe(subject string, data []byte) {
 	m := ws[b.ID]
 	if m == nil {
 		if len(ws) >= MaxWorkersPerJob {
-			return
+			return a.refuseLocked(jobID, wire.Rejectf(wire.ReasonQuotaExceeded,
+				"job %s has %d live workers, the most kept: worker %s is not taken", jobID, len(ws), b.ID))
 		}
-		m = &Member{Joined: now}
+		m = &Member{Joined: now, bucket: rate.NewBucket(wire.WorkerBeatRate, wire.WorkerBeatBurst, 0, now)}
 		ws[b.ID] = m
+	} else if !m.bucket.Allow(now, 1) {
+		return a.refuseLocked(jobID, wire.Rejectf(wire.ReasonBeatRate,
+			"job %s: worker %s beats faster than %d a second: beats dropped", jobID, b.ID, wire.WorkerBeatRate))
 	}
-	m.Beat, m.Last = b, now
+	m.Beat, m.Last = *b, now
+	return nil
+}
+
+// refuseLocked counts a refused beat of a known job. a.mu is held.
+func (a *Assigner) refuseLocked(jobID string, rej *wire.Reject) *wire.Reject {
+	rej.Job = jobID
+	c := a.refused[jobID]
+	if c == nil {
+		c = map[wire.Reason]int64{}
+		a.refused[jobID] = c
+	}
+	c[rej.Reason]++
+	return rej
+}
+
+// Refused returns how many beats of a job this replica refused, by reason.
+func (a *Assigner) Refused(jobID string) map[wire.Reason]int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return maps.Clone(a.refused[jobID])
+}
+
+// reportRefusal logs a refused beat and, while leader, reports it on the job's rejects subject
+// (with this replica's counts of the job's refusals, so the gateway's counts stay exact) and
+// answers it to reply (a beat sent as a request: across the job account's service import, reply
+// is a subject the server made, which routes back to the job's account). Each of these is done at
+// most once per reportEvery per job and reason; the refusals between are counted.
+func (a *Assigner) reportRefusal(rej *wire.Reject, reply string) {
+	if rej.Job == "" {
+		return // not a known job: counted (noJob), nobody to tell
+	}
+	now := a.now()
+	key := refusal{rej.Job, rej.Reason}
+	a.mu.Lock()
+	if last, ok := a.report[key]; ok && now.Sub(last) < reportEvery {
+		a.mu.Unlock()
+		return
+	}
+	a.report[key] = now
+	counts := wire.FormatCounts(a.refused[rej.Job])
+	a.mu.Unlock()
+	a.log.Warn("elastic worker's beat refused", "job", rej.Job, "reason", rej.Reason, "detail", rej.Detail, "counts", counts)
+	if !a.leader() {
+		return
+	}
+	body := rej.Marshal()
+	if strings.HasPrefix(reply, "_R_.") || wire.ValidReplyTo(rej.Job, reply) {
+		m := nats.NewMsg(reply)
+		m.Header.Set(wire.HdrReject, string(rej.Reason))
+		m.Data = body
+		_ = a.nc.PublishMsg(m)
+	}
+	m := nats.NewMsg(wire.RejectsSubject(rej.Job))
+	m.Header.Set(wire.HdrReject, string(rej.Reason))
+	m.Header.Set(wire.HdrRejectOrigin, a.origin)
+	m.Header.Set(wire.HdrRejectCounts, counts)
+	m.Data = body
+	_ = a.nc.PublishMsg(m)
+}
+
+// refresh sets the jobs whose beats are taken, and their beat rates, from jobs; the beats and
+// counts of a job gone are dropped.
+func (a *Assigner) refresh(jobs map[string]job.Record) {
+	now := a.now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for id, rec := range jobs {
+		r := wire.JobBeatRate(rec.Spec.Ranks)
+		if jb := a.known[id]; jb != nil {
+			jb.bucket.Rate, jb.bucket.Burst = r, 2*r
+			continue
+		}
+		a.known[id] = &jobBeats{bucket: rate.NewBucket(r, 2*r, 0, now)}
+	}
+	for id := range a.known {
+		if _, ok := jobs[id]; !ok {
+			delete(a.known, id)
+			delete(a.beats, id)
+			delete(a.left, id)
+			delete(a.refused, id)
+			for k := range a.report {
+				if k.job == id {
+					delete(a.report, k)
+				}
+			}
+		}
+	}
 }
 
 // Live returns a job's live workers: beats within wire.WorkerLapse.
@@ -154,13 +296,14 @@ func (a *Assigner) liveLocked(jobID string, now time.Time) []Member {
 // Tick writes the assignment of every job whose workers changed, or whose assignment is older
 // than Refresh, if this replica is the leader.
 func (a *Assigner) Tick(ctx context.Context) {
+	jobs := a.jobs()
+	a.refresh(jobs)
 	if !a.leader() {
 		a.mu.Lock()
 		a.written = nil
 		a.mu.Unlock()
 		return
 	}
-	jobs := a.jobs()
 	now := a.now()
 	a.mu.Lock()
 	if a.written == nil {

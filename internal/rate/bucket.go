@@ -22,7 +22,7 @@ func NewBucket(rate, burst, floor float64, now time.Time) *Bucket {
 
 // Level refills the bucket up to now and returns what it holds (negative: a debt).
 func (b *Bucket) Level(now time.Time) float64 {
-	if b.last.IsZero() {
+	if b.last.IsZero() || now.Before(b.last) { // the clock went back: refill from now on
 		b.last = now
 	}
 	if dt := now.Sub(b.last); dt > 0 {
