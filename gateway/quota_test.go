@@ -152,6 +152,11 @@ func TestQuotaCountsWhatIsSent(t *testing.T) {
 		if !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, jetstream.ErrNoStreamResponse) {
 			return fmt.Errorf("a throttled job's publish: %v", err)
 		}
+		// Nor does the server pass on its elastic workers' beats: no responders, where a running
+		// job's beat sent as a request reaches the autoscaler, which does not answer a good one.
+		if _, err := nc.Request(wire.WorkersSubject("flood"), []byte(`{"id":"w0","step":-1}`), 200*time.Millisecond); !errors.Is(err, nats.ErrNoResponders) {
+			return fmt.Errorf("a throttled job's beat: %v", err)
+		}
 		return nil
 	})
 	comp, err := st.Connect("test")

@@ -27,7 +27,7 @@ import (
 //	service  $JS.API.DIRECT.GET.FANIN_PARAMS_<job>                   direct gets with a request body, same stream
 //	service  $JS.API.DIRECT.GET.KV_fanin-jobs.$KV.fanin-jobs.<job>   the job's record
 //	service  $JS.API.DIRECT.GET.KV_fanin-assign.$KV.fanin-assign.<job>   the elastic workers' assignment
-//	service  fanin.v1.<job>.workers                                  elastic workers' beats, to the autoscaler
+//	service  fanin.v1.<job>.workers                                  elastic workers' beats, to the autoscaler (not while throttled)
 //	stream   fanin.v1.<job>.params.*                                 parameters, pushed after every step
 //	stream   fanin.v1.<job>.rejects                                  the job's rejections
 //	stream   fanin.v1.<job>.inbox.>                                  rejections sent to a Fanin-Reply-To
@@ -80,13 +80,13 @@ func jobImports(j JobAccount) []jobImport {
 		if j.Upload {
 			im = append(im, jobImport{wire.InitWildcard(job), jwt.Service})
 		}
+		im = append(im, jobImport{wire.WorkersSubject(job), jwt.Service})
 	}
 	return append(im, []jobImport{
 		{wire.DirectGetLast(params, wire.ParamsWildcard(job)), jwt.Service},
 		{wire.DirectGet(params), jwt.Service},
 		{wire.JobRecordGet(job), jwt.Service},
 		{wire.AssignmentGet(job), jwt.Service},
-		{wire.WorkersSubject(job), jwt.Service},
 		{wire.ParamsWildcard(job), jwt.Stream},
 		{wire.RejectsSubject(job), jwt.Stream},
 		{wire.InboxWildcard(job), jwt.Stream},
@@ -99,9 +99,9 @@ type JobAccount struct {
 	Created time.Time // the job record's creation time
 	Upload  bool      // init "upload": the account may publish the step-0 parameters
 	Ranks   int       // bounds the connections the account may hold
-	// NoIngest: the account imports no gradient or upload subjects, so the servers refuse the
-	// job's publishes (no responders). The gateway sets it while the job is throttled for its
-	// bytes/s quota.
+	// NoIngest: the account imports no gradient, upload or beat subjects, so the servers refuse
+	// the job's publishes (no responders) and drop its elastic workers' beats. The gateway sets it
+	// while the job is throttled for its bytes/s quota.
 	NoIngest bool
 }
 
