@@ -105,6 +105,7 @@ func gatewayCmd() *cobra.Command {
 	var nf natsFlags
 	var gf gatewayFlags // security and quotas (auth.go)
 	var addr string
+	var lim gateway.HTTPLimits
 	cmd := &cobra.Command{
 		Use:   "gateway",
 		Short: "Run the HTTP API",
@@ -126,11 +127,16 @@ func gatewayCmd() *cobra.Command {
 				return err
 			}
 			defer gw.Close()
-			return serveHTTP(cmd.Context(), addr, metrics.Default().HTTP(telemetry.HTTPHandler(gw.Handler(), telemetry.Default())))
+			return serveHTTP(cmd.Context(), addr, metrics.Default().HTTP(telemetry.HTTPHandler(gw.Handler(), telemetry.Default())), lim)
 		},
 	}
 	nf.register(cmd)
 	cmd.Flags().StringVar(&addr, "http", envOr("FANIN_HTTP", "127.0.0.1:8080"), "listen address of the HTTP API")
+	d := gateway.DefaultHTTPLimits
+	cmd.Flags().DurationVar(&lim.ReadTimeout, "http-read-timeout", d.ReadTimeout, "longest time a client may take to send a request, body included")
+	cmd.Flags().DurationVar(&lim.WriteTimeout, "http-write-timeout", d.WriteTimeout, "longest time to answer a request (more than the drain timeout)")
+	cmd.Flags().DurationVar(&lim.IdleTimeout, "http-idle-timeout", d.IdleTimeout, "how long an idle keep-alive connection stays open")
+	cmd.Flags().IntVar(&lim.MaxConns, "http-max-conns", d.MaxConns, "HTTP connections open at once; more wait to be accepted")
 	gf.register(cmd)
 	return cmd
 }
@@ -325,12 +331,12 @@ func reachable(a *net.TCPAddr) string {
 	return a.String()
 }
 
-func serveHTTP(ctx context.Context, addr string, h http.Handler) error {
+func serveHTTP(ctx context.Context, addr string, h http.Handler, lim gateway.HTTPLimits) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	srv, ln := gateway.HTTPServer(h, ln, lim)
 	slog.Info("HTTP API listening", "url", "http://"+ln.Addr().String())
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

@@ -32,7 +32,9 @@ type Config struct {
 	MaxStore int64  // JetStream's file storage cap (0: the server's default, from the free disk)
 	NATSPort int    // -1: any free port
 	HTTPAddr string // gateway listen address; "" disables HTTP, "127.0.0.1:0" picks a port
-	Runtimes int    // runtimes the pool starts with, and its minimum (default 3)
+	// HTTPLimits are the gateway's HTTP timeouts and connection cap (zero: gateway.DefaultHTTPLimits).
+	HTTPLimits gateway.HTTPLimits
+	Runtimes   int // runtimes the pool starts with, and its minimum (default 3)
 	// MaxRuntimes lets the autoscaler grow the pool up to this size (default Runtimes: a fixed pool).
 	MaxRuntimes int
 	// Policy overrides the autoscaler's policy (its min and max then come from it, not from above).
@@ -172,7 +174,7 @@ func Start(ctx context.Context, cfg Config) (_ *Stack, err error) {
 			return nil, fmt.Errorf("gateway listen on %s: %w", cfg.HTTPAddr, err)
 		}
 		s.HTTPURL = "http://" + ln.Addr().String()
-		s.http = &http.Server{Handler: s.metrics.HTTP(telemetry.HTTPHandler(s.Gateway.Handler(), s.tracing)), ReadHeaderTimeout: 10 * time.Second}
+		s.http, ln = gateway.HTTPServer(s.metrics.HTTP(telemetry.HTTPHandler(s.Gateway.Handler(), s.tracing)), ln, cfg.HTTPLimits)
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
