@@ -33,6 +33,9 @@ var static embed.FS
 const (
 	RootPattern   = "GET /{$}"        // the page
 	PrefixPattern = "GET /dashboard/" // its files (/dashboard/app.js, ...) and its JSON (/dashboard/api/state)
+	// StatePattern is its JSON alone: a server that shows each caller its own view of the state
+	// (State.Public, State.Only) mounts its handler there, over PrefixPattern's.
+	StatePattern = "GET /dashboard/api/state"
 )
 
 // Limits of what the dashboard keeps in memory.
@@ -111,7 +114,7 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (_ *Dashboard, err 
 		http.ServeFileFS(w, r, files, "index.html")
 	})
 	d.mux.Handle("GET /dashboard/", http.StripPrefix("/dashboard/", http.FileServerFS(files)))
-	d.mux.HandleFunc("GET /dashboard/api/state", d.serveState)
+	d.mux.HandleFunc(StatePattern, d.serveState)
 
 	if d.view == nil {
 		if d.view, err = view.Open(ctx, nc, view.WithLogger(d.log)); err != nil {
@@ -302,6 +305,7 @@ func jobStep(id string, rec job.Record, loads map[string]view.Load) (int64, bool
 type State struct {
 	Now       time.Time      `json:"now"`
 	Connected bool           `json:"connected"`
+	Anonymous bool           `json:"anonymous,omitempty"` // Public's view: no job's details
 	Jobs      []JobView      `json:"jobs"`
 	Runtimes  []RuntimeView  `json:"runtimes"`
 	History   []Sample       `json:"history"`
@@ -313,12 +317,12 @@ type State struct {
 // JobView is one job's row.
 type JobView struct {
 	ID          string  `json:"id"`
-	Function    string  `json:"function"`
-	Sync        string  `json:"sync"`
-	Ranks       int     `json:"ranks"`
+	Function    string  `json:"function,omitempty"`
+	Sync        string  `json:"sync,omitempty"`
+	Ranks       int     `json:"ranks,omitempty"`
 	Shards      int     `json:"shards"`
-	Bytes       int64   `json:"bytes"` // parameters
-	Created     string  `json:"created"`
+	Bytes       int64   `json:"bytes,omitempty"` // parameters
+	Created     string  `json:"created,omitempty"`
 	Step        int64   `json:"step"` // -1: not reported yet
 	StepsPerSec float64 `json:"steps_per_sec"`
 	State       string  `json:"state"` // running, idle or waiting (not every shard served yet)
@@ -502,6 +506,58 @@ func (d *Dashboard) Snapshot() State {
 		st.Rejects = append(st.Rejects, RejectView{At: d.rejectAt[i].UTC(), Reject: d.rejects[i]})
 	}
 	return st
+}
+
+// Public is the view anyone may have (docs/SECURITY.md): the jobs' ids, progress (step, rate,
+// state, shards placed, pending messages) and counts of rejections, and the pool; not a job's
+// function, ranks, size or elastic workers, nor any rejection's detail or reasons.
+func (s State) Public() State {
+	s.Anonymous = true
+	jobs := make([]JobView, len(s.Jobs))
+	for i, j := range s.Jobs {
+		jobs[i] = JobView{ID: j.ID, Shards: j.Shards, Step: j.Step, StepsPerSec: j.StepsPerSec, State: j.State,
+			Placed: j.Placed, Pending: j.Pending, Rejects: j.Rejects}
+	}
+	s.Jobs, s.Rejects, s.Counts = jobs, nil, nil
+	return s
+}
+
+// Only keeps of s the jobs keep accepts: their rows, rejections and counts, and their shards on
+// the runtimes (the pool's size, history and decisions stay).
+func (s State) Only(keep func(job string) bool) State {
+	var jobs []JobView
+	for _, j := range s.Jobs {
+		if keep(j.ID) {
+			jobs = append(jobs, j)
+		}
+	}
+	var rejects []RejectView
+	for _, r := range s.Rejects {
+		if keep(r.Job) {
+			rejects = append(rejects, r)
+		}
+	}
+	var counts []RejectCount
+	for _, c := range s.Counts {
+		if keep(c.Job) {
+			counts = append(counts, c)
+		}
+	}
+	runtimes := make([]RuntimeView, len(s.Runtimes))
+	for i, rt := range s.Runtimes {
+		shards := []ShardView{}
+		rt.Busy = 0
+		for _, sh := range rt.Shards {
+			if keep(sh.Job) {
+				shards = append(shards, sh)
+				rt.Busy += sh.Busy
+			}
+		}
+		rt.Shards = shards
+		runtimes[i] = rt
+	}
+	s.Jobs, s.Rejects, s.Counts, s.Runtimes = jobs, rejects, counts, runtimes
+	return s
 }
 
 // serveState serves the Snapshot as JSON.

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -82,9 +83,7 @@ func (s *Server) guard(a Access, h http.HandlerFunc) http.Handler {
 		}
 		g, why := s.authenticate(r)
 		if why != "" {
-			// Recorded under no job: whoever sent it proved no right to see the job's records, and
-			// counting it there would let anyone flood out the job's real rejections.
-			s.reject(w, wire.ReasonUnauthorized, fmt.Sprintf("%s %s: %s", r.Method, r.URL.Path, why), NoJob)
+			s.unauthorized(w, fmt.Sprintf("%s %s: %s", r.Method, r.URL.Path, why))
 			return
 		}
 		if a == JobUser && !validJobID(jobID) {
@@ -126,4 +125,44 @@ func (s *Server) lockOwner(owner string) func() {
 	mu, _ := s.ownerLocks.LoadOrStore(owner, &sync.Mutex{})
 	mu.(*sync.Mutex).Lock()
 	return mu.(*sync.Mutex).Unlock
+}
+
+// unauthorized answers a request without valid credentials: a 401 problem, not recorded among
+// the rejections (under no job either): whoever sent it proved nothing, and anyone could flood
+// out the real rejections with them. fanin_http_requests_total{code="401"} counts them.
+func (s *Server) unauthorized(w http.ResponseWriter, detail string) {
+	w.Header().Set("WWW-Authenticate", `Bearer realm="fanin"`)
+	s.problem(w, http.StatusUnauthorized, string(wire.ReasonUnauthorized), detail)
+}
+
+// dashboardState serves the dashboard's JSON as the caller may see it: without a token, the
+// public view (dashboard.State.Public: ids, progress, counts); with the admin token (or an open
+// API), everything; with a team or job token, the jobs it reaches, in full.
+func (s *Server) dashboardState(w http.ResponseWriter, r *http.Request) {
+	st := s.dash.Snapshot()
+	switch {
+	case s.admin == "":
+	case r.Header.Get("Authorization") == "":
+		st = st.Public()
+	default:
+		g, why := s.authenticate(r)
+		if why != "" {
+			s.unauthorized(w, "GET /dashboard/api/state: "+why+" (or send no Authorization for the public view)")
+			return
+		}
+		if !g.admin() {
+			reach := map[string]bool{}
+			st = st.Only(func(id string) bool {
+				ok, seen := reach[id]
+				if !seen {
+					ok = s.canReach(r.Context(), g, id)
+					reach[id] = ok
+				}
+				return ok
+			})
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	_ = json.NewEncoder(w).Encode(st)
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 
+	"github.com/fanin-ml/fanin/dashboard"
 	"github.com/fanin-ml/fanin/gateway"
 	"github.com/fanin-ml/fanin/gateway/api"
 	"github.com/fanin-ml/fanin/internal/devstack"
@@ -24,8 +26,8 @@ import (
 	"github.com/fanin-ml/fanin/wire"
 )
 
-// Unauthenticated calls get 401, calls beyond a token's scope 403, quotas 429; each refusal is
-// counted under the job it concerns. A job's NATS credentials reach its own subjects only: the
+// Unauthenticated calls get 401 (not recorded: TestDashboardStateByToken), calls beyond a
+// token's scope 403, quotas 429; each refusal is counted under the job it concerns. A job's NATS credentials reach its own subjects only: the
 // server denies publishing to another job's gradients and reading its parameters, and refuses a
 // JWT presented with the wrong seed.
 func TestAuthScopes(t *testing.T) {
@@ -40,7 +42,6 @@ func TestAuthScopes(t *testing.T) {
 		}
 	}
 	c.with("").problem("GET", "/v1/runtimes", "", "", 401, string(wire.ReasonUnauthorized))
-	c.awaitCount("_api", wire.ReasonUnauthorized, 5)
 
 	var teamA, teamB api.TeamCreated
 	c.call("POST", "/v1/tokens", "application/json", `{"name":"a","quota":{"jobs":2,"shards":3}}`, 201, &teamA)
@@ -250,4 +251,74 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// The dashboard's state shows anyone the public view only (ids, progress, counts: no function,
+// ranks, workers or rejection details); a team token sees its own jobs in full and no other's;
+// a bad token is refused with a 401 that is not recorded among the rejections.
+func TestDashboardStateByToken(t *testing.T) {
+	st := authStack(t, 1)
+	c := client{t: t, base: st.HTTPURL, token: st.AdminToken}
+	var teamA, teamB api.TeamCreated
+	c.call("POST", "/v1/tokens", "application/json", `{"name":"a"}`, 201, &teamA)
+	c.call("POST", "/v1/tokens", "application/json", `{"name":"b"}`, 201, &teamB)
+	c.with(teamA.Token).call("POST", "/v1/jobs", "application/json", specJSON(smallSpec("ta")), 201, nil)
+	c.with(teamB.Token).call("POST", "/v1/jobs", "application/json", specJSON(smallSpec("tb")), 201, nil)
+	for _, id := range []string{"ta", "tb"} { // one rejection each, with its detail
+		c.problem("PUT", "/v1/jobs/"+id+"/workers", "application/json", `{"target": 99}`, 400, string(wire.ReasonBadParameter))
+	}
+	var full dashboard.State
+	testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		c.call("GET", "/dashboard/api/state", "", "", 200, &full)
+		if len(full.Jobs) != 2 || len(full.Rejects) != 2 {
+			return fmt.Errorf("the admin's view: %d jobs, %d rejections", len(full.Jobs), len(full.Rejects))
+		}
+		return nil
+	})
+
+	_, _, raw := c.with("").do("GET", "/dashboard/api/state", "", "")
+	var anon dashboard.State
+	if err := jsonUnmarshal(raw, &anon); err != nil {
+		t.Fatal(err)
+	}
+	if !anon.Anonymous || len(anon.Jobs) != 2 || len(anon.Rejects) != 0 || len(anon.Counts) != 0 {
+		t.Fatalf("the public view: %s", raw)
+	}
+	for _, j := range anon.Jobs {
+		if j.Function != "" || j.Ranks != 0 || j.Bytes != 0 || len(j.Workers) != 0 || j.Rejects != 1 {
+			t.Fatalf("the public view of job %s: %+v", j.ID, j)
+		}
+	}
+	for _, leak := range []string{"sgd", "target 99", `"ranks"`, `"function"`, `"detail"`} {
+		if strings.Contains(string(raw), leak) {
+			t.Fatalf("the public view shows %s: %s", leak, raw)
+		}
+	}
+
+	var mine dashboard.State
+	c.with(teamA.Token).call("GET", "/dashboard/api/state", "", "", 200, &mine)
+	if len(mine.Jobs) != 1 || mine.Jobs[0].ID != "ta" || mine.Jobs[0].Function != "sgd" ||
+		len(mine.Rejects) != 1 || mine.Rejects[0].Job != "ta" || !strings.Contains(mine.Rejects[0].Detail, "target 99") {
+		t.Fatalf("team a's view: %+v", mine)
+	}
+	for _, rt := range mine.Runtimes {
+		for _, sh := range rt.Shards {
+			if sh.Job != "ta" {
+				t.Fatalf("team a's view shows a shard of %s", sh.Job)
+			}
+		}
+	}
+
+	// Bad credentials: 401, not recorded. A forbidden call after them is, and the counter takes
+	// the rejections in order: once it is counted, a recorded 401 would have been too.
+	code, _, _ := c.doHeader("GET", "/dashboard/api/state", "Bearer not-a-token")
+	if code != 401 {
+		t.Fatalf("a bad token on the dashboard's state: %d", code)
+	}
+	c.with("").problem("GET", "/v1/jobs", "", "", 401, string(wire.ReasonUnauthorized))
+	c.with(teamB.Token).problem("GET", "/v1/jobs/ta", "", "", 403, string(wire.ReasonForbidden))
+	c.awaitCount(gateway.NoJob, wire.ReasonForbidden, 1)
+	if n := c.counts(gateway.NoJob)[wire.ReasonUnauthorized]; n != 0 {
+		t.Fatalf("%d anonymous 401s recorded", n)
+	}
 }

@@ -332,12 +332,14 @@ func (s *Server) register() {
 		s.mux.Handle(r.pattern, s.guard(r.access, r.h))
 	}
 	// Read-only views outside the /v1 API: Prometheus metrics and the web dashboard (a page, its
-	// files, and the JSON state it polls). They are public: serve the gateway behind the network
-	// boundary that should see job ids and reject details, or turn the dashboard off.
+	// files, and the JSON state it polls). They are public; the dashboard's state shows anyone
+	// only the public view of the jobs (dashboardState), and their details to a token that
+	// reaches them.
 	s.mux.Handle("GET /metrics", metrics.Handler())
 	if s.dash != nil {
 		s.mux.Handle(dashboard.RootPattern, s.dash)
 		s.mux.Handle(dashboard.PrefixPattern, s.dash)
+		s.mux.HandleFunc(dashboard.StatePattern, s.dashboardState)
 	}
 	// Every error is a problem document, an unknown path or a wrong method included.
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {

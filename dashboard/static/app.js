@@ -53,11 +53,11 @@ function renderJobs(jobs) {
       el("td", {}, el("span", { class: "badge " + j.state }, j.state)),
       el("td", { class: "num" }, j.step < 0 ? "–" : j.step),
       el("td", { class: "num", "data-rate": j.steps_per_sec }, fixed(j.steps_per_sec, 2)),
-      el("td", { class: "num" }, j.ranks),
+      el("td", { class: "num" }, j.ranks ?? "–"),
       el("td", { class: "num", "data-workers": (j.workers || []).length }, workerCount(j)),
       el("td", { class: "num" }, j.placed + " / " + j.shards),
-      el("td", {}, j.function + (j.sync ? " · " + j.sync : "")),
-      el("td", { class: "num" }, bytes(j.bytes)),
+      el("td", {}, j.function ? j.function + (j.sync ? " · " + j.sync : "") : "–"),
+      el("td", { class: "num" }, j.bytes ? bytes(j.bytes) : "–"),
       el("td", { class: "num" }, j.pending),
       el("td", { class: "num" }, j.rejects)));
   }
@@ -236,10 +236,22 @@ function renderRejects(counts, recent) {
   }
 }
 
+// An API token given once as /#token=<token> is kept for the tab's life (not in the URL, not sent
+// anywhere but to this gateway): the state then shows the jobs the token reaches, in full.
+function authHeaders() {
+  const m = location.hash.match(/^#token=(.+)$/);
+  if (m) {
+    sessionStorage.setItem("fanin-token", decodeURIComponent(m[1]));
+    history.replaceState(null, "", location.pathname + location.search);
+  }
+  const tok = sessionStorage.getItem("fanin-token");
+  return tok ? { Authorization: "Bearer " + tok } : {};
+}
+
 async function poll() {
   const conn = document.getElementById("conn");
   try {
-    const res = await fetch("dashboard/api/state", { cache: "no-store" });
+    const res = await fetch("dashboard/api/state", { cache: "no-store", headers: authHeaders() });
     if (!res.ok) throw new Error(res.status + " " + res.statusText);
     const st = await res.json();
     renderJobs(st.jobs || []);
@@ -249,7 +261,8 @@ async function poll() {
     renderDecisions(st.decisions || []);
     renderRejects(st.reject_counts || [], st.rejects || []);
     conn.dataset.state = st.connected ? "live" : "down";
-    conn.textContent = (st.connected ? "live · " : "NATS disconnected · ") + clock(st.now);
+    conn.textContent = (st.connected ? "live · " : "NATS disconnected · ") + clock(st.now) +
+      (st.anonymous ? " · public view (open /#token=<API token> for your jobs' details)" : "");
   } catch (e) {
     conn.dataset.state = "down";
     conn.textContent = "unreachable: " + e.message;
