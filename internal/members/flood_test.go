@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanin-ml/fanin/internal/members"
 	"github.com/fanin-ml/fanin/internal/testutil"
@@ -146,5 +149,68 @@ func TestBeatFloodOfOneJob(t *testing.T) {
 	a.Tick(ctx)
 	if as, _ := read("attacker"); len(as.Workers) != 1 || fmt.Sprint(as.Workers[0].Ranks) != "[0 1]" {
 		t.Fatalf("the attacker's assignment after the flood: %+v", as.Workers)
+	}
+}
+
+// slowKV holds the writes of one key until released.
+type slowKV struct {
+	jetstream.KeyValue
+	key     string
+	entered chan struct{} // closed by the first write of key
+	release chan struct{} // closed by the test
+	once    sync.Once
+}
+
+func (k *slowKV) hold(key string) {
+	if key == k.key {
+		k.once.Do(func() { close(k.entered) })
+		<-k.release
+	}
+}
+
+func (k *slowKV) Create(ctx context.Context, key string, value []byte, opts ...jetstream.KVCreateOpt) (uint64, error) {
+	k.hold(key)
+	return k.KeyValue.Create(ctx, key, value, opts...)
+}
+
+func (k *slowKV) Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
+	k.hold(key)
+	return k.KeyValue.Update(ctx, key, value, rev)
+}
+
+// While one job's assignment write hangs, the other job's is written, and beats are taken.
+func TestSlowWriteOfOneJobHoldsNoOther(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	nc, b := natsBuckets(t, ctx)
+	kv := &slowKV{KeyValue: b.Assign, key: "slow", entered: make(chan struct{}), release: make(chan struct{})}
+	jobs := func() map[string]job.Record {
+		return map[string]job.Record{"slow": {Spec: job.Spec{ID: "slow", Ranks: 1}}, "fast": {Spec: job.Spec{ID: "fast", Ranks: 1}}}
+	}
+	now := time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
+	a := members.New(nc, kv, jobs, func() bool { return true }, testutil.Logger()).WithClock(func() time.Time { return now })
+	for _, id := range []string{"slow", "fast"} {
+		data, _ := json.Marshal(wire.WorkerBeat{ID: "w-" + id})
+		if rej := a.Observe(wire.WorkersSubject(id), data); rej != nil {
+			t.Fatal(rej)
+		}
+	}
+	ticked := make(chan struct{})
+	go func() { defer close(ticked); a.Tick(ctx) }()
+	<-kv.entered
+	testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if _, err := b.Assign.Get(ctx, "fast"); err != nil {
+			return fmt.Errorf("the fast job's assignment, while the slow one's write hangs: %v", err)
+		}
+		return nil
+	})
+	data, _ := json.Marshal(wire.WorkerBeat{ID: "w2"})
+	if rej := a.Observe(wire.WorkersSubject("fast"), data); rej != nil {
+		t.Fatal(rej)
+	}
+	close(kv.release)
+	<-ticked
+	if _, err := b.Assign.Get(ctx, "slow"); err != nil {
+		t.Fatalf("the slow job's assignment once released: %v", err)
 	}
 }

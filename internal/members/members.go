@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/fanin-ml/fanin/internal/rate"
 	"github.com/fanin-ml/fanin/job"
@@ -30,6 +31,12 @@ const (
 // one job's credentials cannot grow the leader's memory without bound. (The job's beat rate,
 // wire.JobBeatRate, bounds them further: a worker is kept only while it beats.)
 const MaxWorkersPerJob = 4096
+
+// The leader writes at most writers assignments at once, each within writeTimeout.
+const (
+	writers      = 8
+	writeTimeout = 2 * time.Second
+)
 
 // reportEvery is how often the refusals of one job for one reason are logged and reported on the
 // job's rejects subject (with the exact counts since this replica started), and answered to a
@@ -346,9 +353,19 @@ func (a *Assigner) Tick(ctx context.Context) {
 		}
 	}
 	a.mu.Unlock()
+	// One job's write, however slow, holds up no other's: they go in parallel, each with its
+	// own deadline.
+	var g errgroup.Group
+	g.SetLimit(writers)
 	for _, w := range writes {
-		a.write(ctx, w.id, w.prev, w.next, now)
+		g.Go(func() error {
+			wctx, cancel := context.WithTimeout(ctx, writeTimeout)
+			defer cancel()
+			a.write(wctx, w.id, w.prev, w.next, now)
+			return nil
+		})
 	}
+	_ = g.Wait()
 	for _, id := range gone {
 		if err := a.kv.Delete(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 			a.log.Warn("delete the assignment of a deleted job", "job", id, "err", err)
@@ -396,20 +413,25 @@ func (a *Assigner) write(ctx context.Context, id string, prev *written, next *wi
 	} else {
 		rev, err = a.kv.Create(ctx, id, data)
 	}
+	if err != nil {
+		// Another writer (a previous leader) or a stale cache: read the stored value, outside
+		// a.mu (beats of every job wait on it), and start from it next time.
+		a.log.Debug("write assignment", "job", id, "err", err)
+		e, gerr := a.kv.Get(ctx, id)
+		var as wire.Assignment
+		if gerr != nil || json.Unmarshal(e.Value(), &as) != nil {
+			return
+		}
+		a.mu.Lock()
+		if a.written != nil {
+			a.written[id] = &written{a: &as, rev: e.Revision(), at: time.Time{}}
+		}
+		a.mu.Unlock()
+		return
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.written == nil {
-		return
-	}
-	if err != nil {
-		// Another writer (a previous leader) or a stale cache: read the stored value next time.
-		a.log.Debug("write assignment", "job", id, "err", err)
-		if e, gerr := a.kv.Get(ctx, id); gerr == nil {
-			var as wire.Assignment
-			if json.Unmarshal(e.Value(), &as) == nil {
-				a.written[id] = &written{a: &as, rev: e.Revision(), at: time.Time{}}
-			}
-		}
 		return
 	}
 	if prev == nil || prev.a.Epoch != next.Epoch {
