@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -212,5 +213,27 @@ func TestSlowWriteOfOneJobHoldsNoOther(t *testing.T) {
 	<-ticked
 	if _, err := b.Assign.Get(ctx, "slow"); err != nil {
 		t.Fatalf("the slow job's assignment once released: %v", err)
+	}
+}
+
+// A beat of a job created since the last Tick is taken: the Assigner looks at the jobs again
+// (at most every 100 ms), instead of refusing the new job's first beats as unknown.
+func TestBeatOfANewJob(t *testing.T) {
+	var jobs atomic.Value
+	jobs.Store(map[string]job.Record{})
+	now := time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
+	a := members.New(nil, nil, func() map[string]job.Record { return jobs.Load().(map[string]job.Record) },
+		func() bool { return false }, testutil.Logger()).WithClock(func() time.Time { return now })
+	data, _ := json.Marshal(wire.WorkerBeat{ID: "w0"})
+	if rej := a.Observe(wire.WorkersSubject("new"), data); rej == nil || rej.Reason != wire.ReasonUnknownJob {
+		t.Fatalf("a beat of no job: %v", rej)
+	}
+	jobs.Store(map[string]job.Record{"new": {Spec: job.Spec{ID: "new", Ranks: 1}}})
+	now = now.Add(100 * time.Millisecond)
+	if rej := a.Observe(wire.WorkersSubject("new"), data); rej != nil {
+		t.Fatalf("a beat of a job created since: %v", rej)
+	}
+	if live := a.Live("new"); len(live) != 1 {
+		t.Fatalf("live %+v", live)
 	}
 }

@@ -32,6 +32,10 @@ const (
 // wire.JobBeatRate, bounds them further: a worker is kept only while it beats.)
 const MaxWorkersPerJob = 4096
 
+// refreshAtMost is how often a beat of a job not known yet makes the Assigner look at the jobs
+// again between Ticks.
+const refreshAtMost = 100 * time.Millisecond
+
 // The leader writes at most writers assignments at once, each within writeTimeout.
 const (
 	writers      = 8
@@ -56,15 +60,16 @@ type Assigner struct {
 
 	origin string // this replica in wire.HdrRejectOrigin
 
-	mu      sync.Mutex                    // guards the fields below
-	beats   map[string]map[string]*Member // job -> worker id -> member
-	left    map[string]map[string]bool    // job -> workers that said goodbye since this replica started
-	started time.Time                     // when beats began to be followed
-	written map[string]*written           // the leader's last write per job; nil while not leader
-	known   map[string]*jobBeats          // the jobs whose beats are taken, refreshed every Tick
-	refused map[string]map[wire.Reason]int64
-	noJob   int64                 // beats refused because their job is not known
-	report  map[refusal]time.Time // when each refusal was last reported
+	mu        sync.Mutex                    // guards the fields below
+	beats     map[string]map[string]*Member // job -> worker id -> member
+	left      map[string]map[string]bool    // job -> workers that said goodbye since this replica started
+	started   time.Time                     // when beats began to be followed
+	written   map[string]*written           // the leader's last write per job; nil while not leader
+	known     map[string]*jobBeats          // the jobs whose beats are taken, refreshed every Tick
+	refreshed time.Time                     // when known was last refreshed
+	refused   map[string]map[wire.Reason]int64
+	noJob     int64                 // beats refused because their job is not known
+	report    map[refusal]time.Time // when each refusal was last reported
 }
 
 // jobBeats is what the Assigner keeps of a job to take its beats: its share of the beat rate.
@@ -145,6 +150,13 @@ func (a *Assigner) Observe(subject string, data []byte) *wire.Reject {
 	now := a.now()
 	a.mu.Lock()
 	jb := a.known[jobID]
+	if since := now.Sub(a.refreshed); jb == nil && (since >= refreshAtMost || since < 0) {
+		// A job created since the last Tick: look again, at most every refreshAtMost.
+		a.mu.Unlock()
+		a.refresh(a.jobs())
+		a.mu.Lock()
+		jb = a.known[jobID]
+	}
 	if jb == nil {
 		a.noJob++
 		a.mu.Unlock()
@@ -257,6 +269,7 @@ func (a *Assigner) refresh(jobs map[string]job.Record) {
 	now := a.now()
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.refreshed = now
 	for id, rec := range jobs {
 		r := wire.JobBeatRate(rec.Spec.Ranks)
 		if jb := a.known[id]; jb != nil {
