@@ -8,6 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fanin-ml/fanin/internal/natsreq"
 )
 
 // lastFromLeader reads the newest message on subject of stream from the stream's leader: a
@@ -26,7 +28,9 @@ func lastFromLeader(ctx context.Context, nc *nats.Conn, stream, subject string) 
 	if err != nil {
 		return nil, err
 	}
-	m, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
+	// Each attempt has its own deadline: a reply lost with a dying leader is asked for again of
+	// the next one, not waited for with the shard's context, which has none.
+	m, err := natsreq.Request(ctx, nc, "$JS.API.STREAM.MSG.GET."+stream, req)
 	if err != nil {
 		return nil, fmt.Errorf("get the last message of %s from %s's leader: %w", subject, stream, err)
 	}

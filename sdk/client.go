@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fanin-ml/fanin/internal/natsreq"
 	"github.com/fanin-ml/fanin/internal/telemetry"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/wire"
@@ -173,21 +174,14 @@ const noRespondersPatience = 5 * time.Second
 // directGet asks JetStream for a stored message with a direct get (subject: wire.DirectGetLast or
 // wire.DirectGet with a JSON body). A job's account may make no other JetStream request.
 //
+// Each attempt has its own deadline (natsreq.Attempt), whatever ctx's: a reply lost in a failover
+// is asked for again instead of waited for forever (a worker's Step context has no deadline).
 // "No responders" is retried, with a backoff, for up to noRespondersPatience: it is what a stream
 // answers while it elects a leader, and what a job account answers in the first milliseconds after
 // its first connections (nats-server, registering an account that two connections looked up at
 // once, drops and re-adds its imports).
 func (c *Client) directGet(ctx context.Context, subject string, body []byte) (*nats.Msg, error) {
-	m, err := c.nc.RequestWithContext(ctx, subject, body)
-	deadline := time.Now().Add(noRespondersPatience)
-	for wait := 10 * time.Millisecond; errors.Is(err, nats.ErrNoResponders) && time.Now().Before(deadline); wait = min(2*wait, 500*time.Millisecond) {
-		select {
-		case <-ctx.Done():
-			return nil, err
-		case <-time.After(wait):
-		}
-		m, err = c.nc.RequestWithContext(ctx, subject, body)
-	}
+	m, err := natsreq.Request(ctx, c.nc, subject, body, natsreq.WithNoResponders(noRespondersPatience))
 	if err != nil {
 		return nil, err
 	}

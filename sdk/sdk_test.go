@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -416,6 +417,52 @@ func TestJobWaitsOutNoResponders(t *testing.T) {
 	<-answered
 	if got.Spec.ID != "late" {
 		t.Fatalf("read %+v", got.Spec)
+	}
+}
+
+// A direct get whose reply is lost (the stream's leader died before it answered) is asked again:
+// with a context that has no deadline, as a worker's Step has, the read returns the second
+// attempt's answer instead of waiting forever.
+func TestJobAsksAgainForALostReply(t *testing.T) {
+	url := testutil.NATS(t)
+	c, err := sdk.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	val, _ := json.Marshal(job.Record{Spec: spec("lost", "sum", 1)})
+	var asked atomic.Int32
+	if _, err := nc.Subscribe(wire.JobRecordGet("lost"), func(m *nats.Msg) {
+		if asked.Add(1) > 1 { // the first request goes unanswered
+			_ = m.Respond(val)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		rec *job.Record
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		rec, err := c.Job(context.Background(), "lost")
+		done <- result{rec, err}
+	}()
+	select {
+	case r := <-done:
+		if r.err != nil || r.rec.Spec.ID != "lost" || asked.Load() != 2 {
+			t.Fatalf("read %v, %v after %d requests", r.rec, r.err, asked.Load())
+		}
+	case <-time.After(20 * time.Second): // a guard, not a measure: one attempt lasts 2 s
+		t.Fatalf("the read still waits for the lost reply after %d requests", asked.Load())
 	}
 }
 
