@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -19,6 +20,12 @@ import (
 // createTimeout and retried with a backoff. nats.go re-creates under the same name with a fixed
 // 10 s timeout, and a creation first assigned to a node that had just died (servers call a
 // SIGKILLed node offline only after minutes) is then never answered: the shard stalled for good.
+//
+// A message lost on its way to the client shows as a gap in the consumer sequence when the next
+// one arrives; when none follows (the last gradient of a step, lost as a stream's leader died), the
+// consumer's heartbeats go on and nothing else would tell. So while no message arrives, the
+// consumer is checked every consumerCheck (checkIdle): one that the servers say delivered more than
+// this client received, and still did a whole interval later, is lost too.
 type gradConsumer struct {
 	stream  jetstream.Stream
 	subject string
@@ -30,12 +37,23 @@ type gradConsumer struct {
 
 	started chan struct{} // closed once the first consumer consumes
 
-	mu   sync.Mutex
-	gen  int    // generation of the current consumer; messages of an older one are dropped
-	next uint64 // stream sequence to start a new consumer from
-	dseq uint64 // last consumer sequence delivered by the current consumer
-	lost chan struct{}
+	mu       sync.Mutex
+	gen      int    // generation of the current consumer; messages of an older one are dropped
+	next     uint64 // stream sequence to start a new consumer from
+	dseq     uint64 // last consumer sequence delivered by the current consumer
+	handling bool   // handle is running: the messages behind it wait in the client, not lost
+	lost     chan struct{}
 }
+
+// consumerCheck is how often an idle consumer asks the servers what they delivered (checkIdle).
+// Tests shorten it (export_test.go).
+var consumerCheck atomic.Int64
+
+func init() { consumerCheck.Store(int64(time.Second)) }
+
+// loseDelivery is a fault point for tests: a message it picks is dropped as if lost on its way
+// (the consumer's state on the servers has advanced, this client never sees it). Nil in production.
+var loseDelivery atomic.Pointer[func(jetstream.Msg) bool]
 
 // Timings of a shard's consumer: createTimeout bounds one creation attempt (a stream or meta
 // leader election takes 4-9 s after a node dies; a request sent during one is never answered),
@@ -80,10 +98,7 @@ func (g *gradConsumer) run(ctx context.Context, log func(msg string, args ...any
 			close(g.started)
 			first = false
 		}
-		select {
-		case <-ctx.Done():
-		case <-g.lost:
-		}
+		g.watch(ctx, cons)
 		cc.Stop()
 		<-cc.Closed()
 		if ctx.Err() == nil {
@@ -97,6 +112,60 @@ func (g *gradConsumer) run(ctx context.Context, log func(msg string, args ...any
 		}
 	}
 	return nil
+}
+
+// watch returns when ctx is done or the consumer is lost: reported lost by its consumption, or
+// found so by checkIdle.
+func (g *gradConsumer) watch(ctx context.Context, cons jetstream.Consumer) {
+	tick := time.NewTicker(time.Duration(consumerCheck.Load()))
+	defer tick.Stop()
+	var idle idleCheck
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-g.lost:
+			return
+		case <-tick.C:
+			if g.checkIdle(ctx, cons, &idle) {
+				return
+			}
+		}
+	}
+}
+
+// idleCheck is what checkIdle remembers from one check to the next.
+type idleCheck struct {
+	seen uint64 // g.dseq at the last check
+	owed uint64 // the servers' delivered sequence at the last check, beyond seen; 0: none
+}
+
+// checkIdle reports whether the consumer lost a message that nothing follows. While messages flow
+// (or handle runs) it asks nothing: a loss shows as a gap. Once none arrived for a whole interval,
+// it asks the servers for the consumer's delivered sequence (one request per idle shard and
+// interval); a message they delivered that has not arrived by the next check is lost.
+func (g *gradConsumer) checkIdle(ctx context.Context, cons jetstream.Consumer, c *idleCheck) bool {
+	g.mu.Lock()
+	dseq, handling := g.dseq, g.handling
+	g.mu.Unlock()
+	if dseq != c.seen || handling {
+		c.seen, c.owed = dseq, 0
+		return false
+	}
+	if c.owed > dseq { // asked at the last check, and nothing arrived since
+		return true
+	}
+	c.owed = 0
+	ictx, cancel := context.WithTimeout(ctx, createTimeout)
+	info, err := cons.Info(ictx)
+	cancel()
+	if err != nil { // a consumer gone with its server: its heartbeats tell
+		return false
+	}
+	if info.Delivered.Consumer > dseq {
+		c.owed = info.Delivered.Consumer
+	}
+	return false
 }
 
 // start creates a consumer from g.next and starts consuming it.
@@ -144,6 +213,9 @@ func (g *gradConsumer) start(ctx context.Context) (jetstream.Consumer, jetstream
 // deliver passes m on if it is the next message of the current consumer; a gap in the consumer's
 // sequence (a message lost in a reconnect) makes a new consumer from the last one delivered.
 func (g *gradConsumer) deliver(gen int, m jetstream.Msg) {
+	if lose := loseDelivery.Load(); lose != nil && (*lose)(m) {
+		return
+	}
 	meta, err := m.Metadata()
 	g.mu.Lock()
 	if gen != g.gen {
@@ -156,8 +228,12 @@ func (g *gradConsumer) deliver(gen int, m jetstream.Msg) {
 		return
 	}
 	g.dseq, g.next = meta.Sequence.Consumer, meta.Sequence.Stream+1
+	g.handling = true
 	g.mu.Unlock()
 	g.handle(m)
+	g.mu.Lock()
+	g.handling = false
+	g.mu.Unlock()
 }
 
 func (g *gradConsumer) markLost(gen int) {

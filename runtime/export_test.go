@@ -1,0 +1,21 @@
+package runtime
+
+import (
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// SetConsumerFaults makes every shard consumer started from now on check itself every check while
+// idle, and drop the deliveries lose picks (nil: none) as if lost on their way. undo restores the
+// defaults; call it once the runtimes have stopped.
+func SetConsumerFaults(check time.Duration, lose func(jetstream.Msg) bool) (undo func()) {
+	prev := consumerCheck.Swap(int64(check))
+	if lose != nil {
+		loseDelivery.Store(&lose)
+	}
+	return func() {
+		consumerCheck.Store(prev)
+		loseDelivery.Store(nil)
+	}
+}

@@ -1,0 +1,73 @@
+package runtime_test
+
+import (
+	"bytes"
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fanin-ml/fanin/functions"
+	"github.com/fanin-ml/fanin/internal/testutil"
+	"github.com/fanin-ml/fanin/runtime"
+	"github.com/fanin-ml/fanin/sdk"
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// A gradient the stream holds but the shard's consumer never delivered (lost on its way as the
+// stream's leader died; the consumer's state on the servers moved past it, and no later message
+// shows a gap) is noticed by the idle check and fetched again: the step is applied, bit-exact,
+// without a restart.
+func TestShardNoticesALostGradient(t *testing.T) {
+	var armed atomic.Bool
+	var lost atomic.Int32
+	undo := runtime.SetConsumerFaults(20*time.Millisecond, func(m jetstream.Msg) bool {
+		if m.Subject() == wire.GradSubject("lost", 0) && armed.CompareAndSwap(true, false) {
+			lost.Add(1)
+			return true
+		}
+		return false
+	})
+	t.Cleanup(undo) // registered before the stack's cleanup: runs once the runtime has stopped
+	st := testutil.Stack(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	spec := testSpec("lost", "sgd", map[string]float64{"lr": 0.1})
+	spec.Ranks = 1
+	rec, err := st.Gateway.CreateJob(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := sdk.Connect(ctx, st.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	w, err := c.Worker(ctx, "lost", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, params, err := w.Params(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fn, _ := rec.Spec.NewFunc()
+	ref := functions.NewReference(fn, 1, rec.Layout.Ranges(), params)
+	g := make([]float32, rec.Layout.Elements)
+	for step := int64(1); step <= 3; step++ {
+		armed.Store(step == 2) // shard 0's only gradient of step 2 goes missing
+		testutil.Gradient(g, params, step, 0)
+		ref.Step([][]float32{g}, nil)
+		if params, err = w.Step(ctx, g); err != nil {
+			t.Fatalf("step %d (shard 0's gradient lost %d times): %v", step, lost.Load(), err)
+		}
+		if !bytes.Equal(f32bytes(params), f32bytes(ref.Params())) {
+			t.Fatalf("step %d: the parameters differ from the reference", step)
+		}
+	}
+	if lost.Load() != 1 {
+		t.Fatalf("the fault point dropped %d deliveries, want 1", lost.Load())
+	}
+}
