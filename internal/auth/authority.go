@@ -182,9 +182,18 @@ func (a *Authority) AccountJWT() (string, error) {
 // pushed to it (job accounts), below its JetStream store directory.
 const ResolverDir = "accounts"
 
+// HandshakeTimeout is how long a NATS server configured by ConfigureServer or ServerConfig waits
+// for a client to authenticate (nats-server's auth timeout, 2 s by default). A client proves its
+// identity by signing the server's nonce with its nkey; one in a language whose signing is slow
+// until its runtime has warmed up (Node.js's nats client signs in JavaScript) took more than 2 s
+// under CPU load, above all several connections at once, and was cut off in the handshake: its
+// first connections to a new job failed, and a retry always got through.
+const HandshakeTimeout = 10 * time.Second
+
 // ConfigureServer puts a NATS server in operator mode trusting this authority, with nats-server's
 // "full" account resolver (account JWTs kept in files, new accounts pushed at run time), preloaded
-// with the system and fanin accounts. The server's StoreDir must be set.
+// with the system and fanin accounts, and an auth timeout of HandshakeTimeout unless o sets one.
+// The server's StoreDir must be set.
 func (a *Authority) ConfigureServer(o *server.Options) error {
 	opJWT, err := a.OperatorJWT()
 	if err != nil {
@@ -217,13 +226,17 @@ func (a *Authority) ConfigureServer(o *server.Options) error {
 	o.TrustedOperators = []*jwt.OperatorClaims{oc}
 	o.AccountResolver = res
 	o.SystemAccount = pub(a.system)
+	if o.AuthTimeout == 0 {
+		o.AuthTimeout = HandshakeTimeout.Seconds()
+	}
 	return nil
 }
 
 // ServerConfig is a nats-server configuration fragment for an external server (or each server of a
 // cluster) trusting this authority: the "full" account resolver, which keeps the job accounts the
 // gateway pushes in resolverDir (relative paths are the server's working directory) and, in a
-// cluster, shares them between servers; the system and fanin accounts are preloaded.
+// cluster, shares them between servers; the system and fanin accounts are preloaded; clients
+// have HandshakeTimeout to authenticate.
 func (a *Authority) ServerConfig(resolverDir string) (string, error) {
 	opJWT, err := a.OperatorJWT()
 	if err != nil {
@@ -250,8 +263,11 @@ resolver_preload: {
   %s: %s
   %s: %s
 }
+authorization: {
+  timeout: %d
+}
 max_payload: 32MB
-`, opJWT, pub(a.system), resolverDir, pub(a.system), sysJWT, pub(a.account), accJWT), nil
+`, opJWT, pub(a.system), resolverDir, pub(a.system), sysJWT, pub(a.account), accJWT, int(HandshakeTimeout.Seconds())), nil
 }
 
 // Credentials are a NATS user: its public key, JWT and seed. Seed is a secret.
