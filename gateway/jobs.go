@@ -169,7 +169,15 @@ func (s *Server) setup(ctx context.Context, rec *job.Record, c *api.JobCreated) 
 		if err := s.pushJobAccount(ctx, rec, accountOpen); err != nil {
 			return err
 		}
-		var err error
+		// Loaded by every server before the credentials leave: a client's first connections
+		// then find it there (auth.LoadAccount says why).
+		key, err := s.authz.JobAccountKey(jobAccount(rec))
+		if err != nil {
+			return err
+		}
+		if err := auth.LoadAccount(ctx, s.sys, key); err != nil {
+			return fmt.Errorf("account of job %q: %w", rec.Spec.ID, err)
+		}
 		if creds, err = s.mintCredentials(rec); err != nil {
 			return err
 		}

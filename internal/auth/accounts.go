@@ -4,14 +4,15 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
+	"encoding/json"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 
+	"github.com/fanin-ml/fanin/internal/natsreq"
 	"github.com/fanin-ml/fanin/wire"
 )
 
@@ -190,22 +191,140 @@ func (a *Authority) JobCredentials(j JobAccount, ttl time.Duration) (Credentials
 }
 
 // PushAccountJWT sends an account JWT to the servers over a system account connection
-// ($SYS.REQ.ACCOUNT.<key>.CLAIMS.UPDATE) and waits for a server to confirm. The servers' account
-// resolver must take new accounts (nats-server's "full" resolver; ConfigureServer and
-// ServerConfig set one up).
+// ($SYS.REQ.ACCOUNT.<key>.CLAIMS.UPDATE) and returns once every server of the cluster has stored
+// it. The servers' account resolver must take new accounts (nats-server's "full" resolver;
+// ConfigureServer and ServerConfig set one up). Stored by one server is not enough: a client that
+// connects to another one before the update reached it makes that server look the account up
+// from its peers while its handshake waits.
+//
+// The servers are the one that answers first and those it has routes to. One that does not answer
+// within accountPatience of the first (partitioned, or dying) is not waited for: it learns the
+// account from its peers when a client connects to it.
 func PushAccountJWT(ctx context.Context, sys *nats.Conn, accountJWT string) error {
 	ac, err := jwt.DecodeAccountClaims(accountJWT)
 	if err != nil {
 		return fmt.Errorf("push account: %w", err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	m, err := sys.RequestWithContext(ctx, "$SYS.REQ.ACCOUNT."+ac.Subject+".CLAIMS.UPDATE", []byte(accountJWT))
-	if err != nil {
+	if _, err := askServers(ctx, sys, "$SYS.REQ.ACCOUNT."+ac.Subject+".CLAIMS.UPDATE", []byte(accountJWT)); err != nil {
 		return fmt.Errorf("push account %s (%s): %w", ac.Name, ac.Subject, err)
 	}
-	if strings.Contains(string(m.Data), `"error"`) {
-		return fmt.Errorf("push account %s (%s): %s", ac.Name, ac.Subject, m.Data)
+	return nil
+}
+
+// LoadAccount makes every server of the cluster load a pushed account now (by asking each for the
+// account's connections, $SYS.REQ.ACCOUNT.<key>.CONNZ), once, before any client holds its
+// credentials. A server loads an account when a client first connects to it, and several clients
+// connecting at once each load it, the later ones dropping and re-adding its imports under the
+// first: clients that do not retry (one written from docs/PROTOCOL.md, say) met "no responders".
+// Servers as for PushAccountJWT.
+func LoadAccount(ctx context.Context, sys *nats.Conn, key string) error {
+	if _, err := askServers(ctx, sys, "$SYS.REQ.ACCOUNT."+key+".CONNZ", nil); err != nil {
+		return fmt.Errorf("load account %s on the servers: %w", key, err)
 	}
 	return nil
+}
+
+// accountPatience is how long askServers waits for the other servers once one has answered.
+const accountPatience = 3 * time.Second
+
+// askServers sends a request that every server answers (a system account request) and gathers
+// the answers, by server id, from the first server to answer and every server it has a route to,
+// or as many of them as answer within accountPatience of the first. A request nobody answers
+// within an attempt (natsreq.Attempt) is sent again while ctx lives, and the same answers count;
+// a server that answers with an error makes it fail.
+func askServers(ctx context.Context, sys *nats.Conn, subject string, body []byte) (map[string]bool, error) {
+	var expect map[string]bool // set by the first answer
+	inbox := sys.NewInbox()
+	sub, err := sys.SubscribeSync(inbox)
+	if err != nil {
+		return nil, err
+	}
+	defer sub.Unsubscribe()
+	answered := map[string]bool{}
+	var patience time.Time // set by the first answer
+	for {
+		if err := sys.PublishRequest(subject, inbox, body); err != nil {
+			return nil, err
+		}
+		attempt := time.Now().Add(natsreq.Attempt)
+		for {
+			end := attempt
+			if !patience.IsZero() {
+				end = patience
+			}
+			actx, cancel := context.WithDeadline(ctx, end)
+			m, err := sub.NextMsgWithContext(actx)
+			cancel()
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil, fmt.Errorf("%d of %d servers answered: %w", len(answered), max(len(expect), 1), ctx.Err())
+				}
+				if !patience.IsZero() { // the missing servers are not waited for
+					return answered, nil
+				}
+				break // nobody answered: ask again
+			}
+			var resp struct {
+				Server struct {
+					ID string `json:"id"`
+				} `json:"server"`
+				Error *struct {
+					Code        int    `json:"code"`
+					Description string `json:"description"`
+				} `json:"error"`
+			}
+			if err := json.Unmarshal(m.Data, &resp); err != nil {
+				return nil, fmt.Errorf("an answer that is no server's: %w", err)
+			}
+			if resp.Error != nil {
+				return nil, fmt.Errorf("server %s: %s (%d)", resp.Server.ID, resp.Error.Description, resp.Error.Code)
+			}
+			if expect == nil {
+				if expect, err = clusterOf(ctx, sys, resp.Server.ID); err != nil {
+					return nil, err
+				}
+			}
+			answered[resp.Server.ID] = true
+			if patience.IsZero() {
+				patience = time.Now().Add(accountPatience)
+			}
+			if all(answered, expect) {
+				return answered, nil
+			}
+		}
+	}
+}
+
+func all(answered, expect map[string]bool) bool {
+	for id := range expect {
+		if !answered[id] {
+			return false
+		}
+	}
+	return true
+}
+
+// clusterOf is the id of server id and of every server it has a route to.
+func clusterOf(ctx context.Context, sys *nats.Conn, id string) (map[string]bool, error) {
+	m, err := natsreq.Request(ctx, sys, "$SYS.REQ.SERVER."+id+".ROUTEZ", nil)
+	if err != nil {
+		return nil, fmt.Errorf("routes of server %s: %w", id, err)
+	}
+	var resp struct {
+		Data struct {
+			Routes []struct {
+				RemoteID string `json:"remote_id"`
+			} `json:"routes"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return nil, fmt.Errorf("routes of server %s: %w", id, err)
+	}
+	out := map[string]bool{id: true}
+	for _, r := range resp.Data.Routes {
+		if r.RemoteID != "" {
+			out[r.RemoteID] = true
+		}
+	}
+	return out, nil
 }

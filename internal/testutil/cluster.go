@@ -20,9 +20,17 @@ type Cluster struct {
 	nodes []*server.Server
 }
 
-// StartCluster starts a cluster of n nodes and waits until its JetStream has a meta leader. The
-// nodes are shut down when the test ends.
+// StartCluster starts a cluster of n nodes (ClusterOptions) and waits until its JetStream has a
+// meta leader. The nodes are shut down when the test ends.
 func StartCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	return StartClusterOf(t, ClusterOptions(t, n))
+}
+
+// ClusterOptions are the options of n embedded NATS servers with JetStream routed into one cluster
+// on free loopback ports, each with its own store directory, for StartClusterOf: a test may
+// change them first (put the servers in operator mode, say).
+func ClusterOptions(t testing.TB, n int) []*server.Options {
 	t.Helper()
 	clientPorts, routePorts := make([]int, n), make([]int, n)
 	for i := range n {
@@ -43,7 +51,7 @@ func StartCluster(t testing.TB, n int) *Cluster {
 			Routes:  routes,
 		})
 	}
-	return StartClusterOf(t, opts)
+	return opts
 }
 
 // StartClusterOf starts one embedded server per options, which must route them into one cluster
