@@ -98,7 +98,9 @@ func (g *gradConsumer) run(ctx context.Context, log func(msg string, args ...any
 			close(g.started)
 			first = false
 		}
-		g.watch(ctx, cons)
+		if g.watch(ctx, cons) {
+			log("the consumer's servers delivered a message that never arrived; making a new consumer", "from_seq", g.resume())
+		}
 		cc.Stop()
 		<-cc.Closed()
 		if ctx.Err() == nil {
@@ -114,21 +116,28 @@ func (g *gradConsumer) run(ctx context.Context, log func(msg string, args ...any
 	return nil
 }
 
+// resume is the stream sequence a new consumer starts from.
+func (g *gradConsumer) resume() uint64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.next
+}
+
 // watch returns when ctx is done or the consumer is lost: reported lost by its consumption, or
-// found so by checkIdle.
-func (g *gradConsumer) watch(ctx context.Context, cons jetstream.Consumer) {
+// found so by checkIdle (then it returns true).
+func (g *gradConsumer) watch(ctx context.Context, cons jetstream.Consumer) (missed bool) {
 	tick := time.NewTicker(time.Duration(consumerCheck.Load()))
 	defer tick.Stop()
 	var idle idleCheck
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return false
 		case <-g.lost:
-			return
+			return false
 		case <-tick.C:
 			if g.checkIdle(ctx, cons, &idle) {
-				return
+				return true
 			}
 		}
 	}
