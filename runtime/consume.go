@@ -124,29 +124,38 @@ func (g *gradConsumer) resume() uint64 {
 }
 
 // watch returns when ctx is done or the consumer is lost: reported lost by its consumption, or
-// found so by checkIdle (then it returns true).
+// found so by checkIdle (missed).
 func (g *gradConsumer) watch(ctx context.Context, cons jetstream.Consumer) (missed bool) {
-	tick := time.NewTicker(time.Duration(consumerCheck.Load()))
-	defer tick.Stop()
 	var idle idleCheck
+	t := time.NewTimer(idle.interval())
+	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return false
 		case <-g.lost:
 			return false
-		case <-tick.C:
+		case <-t.C:
 			if g.checkIdle(ctx, cons, &idle) {
 				return true
 			}
+			t.Reset(idle.interval())
 		}
 	}
 }
 
 // idleCheck is what checkIdle remembers from one check to the next.
 type idleCheck struct {
-	seen uint64 // g.dseq at the last check
-	owed uint64 // the servers' delivered sequence at the last check, beyond seen; 0: none
+	seen  uint64 // g.dseq at the last check
+	owed  uint64 // the servers' delivered sequence at the last check, beyond seen; 0: none
+	quiet int    // checks in a row that found the consumer idle and owing nothing
+}
+
+// interval is the time to the next check: consumerCheck while messages flow or one is owed,
+// doubling while the shard stays idle up to 32 times that. A message is lost at the end of a burst
+// (the next check asks at once), and a job's idle shards must not each ask every second.
+func (c *idleCheck) interval() time.Duration {
+	return time.Duration(consumerCheck.Load()) << min(c.quiet, 5)
 }
 
 // checkIdle reports whether the consumer lost a message that nothing follows. While messages flow
@@ -158,7 +167,7 @@ func (g *gradConsumer) checkIdle(ctx context.Context, cons jetstream.Consumer, c
 	dseq, handling := g.dseq, g.handling
 	g.mu.Unlock()
 	if dseq != c.seen || handling {
-		c.seen, c.owed = dseq, 0
+		c.seen, c.owed, c.quiet = dseq, 0, 0
 		return false
 	}
 	if c.owed > dseq { // asked at the last check, and nothing arrived since
@@ -172,7 +181,9 @@ func (g *gradConsumer) checkIdle(ctx context.Context, cons jetstream.Consumer, c
 		return false
 	}
 	if info.Delivered.Consumer > dseq {
-		c.owed = info.Delivered.Consumer
+		c.owed, c.quiet = info.Delivered.Consumer, 0
+	} else {
+		c.quiet++
 	}
 	return false
 }
