@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -214,4 +215,107 @@ func TestWatcherHeals(t *testing.T) {
 	}
 	mustPut("c", "4")
 	want(map[string]string{"c": "4"})
+}
+
+// On a fresh 3-node cluster, a bucket that another component has just created, or that is deleted
+// between being opened and being used, is waited for (and created again), not an error: the gateway
+// used to exit with "open bucket fanin-handover: stream not found" and the runtimes on fanin-jobs.
+// A watch of a bucket deleted meanwhile waits until the bucket is back.
+func TestBucketsWaitedForAtStart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node cluster")
+	}
+	c := testutil.StartCluster(t, 3)
+	nc, err := nats.Connect(c.URLs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var mu sync.Mutex
+	vanished := map[string]bool{}
+	store.SetAfterOpen(func(bucket string) { // each bucket vanishes once, right after it was opened
+		mu.Lock()
+		defer mu.Unlock()
+		if !vanished[bucket] {
+			vanished[bucket] = true
+			if err := js.DeleteKeyValue(ctx, bucket); err != nil {
+				t.Errorf("delete %s: %v", bucket, err)
+			}
+		}
+	})
+	defer store.SetAfterOpen(nil)
+	b, err := store.OpenBuckets(ctx, js)
+	if err != nil {
+		t.Fatalf("a bucket gone between open and use: %v", err)
+	}
+	if len(vanished) != 7 {
+		t.Fatalf("the fault hit %d buckets, want 7: %v", len(vanished), vanished)
+	}
+	for _, kv := range []jetstream.KeyValue{b.Jobs, b.Placement, b.Runtimes, b.Handover, b.Leader, b.Policy, b.Assign} {
+		if _, err := kv.Put(ctx, "k", []byte("v")); err != nil {
+			t.Errorf("%s after start: %v", kv.Bucket(), err)
+		}
+	}
+
+	// Deleted after it was opened: the watch waits for it, and follows it once it is back.
+	waiting := make(chan struct{})
+	prev := slog.Default()
+	slog.SetDefault(slog.New(&signalHandler{msg: "NATS is not ready; retrying", attr: "watch of bucket " + wire.HandoverBucket, hit: sync.OnceFunc(func() { close(waiting) })}))
+	defer slog.SetDefault(prev)
+	if err := js.DeleteKeyValue(ctx, wire.HandoverBucket); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wctx, stop := context.WithCancel(ctx)
+	defer func() { stop(); wg.Wait() }()
+	got := make(chan string, 1)
+	followed := make(chan error, 1)
+	wg.Go(func() {
+		ready, err := store.Follow(wctx, js, b.Handover, ">", &wg, func(e jetstream.KeyValueEntry) { got <- e.Key() })
+		if err == nil {
+			<-ready
+		}
+		followed <- err
+	})
+	select { // it waits...
+	case <-waiting:
+	case err := <-followed:
+		t.Fatalf("a watch of a bucket deleted meanwhile did not wait: %v", err)
+	}
+	if _, err := store.OpenBuckets(ctx, js); err != nil { // ...until the next component to start creates it
+		t.Fatal(err)
+	}
+	if err := <-followed; err != nil {
+		t.Fatalf("a watch of a bucket deleted meanwhile: %v", err)
+	}
+	if _, err := b.Handover.Put(ctx, "after", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	if k := <-got; k != "after" {
+		t.Fatalf("the watch delivered %q", k)
+	}
+}
+
+// signalHandler calls hit on the first record with message msg and an attribute of value attr.
+type signalHandler struct {
+	msg, attr string
+	hit       func()
+}
+
+func (h *signalHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *signalHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *signalHandler) WithGroup(string) slog.Handler            { return h }
+func (h *signalHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Value.String() == h.attr {
+				h.hit()
+			}
+			return true
+		})
+	}
+	return nil
 }

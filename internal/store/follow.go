@@ -39,17 +39,24 @@ type Watcher struct {
 // CheckInterval is how often a Watcher checks that its watch still follows the stream.
 var CheckInterval = time.Second
 
-// Watch follows the keys of kv matching keys (">" for all) until ctx is done or Stop. Only opening
-// the first watch can fail; after that the Watcher retries by itself.
+// Watch follows the keys of kv matching keys (">" for all) until ctx is done or Stop. While NATS
+// is not ready or the bucket is not found (deleted since it was opened: whoever starts next
+// creates it), opening the first watch waits, until ctx ends; after that the Watcher retries by
+// itself.
 func Watch(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, keys string) (*Watcher, error) {
-	stream, err := js.Stream(ctx, "KV_"+kv.Bucket())
-	if err != nil {
-		return nil, err
-	}
-	w := &Watcher{kv: kv, stream: stream, keys: keys, updates: make(chan jetstream.KeyValueEntry, 256),
+	w := &Watcher{kv: kv, keys: keys, updates: make(chan jetstream.KeyValueEntry, 256),
 		done: make(chan struct{}), live: map[string]uint64{}}
 	ctx, w.cancel = context.WithCancel(ctx)
-	if err := w.open(ctx); err != nil {
+	err := untilUp(ctx, "watch of bucket "+kv.Bucket(), func() (err error) {
+		if w.stream, err = js.Stream(ctx, "KV_"+kv.Bucket()); err == nil {
+			err = w.open(ctx)
+		}
+		if vanished(err) {
+			return notYet{err}
+		}
+		return err
+	})
+	if err != nil {
 		w.cancel()
 		return nil, err
 	}

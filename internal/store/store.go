@@ -113,7 +113,10 @@ func ensureKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValu
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		kv, err = js.CreateKeyValue(ctx, cfg)
 		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			kv, err = js.KeyValue(ctx, cfg.Bucket) // another component won the race
+			// Another component won the race; on a cluster its stream may not answer yet.
+			if kv, err = js.KeyValue(ctx, cfg.Bucket); vanished(err) {
+				return nil, notYet{fmt.Errorf("open bucket %s: %w", cfg.Bucket, err)}
+			}
 		}
 		if err != nil {
 			return nil, Unplaceable("bucket "+cfg.Bucket, cfg.Replicas, err)
@@ -122,7 +125,16 @@ func ensureKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValu
 	if err != nil {
 		return nil, fmt.Errorf("open bucket %s: %w", cfg.Bucket, err)
 	}
+	if afterOpen != nil {
+		afterOpen(cfg.Bucket)
+	}
 	st, err := kv.Status(ctx)
+	if vanished(err) {
+		// Found or created a moment ago, gone now: a fresh cluster's stream not answering yet
+		// from every server, or a bucket deleted in between. Again from the start: it is created
+		// if it is really missing.
+		return nil, notYet{fmt.Errorf("open bucket %s: %w", cfg.Bucket, err)}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("open bucket %s: %w", cfg.Bucket, err)
 	}
@@ -158,7 +170,9 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.Str
 			want.Replicas = max(want.Replicas, cur.CachedInfo().Config.Replicas)
 		}
 		var err error
-		if st, err = js.CreateOrUpdateStream(ctx, want); err != nil {
+		if st, err = js.CreateOrUpdateStream(ctx, want); vanished(err) {
+			return notYet{fmt.Errorf("stream %s: %w", cfg.Name, err)} // deleted in between: again
+		} else if err != nil {
 			return Unplaceable("stream "+cfg.Name, want.Replicas, err)
 		}
 		return nil
@@ -216,14 +230,31 @@ func Transient(err error) bool {
 // without a meta leader yet: nats-server's JSClusterNotAvailErr).
 const errClusterNotAvailable jetstream.ErrorCode = 10008
 
+// notYet marks a start-up error that passes by itself: a bucket or stream that was found or
+// created a moment ago and is not found now (untilUp retries it).
+type notYet struct{ err error }
+
+func (e notYet) Error() string { return e.err.Error() }
+func (e notYet) Unwrap() error { return e.err }
+
+// vanished tells a bucket's or stream's "not found".
+func vanished(err error) bool {
+	return errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrBucketNotFound)
+}
+
+// afterOpen, when set (tests), runs between opening a bucket and reading its status: a fault point
+// for a bucket that vanishes in between.
+var afterOpen func(bucket string)
+
 // untilUp runs fn, again after a backoff (100 ms doubling to 2 s) while it fails with a transient
-// error, until ctx ends: a component that starts while NATS restarts or a cluster elects its
-// leaders waits for it, saying so, instead of exiting.
+// error or one that is notYet, until ctx ends: a component that starts while NATS restarts, a
+// cluster elects its leaders or its buckets are being created waits for it, saying so, instead of
+// exiting.
 func untilUp(ctx context.Context, what string, fn func() error) error {
 	backoff := 100 * time.Millisecond
 	for {
 		err := fn()
-		if err == nil || !Transient(err) || ctx.Err() != nil {
+		if err == nil || !(Transient(err) || errors.As(err, new(notYet))) || ctx.Err() != nil {
 			return err
 		}
 		slog.Warn("NATS is not ready; retrying", "what", what, "err", err, "in", backoff)
