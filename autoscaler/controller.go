@@ -42,7 +42,10 @@ const leaderKey = "autoscaler"
 // Controller is the autoscaler's control loop. Every Interval the leader observes runtimes, shards
 // and their load, asks the Decider, and carries the decision out: it resizes the pool through the
 // driver and writes the placement, the leader being its only writer. Several controllers may run;
-// a key-value lock with a TTL elects one leader, and placement writes are compare-and-set.
+// a key-value lock with a TTL elects one leader, which renews it from a goroutine of its own and
+// stops acting before the TTL ends when it cannot. Every write of the leader's to shared state
+// (placement, assignments, decisions) is fenced by its term (store.Fence): the server refuses it
+// once a later leader has claimed the fence, so there is never a second writer.
 type Controller struct {
 	js       jetstream.JetStream
 	nc       *nats.Conn
@@ -62,14 +65,21 @@ type Controller struct {
 	// reported dead are left out.
 	view *view.View
 
-	mu        sync.Mutex // guards everything below
-	policy    Policy
-	draining  map[string]bool
-	leaderRev uint64
-	recent    []Decision           // newest last, at most maxRecent
-	vanished  []string             // runtimes the driver saw die, to deregister at once
-	dead      map[string]time.Time // runtimes deregistered as vanished, and when: ids are never reused
-	wake      chan struct{}        // a runtime vanished: decide now
+	renewHook func(context.Context) // runs before each renewal of the lock (tests); nil: none
+
+	mu       sync.Mutex // guards everything below
+	policy   Policy
+	draining map[string]bool
+	// The leadership: the lock's current revision (0: not leader), the term it was taken in, until
+	// when this controller may act as leader (renewals push it on), and the term's fences.
+	leaderRev  uint64
+	term       store.Term
+	leaseUntil time.Time
+	fences     *fences
+	recent     []Decision           // newest last, at most maxRecent
+	vanished   []string             // runtimes the driver saw die, to deregister at once
+	dead       map[string]time.Time // runtimes deregistered as vanished, and when: ids are never reused
+	wake       chan struct{}        // a runtime vanished: decide now
 	// registrySince is when the runtime registry last became writable (zero while it is not):
 	// heartbeats lapse for real only once it has been for a whole RuntimeLapse.
 	registrySince time.Time
@@ -89,7 +99,7 @@ func WithControllerLogger(l *slog.Logger) ControllerOption {
 }
 
 // WithInterval sets how often the leader decides (default 1s): more than 0 and at most half the
-// leader lock's TTL (store.LeaderTTL), since each decision renews the lock.
+// leader lock's TTL (store.LeaderTTL), so that a new leader decides soon after it takes over.
 func WithInterval(d time.Duration) ControllerOption {
 	return func(c *Controller) error {
 		if d <= 0 || d > store.LeaderTTL/2 {
@@ -116,7 +126,8 @@ func WithClock(now func() time.Time) ControllerOption {
 	return func(c *Controller) error { c.now = now; return nil }
 }
 
-// WithManualSteps switches the loop off: the test calls Step itself.
+// WithManualSteps switches the loop off: the test calls Step itself, and each Step renews the
+// leader lock (no goroutine does).
 func WithManualSteps() ControllerOption {
 	return func(c *Controller) error { c.loop = false; return nil }
 }
@@ -158,9 +169,10 @@ func (c *Controller) Run(ctx context.Context) error {
 		return err
 	}
 	c.buckets = b
+	// Kept per subject, not in all: the fence (one message a term) is never evicted by decisions.
 	if _, err := store.EnsureStream(ctx, c.js, jetstream.StreamConfig{
-		Name: wire.DecisionsStream, Subjects: []string{wire.DecisionsSubject}, Storage: jetstream.FileStorage,
-		MaxMsgs: 1000, Description: "fanin autoscaler decisions",
+		Name: wire.DecisionsStream, Subjects: []string{wire.DecisionsSubject, wire.DecisionsFence}, Storage: jetstream.FileStorage,
+		MaxMsgsPerSubject: 1000, Description: "fanin autoscaler decisions",
 	}); err != nil {
 		return err
 	}
@@ -195,7 +207,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		return nil
 	}
 	// Elastic workers' membership: every replica follows the beats, the leader assigns ranks.
-	assigner := members.New(c.nc, b.Assign, v.Jobs, c.IsLeader, c.log.With("part", "members"))
+	assigner := members.New(c.nc, b.Assign, v.Jobs, c.IsLeader, c.log.With("part", "members")).WithFence(c.assignWriter)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -203,11 +215,15 @@ func (c *Controller) Run(ctx context.Context) error {
 			c.log.Error("elastic workers' membership stopped", "err", err)
 		}
 	}()
+	// The lock is renewed apart from the decisions: a slow one must not let it lapse.
+	wg.Go(func() { c.renewLoop(wctx) })
 	t := time.NewTicker(c.interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
+			cancel()
+			wg.Wait() // the renewals stopped: the lock is not renewed after it is released
 			c.resign()
 			return nil
 		case <-t.C:
@@ -223,7 +239,8 @@ func (c *Controller) Run(ctx context.Context) error {
 var ErrNotLeader = errors.New("not the autoscaler leader")
 
 // Step runs one observe-decide-act cycle if this controller is (or becomes) the leader. It waits for
-// Run to have loaded the shared state.
+// Run to have loaded the shared state. A leader first claims its term's fences, and decides once
+// its view holds everything written before the claim; it steps down when a later term holds one.
 func (c *Controller) Step(ctx context.Context) (Decision, error) {
 	select {
 	case <-c.ready:
@@ -233,6 +250,28 @@ func (c *Controller) Step(ctx context.Context) (Decision, error) {
 	if !c.campaign(ctx) {
 		c.met.Leader(false)
 		return Decision{}, ErrNotLeader
+	}
+	if !c.loop {
+		c.renew(ctx) // no goroutine renews with manual steps: the caller is the loop
+	}
+	f := c.currentFences()
+	if f == nil {
+		c.met.Leader(false)
+		return Decision{}, ErrNotLeader
+	}
+	if err := f.claim(ctx); err != nil {
+		if errors.Is(err, store.ErrFenced) {
+			c.stepDown(f, "deposed: a later leader holds the fence", err)
+			c.met.Leader(false)
+			return Decision{}, ErrNotLeader
+		}
+		return Decision{}, err
+	}
+	wctx, cancel := context.WithTimeout(ctx, store.LeaderTTL/2)
+	err := c.view.WaitSeen(wctx, wire.PlacementBucket, f.placement.Claimed())
+	cancel()
+	if err != nil {
+		return Decision{}, err
 	}
 	c.met.Leader(true)
 	c.deregisterVanished(ctx)
@@ -253,56 +292,175 @@ func (c *Controller) Step(ctx context.Context) (Decision, error) {
 	d := c.decider.Decide(pol, obs, now)
 	c.observeDecision(obs, d)
 	ctx, span := c.traceDecision(ctx, obs, d)
-	err := c.apply(ctx, obs, d)
+	err = c.apply(ctx, f, obs, d)
 	endSpan(span, err)
 	if err != nil {
 		c.met.Error()
 		return d, err
 	}
-	c.record(d)
+	c.record(ctx, f, d)
 	return d, nil
 }
 
-// campaign takes or renews the leader lock.
+// The leader lock's timing: renewed every renewEvery, each attempt bounded by it; a renewal
+// begun at t lets the leader act until t+leaseFor, a margin before the lock can expire at the
+// server (its TTL counts from when the server stored the renewal, after t).
+const (
+	renewEvery = store.LeaderTTL / 5
+	leaseFor   = store.LeaderTTL - renewEvery
+)
+
+// fences are one term's fences: of the placement, the assignments and the decisions.
+type fences struct {
+	placement, assign, decisions *store.Fence
+}
+
+func (c *Controller) newFences(term store.Term) *fences {
+	return &fences{
+		placement: store.NewKVFence(c.js, wire.PlacementBucket, term),
+		assign:    store.NewKVFence(c.js, wire.AssignBucket, term),
+		decisions: store.NewStreamFence(c.js, wire.DecisionsStream, wire.DecisionsFence, term),
+	}
+}
+
+// claim claims every fence not claimed yet.
+func (f *fences) claim(ctx context.Context) error {
+	for _, x := range []*store.Fence{f.placement, f.assign, f.decisions} {
+		if _, err := x.Claim(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// campaign reports whether this controller leads: it holds the lock and its lease has not run
+// out, or it takes the lock now.
 func (c *Controller) campaign(ctx context.Context) bool {
 	c.mu.Lock()
-	rev := c.leaderRev
+	rev, until, f := c.leaderRev, c.leaseUntil, c.fences
 	c.mu.Unlock()
-	kv := c.buckets.Leader
 	if rev != 0 {
-		if nrev, err := kv.Update(ctx, leaderKey, []byte(c.id), rev); err == nil {
-			c.setLeader(nrev)
+		if c.now().Before(until) {
 			return true
 		}
-		c.log.Warn("lost the autoscaler leadership")
-		c.setLeader(0)
+		c.stepDown(f, "the lock was not renewed in time", nil)
 	}
+	t0 := c.now()
+	kv := c.buckets.Leader
 	nrev, err := kv.Create(ctx, leaderKey, []byte(c.id))
 	if err != nil {
 		return false
 	}
-	c.log.Info("became the autoscaler leader")
-	c.setLeader(nrev)
+	// The term: this revision, in this lock bucket's lifetime (a recreated bucket counts anew).
+	st, err := c.js.Stream(ctx, "KV_"+wire.LeaderBucket)
+	if err != nil {
+		_ = kv.Delete(ctx, leaderKey, jetstream.LastRevision(nrev))
+		return false
+	}
+	term := store.Term{Epoch: st.CachedInfo().Created.UnixNano(), Rev: nrev, Leader: c.id}
+	c.mu.Lock()
+	c.leaderRev, c.term, c.leaseUntil, c.fences = nrev, term, t0.Add(leaseFor), c.newFences(term)
+	c.mu.Unlock()
+	c.log.Info("became the autoscaler leader", "term", nrev)
 	return true
 }
 
-func (c *Controller) setLeader(rev uint64) {
-	c.mu.Lock()
-	c.leaderRev = rev
-	c.mu.Unlock()
+// renewLoop renews the lock every renewEvery while this controller leads, until ctx ends.
+func (c *Controller) renewLoop(ctx context.Context) {
+	t := time.NewTicker(renewEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			c.renew(ctx)
+		}
+	}
 }
 
-// IsLeader reports whether this controller held the lock at its last step.
-func (c *Controller) IsLeader() bool {
+// renew renews the lock, if this controller holds it. A renewal that succeeds extends the lease
+// (leaseFor from when it began); one refused means the lock was lost (it expired, and maybe
+// another took it): this controller steps down. One that fails otherwise changes nothing: the
+// lease runs out by itself.
+func (c *Controller) renew(ctx context.Context) {
+	c.mu.Lock()
+	rev, f := c.leaderRev, c.fences
+	c.mu.Unlock()
+	if rev == 0 {
+		return
+	}
+	if c.renewHook != nil {
+		c.renewHook(ctx)
+	}
+	t0 := c.now()
+	rctx, cancel := context.WithTimeout(ctx, renewEvery)
+	nrev, err := c.buckets.Leader.Update(rctx, leaderKey, []byte(c.id), rev)
+	cancel()
+	switch {
+	case err == nil:
+		c.mu.Lock()
+		if c.leaderRev == rev { // not stepped down meanwhile
+			c.leaderRev, c.leaseUntil = nrev, t0.Add(leaseFor)
+		}
+		c.mu.Unlock()
+	case errors.Is(err, jetstream.ErrKeyExists) || store.Refused(err):
+		c.stepDown(f, "the lock expired", err)
+	case ctx.Err() == nil:
+		c.log.Warn("cannot renew the leader lock", "err", err)
+	}
+}
+
+// stepDown ends the leadership of the term of f, saying why, unless it has ended already.
+func (c *Controller) stepDown(f *fences, why string, err error) {
+	c.mu.Lock()
+	if f == nil || c.fences != f {
+		c.mu.Unlock()
+		return
+	}
+	c.leaderRev, c.term, c.leaseUntil, c.fences = 0, store.Term{}, time.Time{}, nil
+	c.mu.Unlock()
+	args := []any{"term", f.placement.Term().Rev}
+	if err != nil {
+		args = append(args, "err", err)
+	}
+	c.log.Warn("lost the autoscaler leadership: "+why, args...)
+}
+
+// leading reports whether this controller holds the lock and its lease has not run out.
+func (c *Controller) leading() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.leaderRev != 0
+	return c.leaderRev != 0 && c.now().Before(c.leaseUntil)
 }
+
+// currentFences are the fences of the term this controller leads in, nil when it does not.
+func (c *Controller) currentFences() *fences {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.leaderRev == 0 || !c.now().Before(c.leaseUntil) {
+		return nil
+	}
+	return c.fences
+}
+
+// assignWriter is the fenced writer of the elastic workers' assignments while this controller
+// leads and has claimed the fence; nil otherwise.
+func (c *Controller) assignWriter() members.Writer {
+	f := c.currentFences()
+	if f == nil || f.assign.Claimed() == 0 {
+		return nil
+	}
+	return f.assign
+}
+
+// IsLeader reports whether this controller holds the lock and its lease has not run out.
+func (c *Controller) IsLeader() bool { return c.leading() }
 
 func (c *Controller) resign() {
 	c.mu.Lock()
 	rev := c.leaderRev
-	c.leaderRev = 0
+	c.leaderRev, c.fences = 0, nil
 	c.mu.Unlock()
 	if rev != 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -422,21 +580,25 @@ func (c *Controller) notDead(runtimes map[string]view.Runtime, loads map[string]
 // estimatedBytesPerCoreSecond prices a shard's step before it has been measured.
 const estimatedBytesPerCoreSecond = 2e9
 
-// apply carries a decision out: placement first (compare-and-set, epoch+1, naming the previous
-// owner so that it releases the shard first), then drained runtimes that are empty are stopped,
-// then the pool is grown to the size wanted.
-func (c *Controller) apply(ctx context.Context, obs Observations, d Decision) error {
+// apply carries a decision out: placement first (fenced by the term of f, epoch+1, naming the
+// previous owner so that it releases the shard first), then drained runtimes that are empty are
+// stopped, then the pool is grown to the size wanted. A write refused by the fence ends it: the
+// next Step finds out whether this controller was deposed.
+func (c *Controller) apply(ctx context.Context, f *fences, obs Observations, d Decision) error {
 	var errs []error
+	term := f.placement.Term()
 	current := c.view.Placement()
 	owner := map[string]string{}
 	for _, s := range obs.Shards {
 		owner[s.Key] = s.Runtime
 	}
-	for key, p := range current { // placement of deleted or paused jobs: release the shards
+	for key := range current { // placement of deleted or paused jobs: release the shards
 		if _, ok := owner[key]; !ok {
 			// Purge, not Delete: the bucket keeps a few revisions per key, which a deleted job
 			// would otherwise leave behind for good.
-			if err := c.buckets.Placement.Purge(ctx, key, jetstream.LastRevision(p.Revision)); err != nil {
+			if err := f.placement.Purge(ctx, key); errors.Is(err, store.ErrFenced) {
+				return err
+			} else if err != nil {
 				c.log.Debug("delete placement", "key", key, "err", err)
 			}
 		}
@@ -455,14 +617,13 @@ func (c *Controller) apply(ctx context.Context, obs Observations, d Decision) er
 		if exists && old.Runtime == target {
 			continue // written already; the watch has not caught up with the runtime yet
 		}
-		p := wire.Placement{Runtime: target, Epoch: old.Epoch + 1, From: old.Runtime}
+		p := wire.Placement{Runtime: target, Epoch: old.Epoch + 1, From: old.Runtime, Term: term.Rev}
 		val, _ := json.Marshal(p)
-		var rev uint64
-		var err error
-		if exists {
-			rev, err = c.buckets.Placement.Update(ctx, key, val, old.Revision)
-		} else {
-			rev, err = c.buckets.Placement.Create(ctx, key, val)
+		// No compare-and-set on the key's revision: the fence makes this term the only writer,
+		// and the view held every earlier write before the first decision of the term (Step).
+		rev, err := f.placement.Put(ctx, key, val)
+		if errors.Is(err, store.ErrFenced) {
+			return fmt.Errorf("place %s on %s: %w", key, target, err)
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("place %s on %s: %w", key, target, err))
@@ -497,6 +658,9 @@ func (c *Controller) apply(ctx context.Context, obs Observations, d Decision) er
 		}
 	}
 	c.mu.Unlock()
+	if !c.leading() { // the lease ran out while writing: no runtime is started or stopped
+		return errors.Join(append(errs, ErrNotLeader)...)
+	}
 	sort.Strings(empty)
 	for _, id := range empty {
 		if c.driver != nil {
@@ -518,8 +682,9 @@ func (c *Controller) apply(ctx context.Context, obs Observations, d Decision) er
 	return errors.Join(errs...)
 }
 
-// record keeps the decision for the API and publishes it when it changed anything.
-func (c *Controller) record(d Decision) {
+// record keeps the decision for the API and publishes it (fenced by the term of f) when it changed
+// anything.
+func (c *Controller) record(ctx context.Context, f *fences, d Decision) {
 	c.mu.Lock()
 	var prev *Decision
 	if n := len(c.recent); n > 0 {
@@ -535,7 +700,9 @@ func (c *Controller) record(d Decision) {
 	c.mu.Unlock()
 	if changed {
 		data, _ := json.Marshal(d)
-		_ = c.nc.Publish(wire.DecisionsSubject, data)
+		if _, err := f.decisions.Publish(ctx, wire.DecisionsSubject, data); err != nil {
+			c.log.Warn("publish the decision", "err", err)
+		}
 		c.log.Info("decision", "desired", d.Desired, "mode", d.Mode, "moves", len(d.Moves), "drain", d.Drain,
 			"demand", strconv.FormatFloat(d.Demand, 'f', 2, 64), "reasons", strings.Join(d.Reasons, "; "))
 	}

@@ -1,6 +1,30 @@
 package autoscaler
 
-import "context"
+import (
+	"context"
+
+	"github.com/fanin-ml/fanin/internal/store"
+	"github.com/fanin-ml/fanin/internal/view"
+)
 
 // SetRegistryCheck replaces how c tells whether the runtime registry takes heartbeats.
 func SetRegistryCheck(c *Controller, check func(context.Context) bool) { c.registryCheck = check }
+
+// SetRenewHook sets what runs before each renewal of c's leader lock.
+func SetRenewHook(c *Controller, hook func(context.Context)) { c.renewHook = hook }
+
+// Renew renews c's leader lock once, as its renewal goroutine does.
+func Renew(c *Controller, ctx context.Context) { c.renew(ctx) }
+
+// Term is the term c leads in (zero when it does not).
+func Term(c *Controller) store.Term {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.term
+}
+
+// Snapshot is c's view of the shared state.
+func Snapshot(c *Controller) view.Snapshot { return c.view.Snapshot() }
+
+// LeaseFor is how long after a renewal began a leader acts without another.
+const LeaseFor = leaseFor

@@ -198,8 +198,8 @@ func (d *Dashboard) loadDecisions(ctx context.Context) {
 	}
 	for seq := first; seq <= info.State.LastSeq; seq++ {
 		m, err := st.GetMsg(ctx, seq)
-		if err != nil {
-			continue // purged, or a gap
+		if err != nil || m.Subject != wire.DecisionsSubject {
+			continue // purged, a gap, or the leaders' fence
 		}
 		d.addDecision(m.Data)
 	}

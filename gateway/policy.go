@@ -116,6 +116,7 @@ func (s *Server) Decisions(ctx context.Context, limit int) ([]autoscaler.Decisio
 	first := max(st.CachedInfo().State.FirstSeq, last-min(last, uint64(limit))+1)
 	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: first,
+		FilterSubjects: []string{wire.DecisionsSubject}, // not the leaders' fence
 	})
 	if err != nil {
 		return nil, err

@@ -256,6 +256,9 @@ func (r *Runtime) beat(ctx context.Context, started time.Time) {
 // older ones, later. A retry acts on the revision it read again even when it was seen.
 func (r *Runtime) onPlacement(ctx context.Context, e jetstream.KeyValueEntry, retry bool) {
 	key := e.Key()
+	if store.IsFence(key) {
+		return
+	}
 	r.mu.Lock()
 	if seen := r.seen[key]; e.Revision() < seen || (e.Revision() == seen && !retry) {
 		r.mu.Unlock()

@@ -19,9 +19,11 @@ const LeaderBucket = "fanin-leader"
 // PolicyBucket holds the autoscaler policy (key "policy", YAML or JSON).
 const PolicyBucket = "fanin-policy"
 
-// DecisionsSubject carries every autoscaler decision (JSON), kept by stream DecisionsStream.
+// DecisionsSubject carries every autoscaler decision (JSON), kept by stream DecisionsStream;
+// DecisionsFence, in the same stream, the leadership term that may publish them.
 const (
 	DecisionsSubject = Prefix + "decisions"
+	DecisionsFence   = Prefix + "decisions-fence"
 	DecisionsStream  = "FANIN_DECISIONS"
 )
 

@@ -126,6 +126,9 @@ type Placement struct {
 	Runtime string `json:"runtime"`
 	Epoch   uint64 `json:"epoch"`
 	From    string `json:"from,omitempty"` // the previous owner, which must release the shard first
+	// Term is the leadership term of the autoscaler that wrote the entry (the leader lock's
+	// revision when taken): every write is fenced by it (see docs/FAULTS.md).
+	Term uint64 `json:"term,omitempty"`
 }
 
 // RuntimeInfo is the value of a RuntimesBucket entry, refreshed by the runtime's heartbeat.

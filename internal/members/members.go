@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/fanin-ml/fanin/internal/rate"
+	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/wire"
 )
@@ -57,6 +58,7 @@ type Assigner struct {
 	leader func() bool
 	now    func() time.Time
 	log    *slog.Logger
+	fence  func() Writer // nil: writes are compare-and-set on each key's revision
 
 	origin string // this replica in wire.HdrRejectOrigin
 
@@ -104,6 +106,42 @@ func New(nc *nats.Conn, kv jetstream.KeyValue, jobs func() map[string]job.Record
 
 // WithClock sets the clock (tests).
 func (a *Assigner) WithClock(now func() time.Time) *Assigner { a.now = now; return a }
+
+// Writer writes the assignment bucket for the leader: the autoscaler's is fenced by its leadership
+// term (store.Fence), so that a deposed leader's write is refused.
+type Writer interface {
+	Put(ctx context.Context, key string, value []byte) (uint64, error)
+	Delete(ctx context.Context, key string) error
+}
+
+// WithFence makes every write go through the writer fence returns at the time (nil: not leader
+// any more, nothing is written), instead of a compare-and-set on the key's revision.
+func (a *Assigner) WithFence(fence func() Writer) *Assigner { a.fence = fence; return a }
+
+func (a *Assigner) put(ctx context.Context, id string, data []byte, prev uint64) (uint64, error) {
+	if a.fence != nil {
+		w := a.fence()
+		if w == nil {
+			return 0, errors.New("not the leader")
+		}
+		return w.Put(ctx, id, data)
+	}
+	if prev != 0 {
+		return a.kv.Update(ctx, id, data, prev)
+	}
+	return a.kv.Create(ctx, id, data)
+}
+
+func (a *Assigner) delete(ctx context.Context, id string) error {
+	if a.fence != nil {
+		w := a.fence()
+		if w == nil {
+			return errors.New("not the leader")
+		}
+		return w.Delete(ctx, id)
+	}
+	return a.kv.Delete(ctx, id)
+}
 
 // Run follows the beats and, while leader, assigns every Interval until ctx ends.
 func (a *Assigner) Run(ctx context.Context) error {
@@ -380,7 +418,7 @@ func (a *Assigner) Tick(ctx context.Context) {
 	}
 	_ = g.Wait()
 	for _, id := range gone {
-		if err := a.kv.Delete(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		if err := a.delete(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 			a.log.Warn("delete the assignment of a deleted job", "job", id, "err", err)
 			continue
 		}
@@ -399,6 +437,9 @@ func (a *Assigner) load(ctx context.Context, jobs map[string]job.Record) {
 		return
 	}
 	for k := range keys.Keys() {
+		if store.IsFence(k) {
+			continue
+		}
 		e, err := a.kv.Get(ctx, k)
 		if err != nil {
 			continue
@@ -420,12 +461,11 @@ func (a *Assigner) write(ctx context.Context, id string, prev *written, next *wi
 	if err != nil {
 		return
 	}
-	var rev uint64
-	if prev != nil && prev.rev != 0 {
-		rev, err = a.kv.Update(ctx, id, data, prev.rev)
-	} else {
-		rev, err = a.kv.Create(ctx, id, data)
+	var prevRev uint64
+	if prev != nil {
+		prevRev = prev.rev
 	}
+	rev, err := a.put(ctx, id, data, prevRev)
 	if err != nil {
 		// Another writer (a previous leader) or a stale cache: read the stored value, outside
 		// a.mu (beats of every job wait on it), and start from it next time.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -117,6 +118,10 @@ type View struct {
 	assigns   map[string]wire.Assignment // job -> its elastic workers' assignment
 	shards    map[string]*track          // <job>.<shard> -> its latest report and recent steps
 	pruned    time.Time                  // when shards and runtimes were last pruned
+	// seen is, per bucket followed, the newest revision delivered (its fence key's included);
+	// advanced is closed and replaced whenever one grows.
+	seen     map[string]uint64
+	advanced chan struct{}
 }
 
 // track is a shard's latest load, who reported it and when, and its recent steps.
@@ -153,7 +158,8 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (_ *View, err erro
 	}
 	v := &View{nc: nc, js: js, log: slog.Default(), now: time.Now,
 		jobs: map[string]job.Record{}, placement: map[string]Placed{}, runtimes: map[string]Runtime{},
-		loads: map[string]Load{}, assigns: map[string]wire.Assignment{}, shards: map[string]*track{}}
+		loads: map[string]Load{}, assigns: map[string]wire.Assignment{}, shards: map[string]*track{},
+		seen: map[string]uint64{}, advanced: make(chan struct{})}
 	for _, o := range opts {
 		if err := o(v); err != nil {
 			return nil, err
@@ -405,10 +411,54 @@ func (v *View) onJob(e jetstream.KeyValueEntry) {
 	v.mu.Unlock()
 }
 
+// Seen is the newest revision of bucket the view has taken in: it holds every change of the
+// bucket up to it. Followed: the placement and assignment buckets.
+func (v *View) Seen(bucket string) uint64 {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.seen[bucket]
+}
+
+// WaitSeen waits until the view has taken in revision rev of bucket (Seen), or ctx ends. The
+// autoscaler leader waits so for the claim of its fence: it then decides on everything the
+// previous leader wrote.
+func (v *View) WaitSeen(ctx context.Context, bucket string, rev uint64) error {
+	for {
+		v.mu.Lock()
+		seen, advanced := v.seen[bucket], v.advanced
+		v.mu.Unlock()
+		if seen >= rev {
+			return nil
+		}
+		select {
+		case <-advanced:
+		case <-ctx.Done():
+			return fmt.Errorf("wait for revision %d of %s (seen %d): %w", rev, bucket, seen, ctx.Err())
+		}
+	}
+}
+
+// see records that e was taken in. A re-sync's deletes (store.Watcher) carry no revision of the
+// bucket's. v.mu is held.
+func (v *View) see(e jetstream.KeyValueEntry) {
+	if r := e.Revision(); r != math.MaxUint64 && r > v.seen[e.Bucket()] {
+		v.seen[e.Bucket()] = r
+		close(v.advanced)
+		v.advanced = make(chan struct{})
+	}
+}
+
 func (v *View) onAssign(e jetstream.KeyValueEntry) {
+	if store.IsFence(e.Key()) {
+		v.mu.Lock()
+		v.see(e)
+		v.mu.Unlock()
+		return
+	}
 	if e.Operation() != jetstream.KeyValuePut {
 		v.mu.Lock()
 		delete(v.assigns, e.Key())
+		v.see(e)
 		v.mu.Unlock()
 		return
 	}
@@ -419,12 +469,17 @@ func (v *View) onAssign(e jetstream.KeyValueEntry) {
 	}
 	v.mu.Lock()
 	v.assigns[e.Key()] = a
+	v.see(e)
 	v.mu.Unlock()
 }
 
 func (v *View) onPlacement(e jetstream.KeyValueEntry) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	defer v.see(e)
+	if store.IsFence(e.Key()) {
+		return
+	}
 	if e.Operation() != jetstream.KeyValuePut {
 		// A delete older than a write remembered meanwhile is not the last word on the key. (A
 		// re-sync's deletes carry the highest revision.)

@@ -1,0 +1,244 @@
+package autoscaler_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fanin-ml/fanin/autoscaler"
+	"github.com/fanin-ml/fanin/internal/store"
+	"github.com/fanin-ml/fanin/internal/testutil"
+	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// manualClock is a clock that moves only when the test moves it.
+type manualClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newManualClock() *manualClock { return &manualClock{t: time.Now()} }
+
+func (c *manualClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *manualClock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// putJob stores a job like e's under id.
+func (e *ctlEnv) putJob(id string) job.Record {
+	e.t.Helper()
+	spec := e.rec.Spec
+	spec.ID = id
+	rec := job.NewRecord(spec, time.Now())
+	data, _ := json.Marshal(rec)
+	if _, err := e.b.Jobs.Put(context.Background(), id, data); err != nil {
+		e.t.Fatal(err)
+	}
+	return rec
+}
+
+// placementOf reads the placement entries of job id: key -> entry.
+func (e *ctlEnv) placementOf(rec job.Record) map[string]wire.Placement {
+	e.t.Helper()
+	out := map[string]wire.Placement{}
+	for _, s := range rec.Layout.Shards {
+		en, err := e.b.Placement.Get(context.Background(), wire.PlacementKey(rec.Spec.ID, s.ID))
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		var p wire.Placement
+		_ = json.Unmarshal(en.Value(), &p)
+		out[en.Key()] = p
+	}
+	return out
+}
+
+// Two controllers believe they lead: a's lock expired at the server while it was deciding (its
+// renewal was slow, its clock had not told it yet), and b took over. a's writes are refused by the
+// server, the placement is written only by b's term, and a steps down at its next step. Without
+// the fence, a's compare-and-set on keys b had not touched went through: a second writer.
+func TestControllerDeposedLeaderWritesAreRefused(t *testing.T) {
+	e := newCtlEnv(t)
+	e.beat("rt-a")
+	e.beat("rt-b")
+	clock := newManualClock() // a's lease never runs out by its own clock
+	a := e.controller(&fakePool{size: 2}, autoscaler.WithClock(clock.Now))
+	b := e.controller(&fakePool{size: 2})
+	e.stepUntil(a, allOn("rt-a", "rt-b"))
+	termA := autoscaler.Term(a)
+
+	var k job.Record
+	var took sync.Once
+	autoscaler.SetRegistryCheck(a, func(ctx context.Context) bool { // within a's step, before it decides
+		took.Do(func() {
+			// a's lock expires (its renewal was slow) and b takes over...
+			if err := e.b.Leader.Purge(ctx, "autoscaler"); err != nil {
+				t.Fatal(err)
+			}
+			e.stepUntil(b, allOn("rt-a", "rt-b"))
+			// ...then a job arrives, which a sees before it decides.
+			k = e.putJob("k")
+			testutil.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+				if _, ok := autoscaler.Snapshot(a).Jobs["k"]; !ok {
+					return errors.New("a's view has no job k yet")
+				}
+				return nil
+			})
+		})
+		return true
+	})
+	_, err := a.Step(context.Background())
+	termB := autoscaler.Term(b)
+	if !termB.After(termA) {
+		t.Fatalf("b's term %+v is not after a's %+v", termB, termA)
+	}
+	if !errors.Is(err, store.ErrFenced) {
+		t.Errorf("the deposed leader's step: %v, want its writes refused (store.ErrFenced)", err)
+	}
+	if p := e.placementOf(k); len(p) != 0 {
+		t.Fatalf("the deposed leader placed job k after b took over: %v", p)
+	}
+	if _, err := a.Step(context.Background()); !errors.Is(err, autoscaler.ErrNotLeader) || a.IsLeader() {
+		t.Fatalf("the deposed leader's next step: %v (leader %v), want it stepped down", err, a.IsLeader())
+	}
+	// The placement is b's alone from now on: every entry written since it took over is of its term.
+	var placed map[string]wire.Placement
+	testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		e.beat("rt-a")
+		e.beat("rt-b")
+		if _, err := b.Step(context.Background()); err != nil {
+			return err
+		}
+		if placed = e.placementOf(k); len(placed) != len(k.Layout.Shards) {
+			return fmt.Errorf("%d of %d shards of k placed", len(placed), len(k.Layout.Shards))
+		}
+		return nil
+	})
+	for key, p := range placed {
+		if p.Term != termB.Rev {
+			t.Errorf("%s written in term %d, want b's %d", key, p.Term, termB.Rev)
+		}
+	}
+	if got, err := store.BucketTerm(context.Background(), jetstreamOf(t, e.nc), wire.PlacementBucket); err != nil || got != termB {
+		t.Errorf("the placement's fence holds %+v (%v), want b's term %+v", got, err, termB)
+	}
+}
+
+func jetstreamOf(t *testing.T, nc *nats.Conn) jetstream.JetStream {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+// A leader whose renewal hangs stops acting as leader once its lease is over, before the lock's
+// TTL has passed (so before another can take the lock): it was leader as long as it held the lock,
+// renewed or not.
+func TestControllerStopsLeadingWhenItCannotRenew(t *testing.T) {
+	if autoscaler.LeaseFor >= store.LeaderTTL {
+		t.Fatalf("lease %v not shorter than the lock's TTL %v", autoscaler.LeaseFor, store.LeaderTTL)
+	}
+	e := newCtlEnv(t)
+	e.beat("rt-a")
+	clock := newManualClock()
+	a := e.controller(&fakePool{size: 1}, autoscaler.WithClock(clock.Now))
+	e.stepUntil(a, allOn("rt-a"))
+	renewing, release := make(chan struct{}), make(chan struct{})
+	autoscaler.SetRenewHook(a, func(context.Context) { close(renewing); <-release })
+	var wg sync.WaitGroup
+	wg.Go(func() { autoscaler.Renew(a, context.Background()) })
+	defer func() { close(release); wg.Wait() }()
+	<-renewing // the renewal hangs
+	clock.Add(autoscaler.LeaseFor - time.Millisecond)
+	if !a.IsLeader() {
+		t.Fatal("not leader within its lease")
+	}
+	clock.Add(time.Millisecond)
+	if a.IsLeader() {
+		t.Fatalf("still leader %v after its last renewal, the lock's TTL being %v", autoscaler.LeaseFor, store.LeaderTTL)
+	}
+	if _, err := a.Step(context.Background()); !errors.Is(err, autoscaler.ErrNotLeader) {
+		t.Fatalf("a step after the lease ran out: %v", err)
+	}
+}
+
+// blockingPool is a pool driver whose Scale blocks until released: a slow decision.
+type blockingPool struct {
+	fakePool
+	entered chan struct{} // closed at the first Scale
+	release chan struct{}
+	once    sync.Once
+}
+
+func (p *blockingPool) Scale(ctx context.Context, n int) error {
+	p.once.Do(func() { close(p.entered) })
+	select {
+	case <-p.release:
+	case <-ctx.Done():
+	}
+	return p.fakePool.Scale(ctx, n)
+}
+
+// The leader lock is renewed from a goroutine of its own: a decision stuck in the pool driver does
+// not let it lapse. (It used to be renewed by each decision.)
+func TestControllerRenewsWhileADecisionIsSlow(t *testing.T) {
+	e := newCtlEnv(t)
+	e.beat("rt-a")
+	pool := &blockingPool{entered: make(chan struct{}), release: make(chan struct{})}
+	c, err := autoscaler.NewController(e.nc, pool, autoscaler.WithControllerLogger(testutil.Logger()),
+		autoscaler.WithControllerTelemetry(nil, nil), autoscaler.WithInterval(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	defer close(pool.release)
+	<-pool.entered // the decision is stuck in Scale
+	first, err := e.b.Leader.Get(ctx, "autoscaler")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.CheckFor(t, 3*store.LeaderTTL, 50*time.Millisecond, func() error {
+		en, err := e.b.Leader.Get(ctx, "autoscaler")
+		if err != nil {
+			return fmt.Errorf("the lock lapsed while a decision was slow: %w", err)
+		}
+		if en.Revision() < first.Revision()+2 {
+			return fmt.Errorf("lock at revision %d, taken at %d: not renewed", en.Revision(), first.Revision())
+		}
+		if string(en.Value()) != string(first.Value()) {
+			return fmt.Errorf("lock held by %s, not %s", en.Value(), first.Value())
+		}
+		return nil
+	})
+	if !c.IsLeader() {
+		t.Fatal("not leader while its lock is renewed")
+	}
+}
