@@ -36,6 +36,14 @@ type PoolDriver interface {
 	Size() int
 }
 
+// ownerDriver is a pool driver that runs only some of the pool's runtimes: ProcessDriver, the processes
+// it started (another autoscaler's driver runs the others). A driver without it runs them all.
+// The leader adopts the runtimes its driver does not own: it counts them in the pool instead of
+// starting more, and stops those it drains by a stop request (wire.RuntimeStopSubject).
+type ownerDriver interface {
+	Owns(id string) bool
+}
+
 // leaderKey is the key of the leader lock in the leader bucket.
 const leaderKey = "autoscaler"
 
@@ -662,24 +670,74 @@ func (c *Controller) apply(ctx context.Context, f *fences, obs Observations, d D
 		return errors.Join(append(errs, ErrNotLeader)...)
 	}
 	sort.Strings(empty)
+	stopped := map[string]bool{}
 	for _, id := range empty {
-		if c.driver != nil {
-			if err := c.driver.Remove(ctx, id); err != nil {
-				errs = append(errs, fmt.Errorf("remove %s: %w", id, err))
+		if c.owns(id) {
+			if c.driver != nil {
+				if err := c.driver.Remove(ctx, id); err != nil {
+					errs = append(errs, fmt.Errorf("remove %s: %w", id, err))
+					continue
+				}
+			}
+		} else {
+			if err := c.stopRuntime(ctx, term, id); err != nil {
+				errs = append(errs, fmt.Errorf("stop %s: %w", id, err))
 				continue
 			}
+			stopped[id] = true
 		}
 		c.mu.Lock()
 		delete(c.draining, id)
 		c.mu.Unlock()
 	}
-	// Scale after removing: the driver counts the runtimes it has not been asked to remove.
+	// Scale after removing: the driver counts the runtimes it has not been asked to remove, and
+	// the runtimes of the pool it does not own (adopted) count as well.
 	if c.driver != nil {
-		if err := c.driver.Scale(ctx, d.Desired); err != nil {
-			errs = append(errs, fmt.Errorf("scale to %d: %w", d.Desired, err))
+		adopted := 0
+		for _, rt := range obs.Runtimes {
+			if !c.owns(rt.ID) && !stopped[rt.ID] {
+				adopted++
+			}
+		}
+		if err := c.driver.Scale(ctx, max(0, d.Desired-adopted)); err != nil {
+			errs = append(errs, fmt.Errorf("scale to %d (%d adopted): %w", d.Desired, adopted, err))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// owns reports whether the pool driver runs runtime id (see ownerDriver).
+func (c *Controller) owns(id string) bool {
+	o, ok := c.driver.(ownerDriver)
+	return !ok || o.Owns(id)
+}
+
+// stopTimeout bounds a stop request.
+const stopTimeout = 2 * time.Second
+
+// stopRuntime asks runtime id, which the driver does not own, to stop (wire.RuntimeStopSubject);
+// one that does not answer is gone already. A runtime that stops is dead to the controller from
+// now on, as if its driver had seen it die (it deregisters as it exits).
+func (c *Controller) stopRuntime(ctx context.Context, term store.Term, id string) error {
+	m := nats.NewMsg(wire.RuntimeStopSubject(id))
+	t, _ := json.Marshal(term)
+	m.Header.Set(store.HdrTerm, string(t))
+	ctx, cancel := context.WithTimeout(ctx, stopTimeout)
+	defer cancel()
+	resp, err := c.nc.RequestMsgWithContext(ctx, m)
+	switch {
+	case errors.Is(err, nats.ErrNoResponders):
+	case err != nil:
+		return err
+	case string(resp.Data) != wire.RuntimeStopping:
+		return fmt.Errorf("refused: %s", resp.Data)
+	default:
+		c.log.Info("stopped a runtime another driver started", "runtime", id)
+	}
+	c.mu.Lock()
+	c.dead[id] = c.now()
+	c.mu.Unlock()
+	return nil
 }
 
 // record keeps the decision for the API and publishes it (fenced by the term of f) when it changed

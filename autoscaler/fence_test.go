@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -240,5 +241,104 @@ func TestControllerRenewsWhileADecisionIsSlow(t *testing.T) {
 	})
 	if !c.IsLeader() {
 		t.Fatal("not leader while its lock is renewed")
+	}
+}
+
+// ownPool is a pool driver that owns only the runtimes it started (as ProcessDriver) and counts
+// what it is asked to do.
+type ownPool struct {
+	mu      sync.Mutex
+	owned   map[string]bool
+	started int
+	removed []string
+}
+
+func (p *ownPool) Scale(_ context.Context, n int) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for len(p.owned) < n {
+		p.started++
+		p.owned[fmt.Sprintf("rt-own-%d", p.started)] = true
+	}
+	return nil
+}
+
+func (p *ownPool) Remove(_ context.Context, id string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.removed = append(p.removed, id)
+	delete(p.owned, id) // a runtime it does not own is left running, as ProcessDriver does
+	return nil
+}
+
+func (p *ownPool) Size() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.owned)
+}
+
+func (p *ownPool) Owns(id string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.owned[id]
+}
+
+// A leader whose driver did not start the pool's runtimes (another autoscaler's did) adopts them:
+// it starts none for them, and one it drains is stopped by a stop request, which it obeys. Before,
+// the leader asked its own driver to remove it (a no-op), and started its own runtimes beside the
+// others, then drained and stopped those, and started them again: one a second, for good.
+func TestControllerAdoptsAndStopsForeignRuntimes(t *testing.T) {
+	e := newCtlEnv(t)
+	e.beat("rt-x")
+	e.beat("rt-y")
+	var mu sync.Mutex
+	stops := map[string]int{}
+	sub, err := e.nc.Subscribe(wire.RuntimeStopSubject("*"), func(m *nats.Msg) { // the runtimes
+		id := strings.Split(strings.TrimPrefix(m.Subject, wire.Prefix+"runtimes."), ".")[0]
+		var term store.Term
+		if json.Unmarshal([]byte(m.Header.Get(store.HdrTerm)), &term) != nil || term.IsZero() {
+			_ = m.Respond([]byte("refused: no term"))
+			return
+		}
+		mu.Lock()
+		stops[id]++
+		mu.Unlock()
+		_ = m.Respond([]byte(wire.RuntimeStopping))
+		_ = e.b.Runtimes.Delete(context.Background(), id) // it deregisters as it exits
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	pool := &ownPool{owned: map[string]bool{}}
+	c := e.controller(pool)
+	var survivor string
+	e.stepUntil(c, func(p map[string]string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(stops) == 0 {
+			return errors.New("no runtime stopped yet")
+		}
+		survivor = "rt-x"
+		if stops["rt-x"] > 0 {
+			survivor = "rt-y"
+		}
+		return allOn(survivor)(p)
+	})
+	for range 10 { // and then it stays so
+		e.beat(survivor)
+		if _, err := c.Step(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pool.mu.Lock()
+	defer pool.mu.Unlock()
+	mu.Lock()
+	defer mu.Unlock()
+	if pool.started != 0 || len(pool.removed) != 0 {
+		t.Errorf("the leader started %d runtimes and removed %v beside the adopted ones", pool.started, pool.removed)
+	}
+	if len(stops) != 1 {
+		t.Errorf("stop requests %v, want one, to the drained runtime", stops)
 	}
 }

@@ -161,7 +161,11 @@ func (d *ProcessDriver) wait(id string, p *runtimeProc) {
 		_ = os.Remove(filepath.Join(d.Dir, id+".pid"))
 	}
 	if !removing {
-		d.logger().Warn("runtime process vanished", "runtime", id, "err", err)
+		if err == nil { // it stopped by itself, cleanly: the leader asked it to (a stop request)
+			d.logger().Info("runtime process stopped", "runtime", id)
+		} else {
+			d.logger().Warn("runtime process vanished", "runtime", id, "err", err)
+		}
 		if d.OnVanished != nil {
 			d.OnVanished(id)
 		}
@@ -211,6 +215,15 @@ func (d *ProcessDriver) Remove(_ context.Context, id string) error {
 	}()
 	d.logger().Info("runtime process stopping", "runtime", id)
 	return nil
+}
+
+// Owns reports whether runtime id is a process of this driver's. The pool's other runtimes (another
+// autoscaler's driver started them) are adopted by the leader, not stopped by it (see ownerDriver).
+func (d *ProcessDriver) Owns(id string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	_, ok := d.procs[id]
+	return ok
 }
 
 // IDs lists the running runtime processes.

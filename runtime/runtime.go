@@ -172,6 +172,15 @@ func (r *Runtime) Run(ctx context.Context) error {
 		return err
 	}
 	r.buckets = b
+	// The leader's stop request, from before the runtime is registered: whichever driver started
+	// it, it stops as on SIGTERM.
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	stopSub, err := r.nc.Subscribe(wire.RuntimeStopSubject(r.id), func(m *nats.Msg) { r.onStop(ctx, m, stop) })
+	if err != nil {
+		return fmt.Errorf("subscribe to stop requests: %w", err)
+	}
+	defer func() { _ = stopSub.Unsubscribe() }()
 	started := r.now()
 	if err := r.register(ctx, started); err != nil {
 		return err
@@ -226,6 +235,31 @@ func (r *Runtime) Run(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// onStop answers a stop request and, if it obeys it, stops the runtime (stop: Run's cancel). It
+// obeys a request of the autoscaler leader's current term: not one of a term older than the one
+// holding the placement's fence (a deposed leader's), nor one without a term.
+func (r *Runtime) onStop(ctx context.Context, m *nats.Msg, stop context.CancelFunc) {
+	var term store.Term
+	if err := json.Unmarshal([]byte(m.Header.Get(store.HdrTerm)), &term); err != nil || term.IsZero() {
+		_ = m.Respond([]byte("refused: no leadership term (header " + store.HdrTerm + ")"))
+		return
+	}
+	fctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	cur, err := store.BucketTerm(fctx, r.js, wire.PlacementBucket)
+	cancel()
+	switch {
+	case err != nil:
+		_ = m.Respond([]byte("refused: cannot read the placement's fence: " + err.Error()))
+		return
+	case cur.After(term):
+		_ = m.Respond([]byte(fmt.Sprintf("refused: term %d is over, the leader's is %d", term.Rev, cur.Rev)))
+		return
+	}
+	r.log.Info("stopping at the autoscaler leader's request", "term", term.Rev, "leader", term.Leader)
+	_ = m.Respond([]byte(wire.RuntimeStopping))
+	stop()
 }
 
 func (r *Runtime) register(ctx context.Context, started time.Time) error {

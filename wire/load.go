@@ -27,6 +27,15 @@ const (
 	DecisionsStream  = "FANIN_DECISIONS"
 )
 
+// RuntimeStopSubject is where the autoscaler leader asks a runtime to stop (core NATS request,
+// header Fanin-Term: its leadership term): the runtime checkpoints and releases its shards,
+// deregisters and exits, whoever started it. It answers "stopping", or why not. The subject is in
+// fanin's account and exported to no job, so only fanin's components can send it.
+func RuntimeStopSubject(runtime string) string { return Prefix + "runtimes." + runtime + ".stop" }
+
+// RuntimeStopping is a runtime's answer to a stop request it obeys.
+const RuntimeStopping = "stopping"
+
 // LoadReport is a runtime's view of its own load.
 type LoadReport struct {
 	Runtime string    `json:"runtime"`
