@@ -269,7 +269,7 @@ func (c *Controller) Step(ctx context.Context) (Decision, error) {
 	}
 	if err := f.claim(ctx); err != nil {
 		if errors.Is(err, store.ErrFenced) {
-			c.stepDown(f, "deposed: a later leader holds the fence", err)
+			c.stepDown(f, "deposed, a later leader holds the fence", err)
 			c.met.Leader(false)
 			return Decision{}, ErrNotLeader
 		}
