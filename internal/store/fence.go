@@ -19,8 +19,8 @@ const FenceKey = "_fence"
 // IsFence tells a bucket's fence key from its data.
 func IsFence(key string) bool { return key == FenceKey }
 
-// HdrTerm names the leadership term (JSON, a Term) of a message the leader sends: the runtime
-// stop request.
+// HdrTerm names the leadership term (JSON, a Term) of a message the leader sends: every fenced
+// write, and the runtime stop request.
 const HdrTerm = "Fanin-Term"
 
 // Term orders the autoscaler's leaderships: a later one is After an earlier one. Rev is the
@@ -154,6 +154,8 @@ func (f *Fence) write(ctx context.Context, m *nats.Msg) (uint64, error) {
 	if seq == 0 {
 		return 0, fmt.Errorf("%s: the fence is not claimed", f.stream)
 	}
+	t, _ := json.Marshal(f.term)
+	m.Header.Set(HdrTerm, string(t)) // every write carries its term
 	ack, err := f.js.PublishMsg(ctx, m, jetstream.WithExpectLastSequenceForSubject(seq, f.subject))
 	if refused(err) {
 		f.mu.Lock()
