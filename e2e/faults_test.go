@@ -351,6 +351,69 @@ func TestFaultsAutoscalerKill(t *testing.T) {
 	f.afterFaults("after-askill")
 }
 
+// The autoscaler leader stalls (SIGSTOP, as a process starved on a loaded machine) for longer than
+// the lock's TTL, then resumes. The other takes over and adopts the stalled one's runtimes, which
+// still run (their driver is not dead): it starts and stops none for the change, and training goes
+// on bit-exact. The stalled one, resumed, knows it no longer leads. Before, the new leader started
+// runtimes of its own beside the adopted ones and then stopped and started them, one a second.
+func TestFaultsAutoscalerStalled(t *testing.T) {
+	skipShort(t)
+	nn := startNATS(t, 1)
+	f := startFanin(t, nn, 2)
+	tt := f.train(clusterSpec("asstall", "adam"))
+	tt.run(5)
+	lead := -1
+	testutil.CheckFor(t, 20*time.Second, 100*time.Millisecond, func() error {
+		for i, p := range f.as {
+			if strings.Count(p.output(), "became the autoscaler leader") > 0 && len(runtimePids()) == 3 {
+				lead = i
+				return nil
+			}
+		}
+		return errors.New("no autoscaler leads three runtimes")
+	})
+	other := 1 - lead
+	before := runtimePids()
+	t.Logf("stalling autoscaler-%d, the leader of %d runtimes", lead, len(before))
+	if err := f.as[lead].cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stalled := time.Now()
+	for !strings.Contains(f.as[other].output(), "became the autoscaler leader") { // training goes on
+		if time.Since(stalled) > 20*time.Second {
+			t.Fatal("the other autoscaler has not taken over")
+		}
+		tt.run(tt.step + 1)
+	}
+	t.Logf("autoscaler-%d took over after %v", other, time.Since(stalled).Round(time.Millisecond))
+	tt.run(tt.step + 10)
+	if err := f.as[lead].cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	testutil.CheckFor(t, 10*time.Second, 100*time.Millisecond, func() error {
+		if !strings.Contains(f.as[lead].output(), "lost the autoscaler leadership") {
+			return errors.New("the resumed autoscaler does not know it lost the leadership")
+		}
+		return nil
+	})
+	tt.run(tt.step + 10)
+	out := f.as[other].output()
+	if n, m := strings.Count(out, "runtime process started"), strings.Count(out, "runtime process stopping"); n+m > 0 {
+		t.Errorf("the new leader started %d and stopped %d runtimes beside the %d it adopted", n, m, len(before))
+	}
+	now := runtimePids()
+	for id := range before {
+		if _, ok := now[id]; !ok {
+			t.Errorf("adopted runtime %s was stopped", id)
+		}
+	}
+	checkOneProcessPerID(t)
+	tt.checkUpdates(nn.url())
+	t.Logf("%d steps bit-exact across a %v stall of the leader; longest gap %v", tt.step,
+		time.Since(stalled).Round(time.Second), tt.longestGapSince(stalled).Round(time.Millisecond))
+	f.afterFaults("after-asstall")
+}
+
 // A worker process SIGKILLed in the middle of publishing a step (it has published one shard of it),
 // then restarted: it reads the parameters of one step for every shard, resumes the step it had half
 // published under the same message ids, and the run ends byte-identical to the reference.
