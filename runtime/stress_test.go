@@ -25,8 +25,11 @@ import (
 	"github.com/fanin-ml/fanin/wire"
 )
 
+// raceEnabled is set under the race detector (race_test.go), which slows every step tenfold.
+var raceEnabled bool
+
 // stressSteps is how many steps TestFastSteppingLosesNothing takes: FANIN_STRESS_STEPS, or a
-// shortened run for CI.
+// shortened run for CI (shorter still under the race detector).
 func stressSteps(t *testing.T) int64 {
 	if s := os.Getenv("FANIN_STRESS_STEPS"); s != "" {
 		n, err := strconv.ParseInt(s, 10, 64)
@@ -35,7 +38,7 @@ func stressSteps(t *testing.T) int64 {
 		}
 		return n
 	}
-	if testing.Short() {
+	if testing.Short() || raceEnabled {
 		return 500
 	}
 	return 3000

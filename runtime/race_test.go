@@ -1,0 +1,5 @@
+//go:build race
+
+package runtime_test
+
+func init() { raceEnabled = true }
