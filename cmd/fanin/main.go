@@ -32,16 +32,31 @@ func main() {
 }
 
 func run(ctx context.Context, args []string) error {
+	root, stopTracing := rootCmd()
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if serr := (*stopTracing)(sctx); serr != nil {
+		slog.Warn("flushing traces", "err", serr)
+	}
+	return err
+}
+
+// rootCmd builds the command tree; once a command has run, *stopTracing flushes its traces.
+func rootCmd() (_ *cobra.Command, stopTracing *func(context.Context) error) {
 	root := &cobra.Command{
 		Use:           "fanin",
 		Short:         "fanin: an elastic aggregation service for distributed deep learning",
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		Version:       version,
+		Version:       versionLine(),
 	}
+	root.SetVersionTemplate("{{.Version}}\n") // the same line as `fanin version`
 	var level string
 	root.PersistentFlags().StringVar(&level, "log-level", envOr("FANIN_LOG_LEVEL", "info"), "log level: debug, info, warn, error")
-	stopTracing := func(context.Context) error { return nil }
+	stop := func(context.Context) error { return nil }
+	stopTracing = &stop
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
 		var l slog.Level
 		if err := l.UnmarshalText([]byte(level)); err != nil {
@@ -54,18 +69,11 @@ func run(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		stopTracing = stop
+		*stopTracing = stop
 		return nil
 	}
-	root.AddCommand(devCmd(), runtimeCmd(), gatewayCmd(), autoscalerCmd(), jobsCmd(), simCmd(), benchCmd(), benchWorkersCmd(), benchElasticWorkerCmd(), poolCmd(), policyCmd(), topCmd(), tokensCmd(), authCmd())
-	root.SetArgs(args)
-	err := root.ExecuteContext(ctx)
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if serr := stopTracing(sctx); serr != nil {
-		slog.Warn("flushing traces", "err", serr)
-	}
-	return err
+	root.AddCommand(devCmd(), runtimeCmd(), gatewayCmd(), autoscalerCmd(), jobsCmd(), simCmd(), benchCmd(), benchWorkersCmd(), benchElasticWorkerCmd(), poolCmd(), policyCmd(), topCmd(), tokensCmd(), authCmd(), versionCmd())
+	return root, stopTracing
 }
 
 func envOr(key, def string) string {
