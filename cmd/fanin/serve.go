@@ -27,13 +27,24 @@ import (
 type natsFlags struct {
 	url   string
 	creds string
+
+	nc   *nats.Conn // set by connect
+	dial dialState
 }
 
+// register adds the flags to cmd and makes its errors say why NATS is out of reach, if it is
+// (explain).
 func (f *natsFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.url, "nats", envOr("NATS_URL", nats.DefaultURL), "NATS server URL (env NATS_URL)")
 	cmd.Flags().StringVar(&f.creds, "creds", envOr("NATS_CREDS", ""), "NATS credentials file (env NATS_CREDS)")
+	if run := cmd.RunE; run != nil {
+		cmd.RunE = func(c *cobra.Command, args []string) error { return f.explain(run(c, args)) }
+	}
 }
 
+// connect connects to NATS, and keeps trying in the background if the server is not there yet
+// (a Kubernetes pod may start before its NATS): every failed attempt is remembered, and logged
+// when its cause changes.
 func (f *natsFlags) connect(name string) (*nats.Conn, error) {
 	opts := []nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
@@ -48,6 +59,15 @@ func (f *natsFlags) connect(name string) (*nats.Conn, error) {
 				slog.Warn("disconnected from NATS; reconnecting", "err", err)
 			}
 		}),
+		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
+			switch err = dialCause(f.url, err); {
+			case !f.dial.failed(err):
+			case isAuthError(err):
+				slog.Warn("NATS refused the connection's credentials; retrying", "url", redactURL(f.url), "err", err)
+			default:
+				slog.Warn("cannot reach NATS; retrying", "url", redactURL(f.url), "err", err)
+			}
+		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			slog.Info("reconnected to NATS", "url", nc.ConnectedUrlRedacted())
 		})}
@@ -58,6 +78,7 @@ func (f *natsFlags) connect(name string) (*nats.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", f.url, err)
 	}
+	f.nc = nc
 	return nc, nil
 }
 

@@ -1,0 +1,87 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/spf13/cobra"
+
+	"github.com/fanin-ml/fanin/internal/embed"
+	"github.com/fanin-ml/fanin/internal/testutil"
+)
+
+// onLog makes f see every record logged through slog's default logger until the test ends.
+func onLog(t *testing.T, f func(slog.Record)) {
+	old := slog.Default()
+	slog.SetDefault(slog.New(hookHandler{f}))
+	t.Cleanup(func() { slog.SetDefault(old) })
+}
+
+type hookHandler struct{ f func(slog.Record) }
+
+func (h hookHandler) Enabled(context.Context, slog.Level) bool      { return true }
+func (h hookHandler) Handle(_ context.Context, r slog.Record) error { h.f(r); return nil }
+func (h hookHandler) WithAttrs([]slog.Attr) slog.Handler            { return h }
+func (h hookHandler) WithGroup(string) slog.Handler                 { return h }
+
+// A runtime pointed at an address where no NATS listens keeps trying (NATS may start later), says
+// so in its log, and, when it stops, names the address and the cause.
+func TestNATSOutOfReach(t *testing.T) {
+	url := fmt.Sprintf("nats://127.0.0.1:%d", testutil.FreePort(t))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	logged := make(chan string, 1)
+	onLog(t, func(r slog.Record) {
+		if r.Message == "cannot reach NATS; retrying" {
+			r.Attrs(func(a slog.Attr) bool {
+				if a.Key == "err" {
+					select {
+					case logged <- a.Value.String():
+					default:
+					}
+				}
+				return true
+			})
+			cancel() // the runtime has said it: stop it
+		}
+	})
+	_, err := execute(ctx, runtimeCmd(), "--nats", url)
+	if err == nil || !strings.Contains(err.Error(), "cannot reach NATS at "+url+": ") || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("runtime against %s: %v", url, err)
+	}
+	if cause := <-logged; !strings.Contains(cause, "connection refused") {
+		t.Fatalf("logged cause %q", cause)
+	}
+}
+
+// A component without credentials against a NATS that requires them says it needs --creds.
+func TestNATSWithoutCredentials(t *testing.T) {
+	ns, err := embed.Start(embed.Config{Port: -1, StoreDir: t.TempDir(), Configure: func(o *server.Options) error {
+		o.Username, o.Password = "fanin", "s3cret"
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ns.Shutdown)
+	onLog(t, func(slog.Record) {})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, mk := range []func() *cobra.Command{runtimeCmd, autoscalerCmd} {
+		_, err := execute(ctx, mk(), "--nats", ns.ClientURL())
+		if err == nil || !strings.Contains(err.Error(), "Authorization Violation") || !strings.Contains(err.Error(), "--creds") {
+			t.Fatalf("%s without credentials: %v", mk().Name(), err)
+		}
+	}
+	// A password in the URL is not printed.
+	bad := strings.Replace(ns.ClientURL(), "nats://", "nats://fanin:wrong@", 1)
+	_, err = execute(ctx, runtimeCmd(), "--nats", bad)
+	if err == nil || !strings.Contains(err.Error(), "refused the user of the URL: nats: Authorization Violation") || strings.Contains(err.Error(), "wrong") {
+		t.Fatalf("runtime with a wrong password: %v", err)
+	}
+}
