@@ -1,14 +1,17 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
 	"github.com/fanin-ml/fanin/internal/devstack"
+	"github.com/fanin-ml/fanin/internal/embed"
 )
 
 func devCmd() *cobra.Command {
@@ -38,6 +41,9 @@ func devCmd() *cobra.Command {
 				DataDir: dataDir, NATSPort: natsPort, HTTPAddr: httpAddr, Runtimes: runtimes, MaxRuntimes: maxRuntimes,
 				Logger: log, NATSLogs: natsLogs, Auth: !noAuth, AuthDir: devAuthDir(dataDir),
 			})
+			if errors.Is(err, embed.ErrListen) && errors.Is(err, syscall.EADDRINUSE) {
+				return fmt.Errorf("--nats-port %d is taken (another fanin dev, or a NATS server?): stop it, or choose another port (-1: any free port): %w", natsPort, err)
+			}
 			if err != nil {
 				return err
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -83,5 +84,19 @@ func TestNATSWithoutCredentials(t *testing.T) {
 	_, err = execute(ctx, runtimeCmd(), "--nats", bad)
 	if err == nil || !strings.Contains(err.Error(), "refused the user of the URL: nats: Authorization Violation") || strings.Contains(err.Error(), "wrong") {
 		t.Fatalf("runtime with a wrong password: %v", err)
+	}
+}
+
+// fanin dev names its NATS port as taken, at once.
+func TestDevNATSPortTaken(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := ln.Addr().(*net.TCPAddr).Port
+	_, err = execute(context.Background(), devCmd(), "--nats-port", fmt.Sprint(port), "--http", "127.0.0.1:0", "--data-dir", t.TempDir(), "--runtimes", "1")
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("--nats-port %d is taken", port)) {
+		t.Fatalf("fanin dev on a taken port: %v", err)
 	}
 }

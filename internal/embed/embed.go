@@ -5,7 +5,9 @@ package embed
 import (
 	"errors"
 	"fmt"
+	"net"
 	"regexp"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -15,6 +17,10 @@ import (
 // its optimizer state, plus headers. An external server needs at least this for such jobs
 // (docs/PROTOCOL.md).
 const MaxPayload = 32 << 20
+
+// ErrListen is wrapped by Start's error when the server cannot listen on its port, with the
+// reason (a port in use: syscall.EADDRINUSE).
+var ErrListen = errors.New("embedded NATS cannot listen")
 
 // Config says where the server listens and stores.
 type Config struct {
@@ -49,6 +55,15 @@ func Start(cfg Config) (*server.Server, error) {
 	}
 	if cfg.Host == "" {
 		cfg.Host = "127.0.0.1"
+	}
+	if cfg.Port > 0 {
+		// The server only logs that it cannot listen, and then never becomes ready: try first, so
+		// that a port in use is named as such (errors.Is(err, syscall.EADDRINUSE)).
+		ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port)))
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrListen, err)
+		}
+		_ = ln.Close()
 	}
 	opts := &server.Options{
 		ServerName: "fanin-dev",
