@@ -29,15 +29,15 @@ func (f *apiFlags) register(cmd *cobra.Command) {
 	cmd.PersistentFlags().StringVarP(&f.output, "output", "o", "table", "output: table or json")
 }
 
-// checked makes every command of the tree under cmd check -o before it runs; call it once the
-// tree is built. (A PersistentPreRunE would replace the root's, which sets up logging.)
+// checked makes every command of the tree under cmd check -o before it runs, and say so when no
+// gateway answers at --api; call it once the tree is built. (A PersistentPreRunE would replace the root's, which sets up logging.)
 func (f *apiFlags) checked(cmd *cobra.Command) *cobra.Command {
 	if run := cmd.RunE; run != nil {
 		cmd.RunE = func(c *cobra.Command, args []string) error {
 			if err := f.checkOutput(); err != nil {
 				return err
 			}
-			return run(c, args)
+			return f.explainAPI(run(c, args))
 		}
 	}
 	for _, sub := range cmd.Commands() {

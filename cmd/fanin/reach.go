@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -113,4 +114,20 @@ func redactURL(s string) string {
 		}
 	}
 	return strings.Join(parts, ",")
+}
+
+// explainAPI says that no gateway answers at the API address when the connection to it was
+// refused or the address does not resolve; other errors (the gateway's own answers among them)
+// are returned as they are.
+func (f *apiFlags) explainAPI(err error) error {
+	var dnsErr *net.DNSError
+	var opErr *net.OpError
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, syscall.ECONNREFUSED), errors.As(err, &dnsErr),
+		errors.As(err, &opErr) && opErr.Op == "dial":
+		return fmt.Errorf("no fanin gateway at %s (is it running? set the address with --api or FANIN_API): %w", redactURL(f.api), err)
+	}
+	return err
 }

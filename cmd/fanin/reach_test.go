@@ -100,3 +100,13 @@ func TestDevNATSPortTaken(t *testing.T) {
 		t.Fatalf("fanin dev on a taken port: %v", err)
 	}
 }
+
+// A client command with no gateway at --api says so, and how to point it elsewhere.
+func TestNoGateway(t *testing.T) {
+	api := fmt.Sprintf("http://127.0.0.1:%d", testutil.FreePort(t))
+	_, err := execute(context.Background(), jobsCmd(), "ls", "--api", api, "--token", "x")
+	if err == nil || !strings.Contains(err.Error(), "no fanin gateway at "+api+" (is it running? set the address with --api or FANIN_API)") ||
+		!strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("jobs ls without a gateway: %v", err)
+	}
+}
