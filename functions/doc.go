@@ -85,10 +85,11 @@
 //	          weight_decay         0        >= 0      float32
 //	momentum  lr                   required > 0       float32
 //	          momentum             0.9      [0, 1)    float32 (mu)
-//	          dampening            0        [0, 1)    float32(1 - dampening), rounded once
+//	          dampening            0        [0, 1);   float32(1 - dampening), rounded once
+//	                                        0 when nesterov = 1 (refused otherwise, as PyTorch does)
 //	          weight_decay         0        >= 0      float32
 //	          nesterov             0        0 or 1
-//	nesterov  as momentum, with nesterov = 1 and no nesterov key
+//	nesterov  as momentum, with nesterov = 1 and no nesterov key: dampening must be 0
 //	adam      lr                   0.001    > 0       float64: step = float32(lr/bc1)
 //	          beta1, beta2         0.9, 0.999 [0, 1)  float32 in m and v; float32(1-beta) rounded
 //	                                                  once; float64 in bc = 1-beta^t

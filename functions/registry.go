@@ -76,7 +76,10 @@ type hyperSpec struct {
 	def      float64
 	required bool
 	bound    bound
-	doc      string
+	// rangeText, when set, is the range Describe gives instead of bound's text: the range the
+	// function accepts when it is narrower than bound's and build checks the rest.
+	rangeText string
+	doc       string
 }
 
 // funcSpec is one registry entry. build gets the complete, range-checked hyper-parameters and
@@ -135,10 +138,16 @@ func init() {
 		build: func(b base) (Func, error) { return newSGD(b), nil },
 	})
 	momentumHyper := func(withNesterov bool) []hyperSpec {
+		// Nesterov momentum takes no dampening (PyTorch refuses it too): newMomentum refuses it.
+		dampening := hyperSpec{name: "dampening", def: 0, bound: unit, rangeText: "in [0, 1); 0 when nesterov = 1",
+			doc: "dampening for momentum (must be 0 with nesterov = 1)"}
+		if !withNesterov {
+			dampening.rangeText, dampening.doc = "0", "dampening for momentum: must be 0 (Nesterov momentum takes none)"
+		}
 		h := []hyperSpec{
 			lrRequired(),
 			{name: "momentum", def: 0.9, bound: unit, doc: "momentum factor mu"},
-			{name: "dampening", def: 0, bound: unit, doc: "dampening for momentum (must be 0 with nesterov)"},
+			dampening,
 			weightDecay(0, l2Doc),
 		}
 		if withNesterov {
@@ -272,7 +281,11 @@ func Describe() []FuncInfo {
 		fi := FuncInfo{Name: s.name, Doc: s.doc, Slots: s.slots, Weighted: s.weighted,
 			Hyper: make([]HyperInfo, len(s.hyper))}
 		for i, h := range s.hyper {
-			fi.Hyper[i] = HyperInfo{Name: h.name, Default: h.def, Required: h.required, Range: h.bound.text, Doc: h.doc}
+			r := h.bound.text
+			if h.rangeText != "" {
+				r = h.rangeText
+			}
+			fi.Hyper[i] = HyperInfo{Name: h.name, Default: h.def, Required: h.required, Range: r, Doc: h.doc}
 		}
 		out = append(out, fi)
 	}

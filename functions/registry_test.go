@@ -175,3 +175,47 @@ func TestDescribe(t *testing.T) {
 		t.Errorf("Describe shares its slices")
 	}
 }
+
+// A value inside the range Describe gives (GET /v1/functions) is accepted, the other
+// hyper-parameters at their defaults: the range says everything New checks, dampening's bond with
+// Nesterov momentum included.
+func TestDescribedRangesAreAccepted(t *testing.T) {
+	inside := map[string]float64{"> 0": 0.5, ">= 0": 0.5, "in [0, 1)": 0.5, "0 or 1": 1, "0": 0,
+		"in [0, 1); 0 when nesterov = 1": 0.5}
+	for _, fi := range Describe() {
+		for _, h := range fi.Hyper {
+			v, ok := inside[h.Range]
+			if !ok {
+				t.Errorf("%s.%s: range %q: add a value inside it to this test", fi.Name, h.Name, h.Range)
+				continue
+			}
+			hyper := map[string]float64{h.Name: v}
+			for _, o := range fi.Hyper {
+				if o.Required && o.Name != h.Name {
+					hyper[o.Name] = 0.1
+				}
+			}
+			if _, err := New(fi.Name, hyper); err != nil {
+				t.Errorf("%s.%s = %v, inside its described range %q: %v", fi.Name, h.Name, v, h.Range, err)
+			}
+		}
+	}
+	for f, want := range map[string]string{"momentum": "in [0, 1); 0 when nesterov = 1", "nesterov": "0"} {
+		for _, h := range describe(t, f).Hyper {
+			if h.Name == "dampening" && h.Range != want {
+				t.Errorf("%s: dampening's range is %q, want %q", f, h.Range, want)
+			}
+		}
+	}
+}
+
+func describe(t *testing.T, name string) FuncInfo {
+	t.Helper()
+	for _, fi := range Describe() {
+		if fi.Name == name {
+			return fi
+		}
+	}
+	t.Fatalf("no function %q", name)
+	return FuncInfo{}
+}
