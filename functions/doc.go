@@ -24,7 +24,11 @@
 // Reference gives the service's float32 parameters exactly.
 //
 // Let scale = float32(1/WeightSum) (WeightSum is N, or for a weighted function the float64 sum of
-// the weights in rank order, see SumWeights). Every optimizer sees the mean gradient
+// the weights in rank order, see SumWeights). A weight is a float64: on the wire, the header's
+// decimal read as the nearest float64 (wire.ParseGradHeaders, strconv.ParseFloat with 64 bits;
+// absent, 1). The inputs are scaled by float32 of that float64, and WeightSum adds the float64s
+// themselves, not their float32 roundings: ((w0 + w1) + w2) + ... in float64. 1/WeightSum is
+// computed in float64 and rounded once. Every optimizer sees the mean gradient
 //
 //	g[i] = float32(Grad[i] * scale)
 //
