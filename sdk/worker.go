@@ -76,11 +76,12 @@ type Worker struct {
 // WorkerOption configures a Worker.
 type WorkerOption func(*Worker) error
 
-// WithWeight sets the rank's weight for weighted functions (fedavg: its sample count).
+// WithWeight sets the rank's weight for weighted functions (fedavg: its sample count), in
+// wire.MinWeight..wire.MaxWeight (float32's normal numbers > 0).
 func WithWeight(w float64) WorkerOption {
 	return func(wk *Worker) error {
-		if !(w > 0) {
-			return fmt.Errorf("weight must be > 0, got %v", w)
+		if !(w >= wire.MinWeight && w <= wire.MaxWeight) {
+			return fmt.Errorf("weight must be in %g..%g (a float32 > 0, not subnormal), got %v", wire.MinWeight, wire.MaxWeight, w)
 		}
 		wk.weight = strconv.FormatFloat(w, 'g', -1, 64)
 		return nil

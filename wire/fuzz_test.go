@@ -2,7 +2,6 @@ package wire
 
 import (
 	"encoding/binary"
-	"math"
 	"strconv"
 	"strings"
 	"testing"
@@ -63,7 +62,7 @@ func FuzzGradMessage(f *testing.F) {
 		if n, err := strconv.ParseInt(rank, 10, 64); meta.Rank < 0 || err != nil || n != int64(meta.Rank) || !digits(rank) {
 			t.Fatalf("rank %q accepted as %d", rank, meta.Rank)
 		}
-		if !(meta.Weight > 0) || math.IsInf(meta.Weight, 0) || (weight == "" && meta.Weight != 1) {
+		if !(meta.Weight >= MinWeight && meta.Weight <= MaxWeight) || (weight == "" && meta.Weight != 1) {
 			t.Fatalf("weight %q accepted as %v", weight, meta.Weight)
 		}
 		if meta.ReplyTo != replyTo {

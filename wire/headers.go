@@ -63,6 +63,15 @@ func GradAttempt(msgID string) int {
 	return 0
 }
 
+// The range of HdrWeight. A rank's input is scaled by float32(weight), and the sum by
+// float32(1/sum of the weights): a weight beyond float32's range would scale it by Inf, and one
+// below its smallest normal number by 0 (or a sum of them by Inf), and turn finite gradients into
+// Inf or NaN parameters.
+const (
+	MinWeight = 0x1p-126        // float32's smallest normal number, about 1.18e-38
+	MaxWeight = math.MaxFloat32 // about 3.40e38
+)
+
 // GradMeta is what a gradient message's headers say.
 type GradMeta struct {
 	Step    int64   // 0 when HdrStep is absent or malformed
@@ -118,8 +127,8 @@ func ParseGradHeaders(h nats.Header) (GradMeta, *Reject) {
 	}
 	if w := first(h, HdrWeight); w != "" {
 		f, err := strconv.ParseFloat(w, 64)
-		if err != nil || !(f > 0) || math.IsInf(f, 0) {
-			return m, Rejectf(ReasonBadHeader, "header %s: %q is not a finite weight > 0", HdrWeight, w)
+		if err != nil || !(f >= MinWeight && f <= MaxWeight) {
+			return m, Rejectf(ReasonBadHeader, "header %s: %q is not a weight in %g..%g (a float32 > 0, not subnormal)", HdrWeight, w, MinWeight, MaxWeight)
 		}
 		m.Weight = f
 	}

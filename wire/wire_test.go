@@ -39,6 +39,12 @@ func TestParseGradHeaders(t *testing.T) {
 	if rej != nil || m.Step != 12 || m.Rank != 3 || m.Weight != 128 || m.Version != -1 {
 		t.Fatalf("got %+v %v (Version -1: absent)", m, rej)
 	}
+	for _, w := range []string{"0x1p-126", "3.4028234663852886e38"} { // the ends of the range
+		h.Set(HdrWeight, w)
+		if m, rej = ParseGradHeaders(h); rej != nil {
+			t.Fatalf("weight %s: %v", w, rej)
+		}
+	}
 	h.Set(HdrVersion, "0")
 	if m, rej = ParseGradHeaders(h); rej != nil || m.Version != 0 {
 		t.Fatalf("%s 0: got %+v %v", HdrVersion, m, rej)
@@ -63,6 +69,8 @@ func TestParseGradHeaders(t *testing.T) {
 		{HdrStep, "", ReasonMissingHeader}, {HdrStep, "0", ReasonBadHeader}, {HdrStep, "+1", ReasonBadHeader}, {HdrStep, "01", ReasonBadHeader}, {HdrRank, "00", ReasonBadHeader},
 		{HdrRank, "-1", ReasonBadHeader}, {HdrRank, "", ReasonMissingHeader}, {HdrDtype, "f64", ReasonBadDtype}, {HdrDtype, "BF16", ReasonBadDtype}, {HdrDtype, "fp16", ReasonBadDtype},
 		{HdrWeight, "NaN", ReasonBadHeader}, {HdrWeight, "0", ReasonBadHeader},
+		// float32 would make these Inf, 0 or subnormal: Inf or NaN parameters from finite gradients.
+		{HdrWeight, "1e39", ReasonBadHeader}, {HdrWeight, "1e-320", ReasonBadHeader}, {HdrWeight, "1e-40", ReasonBadHeader},
 		{HdrVersion, "-1", ReasonBadHeader}, {HdrVersion, "v3", ReasonBadHeader}, {HdrVersion, "03", ReasonBadHeader}, {HdrVersion, " 3", ReasonBadHeader},
 	} {
 		bad := nats.Header{}
