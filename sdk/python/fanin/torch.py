@@ -63,7 +63,10 @@ def spec(
     """A job spec for ``module``: its trainable parameters as tensors, in order. ``init="upload"``
     (the default) starts the job from the module's own weights (``Module`` uploads them); other
     kinds ("zeros", "uniform", "normal") let fanin draw them. ``extra`` adds spec fields
-    (shard_size, storage, replicas, ...)."""
+    (shard_size, storage, replicas, ...). ``shard_size`` is in bytes of float32 (an int, or a
+    string such as "256KiB"): 4 KiB to 8 MiB and a multiple of 4, default 1 MiB; the gateway
+    refuses others (``invalid_spec``), and sizes giving more than 1,048,576 shards (4,096 with
+    ``init="upload"``: pick larger shards for a large module)."""
     tensors = [{"name": n, "shape": list(p.shape)} for n, p in _trainable(module)]
     if not tensors:
         raise ValueError("the module has no trainable parameters")
