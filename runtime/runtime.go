@@ -176,7 +176,8 @@ func (r *Runtime) Run(ctx context.Context) error {
 	// it, it stops as on SIGTERM.
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
-	stopSub, err := r.nc.Subscribe(wire.RuntimeStopSubject(r.id), func(m *nats.Msg) { r.onStop(ctx, m, stop) })
+	stopCtx := ctx // ctx is reassigned below, while the subscription's callback may run
+	stopSub, err := r.nc.Subscribe(wire.RuntimeStopSubject(r.id), func(m *nats.Msg) { r.onStop(stopCtx, m, stop) })
 	if err != nil {
 		return fmt.Errorf("subscribe to stop requests: %w", err)
 	}
