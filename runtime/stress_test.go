@@ -103,9 +103,11 @@ func fastStepping(t *testing.T, steps int64, cuts int) {
 	ref := testutil.Reference(t, rec)
 	g := make([]float32, len(params))
 	start := time.Now()
-	cut := cutter(t, st.NATS, "fanin-runtime-", cuts)
+	var done atomic.Int64 // steps completed, for the cutter
+	cut := cutter(t, st.NATS, "fanin-runtime-", cuts, &done)
 	step := int64(1)
 	for ; step <= steps || cut.Load() < int64(cuts); step++ {
+		done.Store(step - 1)
 		testutil.Gradient(g, params, step, 0)
 		sctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 		params, err = w.Step(sctx, g)
@@ -168,9 +170,11 @@ func jobState(url string, rec *job.Record) string {
 	return b.String()
 }
 
-// cutter closes, from the server's side, the connections whose names start with prefix, every
-// 100 to 600 ms while the test runs, until it has made cuts; it counts them.
-func cutter(t *testing.T, srv *server.Server, prefix string, cuts int) *atomic.Int64 {
+// cutter closes, from the server's side, the connections whose names start with prefix, 100 to
+// 600 ms after the stepping has gone three steps past the previous cut (one cut per step at most:
+// the reconnection takes seconds, and a step cut again and again would outlast its timeout
+// without anything lost), until it has made cuts; it counts them.
+func cutter(t *testing.T, srv *server.Server, prefix string, cuts int, stepped *atomic.Int64) *atomic.Int64 {
 	var n atomic.Int64
 	if cuts == 0 {
 		return &n
@@ -181,11 +185,15 @@ func cutter(t *testing.T, srv *server.Server, prefix string, cuts int) *atomic.I
 	go func() {
 		defer close(stopped)
 		rng := rand.New(rand.NewPCG(1, 2))
+		last := int64(-3)
 		for n.Load() < int64(cuts) {
 			select {
 			case <-done:
 				return
 			case <-time.After(time.Duration(100+rng.IntN(500)) * time.Millisecond):
+			}
+			if stepped.Load() < last+3 {
+				continue
 			}
 			cz, err := srv.Connz(&server.ConnzOptions{})
 			if err != nil {
@@ -194,6 +202,7 @@ func cutter(t *testing.T, srv *server.Server, prefix string, cuts int) *atomic.I
 			for _, c := range cz.Conns {
 				if strings.HasPrefix(c.Name, prefix) && srv.DisconnectClientByID(c.Cid) == nil {
 					n.Add(1)
+					last = stepped.Load()
 				}
 			}
 		}
