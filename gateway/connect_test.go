@@ -5,14 +5,12 @@ import (
 	"slices"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 
 	"github.com/fanin-ml/fanin/gateway/api"
 	"github.com/fanin-ml/fanin/internal/auth"
-	"github.com/fanin-ml/fanin/wire"
+	"github.com/fanin-ml/fanin/internal/testutil"
 )
 
 // When POST /v1/jobs returns, the NATS server has loaded the job's account, and clients that do
@@ -59,20 +57,10 @@ func TestConnectRightAfterCreate(t *testing.T) {
 // connectOnce connects as a client that does not retry would, subscribes to the job's parameters
 // and reads its record, each once.
 func connectOnce(url, id string, c *api.Credentials) error {
-	nc, err := nats.Connect(url, nats.UserJWTAndSeed(c.JWT, c.Seed), nats.CustomInboxPrefix(c.InboxPrefix),
-		nats.Timeout(2*time.Second), nats.NoReconnect())
+	nc, err := testutil.ConnectOnce(url, id, c.JWT, c.Seed, c.InboxPrefix)
 	if err != nil {
-		return fmt.Errorf("connect: %w", err)
+		return err
 	}
-	defer nc.Close()
-	if _, err := nc.SubscribeSync(wire.ParamsWildcard(id)); err != nil {
-		return fmt.Errorf("subscribe: %w", err)
-	}
-	if err := nc.Flush(); err != nil {
-		return fmt.Errorf("flush: %w", err)
-	}
-	if _, err := nc.Request(wire.JobRecordGet(id), nil, 2*time.Second); err != nil {
-		return fmt.Errorf("read the job's record: %w", err)
-	}
+	nc.Close()
 	return nil
 }

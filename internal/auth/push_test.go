@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanin-ml/fanin/internal/auth"
@@ -94,21 +93,11 @@ func TestPushedAccountIsLiveOnEveryServer(t *testing.T) {
 // firstTime connects as a client that does not retry would, subscribes to the job's parameters,
 // and reads its record and a shard's parameters, each once.
 func firstTime(url, id string, c auth.Credentials) error {
-	nc, err := nats.Connect(url, nats.UserJWTAndSeed(c.JWT, c.Seed), nats.CustomInboxPrefix(c.InboxPrefix),
-		nats.Timeout(2*time.Second), nats.NoReconnect())
+	nc, err := testutil.ConnectOnce(url, id, c.JWT, c.Seed, c.InboxPrefix)
 	if err != nil {
-		return fmt.Errorf("connect: %w", err)
+		return err
 	}
 	defer nc.Close()
-	if _, err := nc.SubscribeSync(wire.ParamsWildcard(id)); err != nil {
-		return fmt.Errorf("subscribe: %w", err)
-	}
-	if err := nc.Flush(); err != nil {
-		return fmt.Errorf("flush: %w", err)
-	}
-	if _, err := nc.Request(wire.JobRecordGet(id), nil, 2*time.Second); err != nil {
-		return fmt.Errorf("read the job's record: %w", err)
-	}
 	m, err := nc.Request(wire.DirectGetLast(wire.ParamsStream(id), wire.ParamsSubject(id, 0)), nil, 2*time.Second)
 	if err != nil {
 		return fmt.Errorf("read shard 0's parameters: %w", err)

@@ -254,3 +254,27 @@ func (d directGetter) GetLastMsgForSubject(ctx context.Context, subject string) 
 	}
 	return &jetstream.RawStreamMsg{Subject: subject, Header: m.Header, Data: m.Data}, nil
 }
+
+// ConnectOnce connects to url as a worker of job id with its credentials (jwt, seed, inbox prefix)
+// would, without any retry, subscribes to the job's parameters and reads its record, each once.
+// It returns the open connection, for more checks of the caller's; the caller closes it.
+func ConnectOnce(url, id, jwt, seed, inboxPrefix string) (*nats.Conn, error) {
+	nc, err := nats.Connect(url, nats.UserJWTAndSeed(jwt, seed), nats.CustomInboxPrefix(inboxPrefix),
+		nats.Timeout(2*time.Second), nats.NoReconnect())
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	if _, err := nc.SubscribeSync(wire.ParamsWildcard(id)); err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("subscribe: %w", err)
+	}
+	if err := nc.Flush(); err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("flush: %w", err)
+	}
+	if _, err := nc.Request(wire.JobRecordGet(id), nil, 2*time.Second); err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("read the job's record: %w", err)
+	}
+	return nc, nil
+}
