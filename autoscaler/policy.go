@@ -16,8 +16,8 @@ import (
 
 // Policy is the autoscaler's configuration: how big the pool may be, how full its runtimes should
 // run, how fast it reacts and how much it may move per decision. It is read from YAML or JSON
-// (ParsePolicy); durations are Go duration strings ("6s", "1m30s"). docs/AUTOSCALING.md says what
-// each knob trades.
+// (ParsePolicy); durations are Go duration strings ("6s", "1m30s"). docs/AUTOSCALING.md ("The
+// policy knobs") says what each knob trades.
 type Policy struct {
 	// MinRuntimes and MaxRuntimes bound the pool. With shards to serve the decider wants at least
 	// one runtime even when MinRuntimes is 0.

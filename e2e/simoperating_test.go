@@ -19,25 +19,25 @@ import (
 )
 
 // operatingPolicy is the policy of the operating-point validation: the documented defaults
-// (docs/AUTOSCALING.md, "The policy"), with a pool of 1 to 3 one-core runtimes so that it can move
-// within this machine's 2 cores. FANIN_VALIDATE_POLICY names a file to use instead.
+// (docs/AUTOSCALING.md, "The policy knobs"), with a pool of 1 to 3 one-core runtimes so that it
+// can move within this machine's 2 cores. FANIN_VALIDATE_POLICY names a file to use instead.
 const operatingPolicy = `min_runtimes: 1
 max_runtimes: 3
 cores_per_runtime: 1
 `
 
 // Operating-point workload: many small jobs. Its size is set by the environment so that it can be
-// fitted to the machine; the defaults are those of the run in docs/AUTOSCALING.md.
+// fitted to the machine; the defaults are those of configuration B in docs/lab/autoscaling.md.
 const (
 	opShard = 512 << 10 // shard size, bytes
 	opSeed  = 1
 )
 
-// TestSimValidateOperating runs many small jobs for real, at the recommended policy, against a
+// TestSimValidateOperating runs many small jobs for real, at the default policy, against a
 // static pool of the machine's size and against the elastic pool, recording the decider's demand
 // at every decision; then replays the same workload and policy in the simulator (default model and
-// measured parameters) and writes both side by side. For docs/AUTOSCALING.md, "Simulator vs
-// reality"; FANIN_VALIDATE=operating runs it.
+// measured parameters) and writes both side by side. For docs/lab/autoscaling.md, "2026-11-25
+// Simulator vs reality at the operating point"; FANIN_VALIDATE=operating runs it.
 //
 //	FANIN_VALIDATE_JOBS      jobs (default 12)
 //	FANIN_VALIDATE_SECONDS   length of the workload (default 80)

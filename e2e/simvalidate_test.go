@@ -115,7 +115,8 @@ type liveOpts struct {
 
 // TestSimValidate runs a small workload for real twice (a static pool of fixed size, then the
 // elastic pool with validatePolicy) and writes the same workload and policy for 'fanin sim'.
-// It is for docs/AUTOSCALING.md, "Simulator vs reality"; FANIN_VALIDATE=1 runs it.
+// It is for docs/lab/autoscaling.md, "2026-11-22 Simulator vs reality, a small workload";
+// FANIN_VALIDATE=1 runs it.
 func TestSimValidate(t *testing.T) {
 	if os.Getenv("FANIN_VALIDATE") != "1" {
 		t.Skip("simulator validation: set FANIN_VALIDATE=1")

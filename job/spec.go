@@ -34,7 +34,8 @@ type Spec struct {
 	// Priority is the job's class: high, normal (default) or low. When the pool is at its
 	// max_runtimes, lower classes absorb the slowdown first: the autoscaler gives high jobs' shards
 	// their headroom first, and a runtime runs ready high work before normal before low. Only an
-	// admin may create a high job (the gateway refuses it to team tokens). See docs/AUTOSCALING.md.
+	// admin may create a high job (the gateway refuses it to team tokens). See
+	// docs/design/autoscaler.md, "Priorities".
 	Priority string `json:"priority,omitempty"`
 	// ParamDtype is the element type of the parameters messages the workers receive after step 0:
 	// f32 (the default; empty means f32, as in records stored before the field existed) or bf16

@@ -5,8 +5,8 @@ import "sync"
 // cpuPool is the runtime's cores as tokens: aggregation work (folding a gradient, applying a step)
 // runs only while it holds one, so at most cores of it run at once. The pool is shared by every
 // shard the runtime serves: any ready shard runs on any free core, and no core is reserved for a
-// shard. That is what makes a runtime one pooled server to the autoscaler (docs/AUTOSCALING.md,
-// "Work-conserving execution").
+// shard. That is what makes a runtime one pooled server to the autoscaler
+// (docs/design/autoscaler.md, "Work-conserving execution").
 //
 // When work waits for a core, the next free core goes to the waiting work of the highest priority
 // class (the job's spec.priority: high, then normal, then low), first come first served within a

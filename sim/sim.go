@@ -14,7 +14,7 @@ import (
 	"github.com/fanin-ml/fanin/autoscaler"
 )
 
-// The model (docs/AUTOSCALING.md, "The simulator"):
+// The model (docs/lab/autoscaling.md, "The simulator"):
 //
 // A job trains in synchronous (BSP) steps, a fixed number of them: as many as its Philly run time
 // holds at its ideal step time. Step k starts at T_k, when the parameters of step k-1 are out;
@@ -57,7 +57,7 @@ type Result struct {
 	ReservedCoreSeconds float64
 	// OracleCoreSeconds is baseline c, the clairvoyant oracle: every job runs its ideal schedule
 	// (zero slowdown), and the pool is resized every Interval to the peak of the cores busy in that
-	// interval (Oracle in docs/AUTOSCALING.md).
+	// interval (the oracle in docs/lab/autoscaling.md, "The simulator").
 	OracleCoreSeconds float64
 	Oracle            []float64 // the oracle's cores in each interval from the start
 	// WorkCoreSeconds is the aggregation work that arrived (at speed 1): what a pool that always had

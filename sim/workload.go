@@ -57,7 +57,7 @@ type Config struct {
 	Synth *Synth
 }
 
-// DefaultConfig is the model documented in docs/AUTOSCALING.md.
+// DefaultConfig is the model documented in docs/lab/autoscaling.md, "The simulator".
 func DefaultConfig() Config {
 	return Config{
 		Seed:           1,
