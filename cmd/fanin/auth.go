@@ -13,8 +13,8 @@ import (
 	"github.com/fanin-ml/fanin/gateway"
 	"github.com/fanin-ml/fanin/gateway/api"
 	"github.com/fanin-ml/fanin/internal/auth"
-	"github.com/fanin-ml/fanin/internal/devstack"
 	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/lab/devstack"
 )
 
 func authCmd() *cobra.Command {

@@ -13,7 +13,7 @@ import (
 
 	"github.com/fanin-ml/fanin/functions"
 	"github.com/fanin-ml/fanin/internal/demo"
-	"github.com/fanin-ml/fanin/internal/devstack"
+	"github.com/fanin-ml/fanin/lab/devstack"
 	"github.com/fanin-ml/fanin/sdk"
 )
 

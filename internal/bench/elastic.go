@@ -12,8 +12,8 @@ import (
 
 	"github.com/fanin-ml/fanin/functions"
 	"github.com/fanin-ml/fanin/internal/demo"
-	"github.com/fanin-ml/fanin/internal/devstack"
 	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/lab/devstack"
 	"github.com/fanin-ml/fanin/sdk"
 	"github.com/fanin-ml/fanin/wire"
 )

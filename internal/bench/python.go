@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fanin-ml/fanin/internal/devstack"
+	"github.com/fanin-ml/fanin/lab/devstack"
 )
 
 // The python scenario compares a Python worker process (sdk/python: numpy, and fanin.torch) with a
