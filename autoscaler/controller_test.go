@@ -17,8 +17,8 @@ import (
 
 	"github.com/fanin-ml/fanin/autoscaler"
 	"github.com/fanin-ml/fanin/internal/store"
-	"github.com/fanin-ml/fanin/internal/testutil"
 	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/lab/testutil"
 	"github.com/fanin-ml/fanin/wire"
 )
 

@@ -41,7 +41,7 @@ import (
 	"github.com/fanin-ml/fanin/autoscaler"
 	"github.com/fanin-ml/fanin/internal/image"
 	"github.com/fanin-ml/fanin/internal/kubetest"
-	"github.com/fanin-ml/fanin/internal/testutil"
+	"github.com/fanin-ml/fanin/lab/testutil"
 )
 
 const manifestDir = "../deploy/kubernetes"

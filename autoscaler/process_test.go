@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/fanin-ml/fanin/autoscaler"
-	"github.com/fanin-ml/fanin/internal/testutil"
+	"github.com/fanin-ml/fanin/lab/testutil"
 )
 
 // fakeRuntime is a stand-in for the fanin binary: `fakeRuntime runtime --id ID` appends its pid to

@@ -21,8 +21,8 @@ import (
 	"github.com/fanin-ml/fanin/gateway"
 	"github.com/fanin-ml/fanin/internal/telemetry"
 	"github.com/fanin-ml/fanin/internal/telemetry/traceshape"
-	"github.com/fanin-ml/fanin/internal/testutil"
 	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/lab/testutil"
 	"github.com/fanin-ml/fanin/sdk"
 )
 

@@ -15,8 +15,8 @@ import (
 	"github.com/fanin-ml/fanin/autoscaler"
 	"github.com/fanin-ml/fanin/functions"
 	"github.com/fanin-ml/fanin/gateway/api"
-	"github.com/fanin-ml/fanin/internal/testutil"
 	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/lab/testutil"
 	"github.com/fanin-ml/fanin/sdk"
 	"github.com/fanin-ml/fanin/wire"
 )

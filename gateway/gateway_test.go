@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/fanin-ml/fanin/gateway"
-	"github.com/fanin-ml/fanin/internal/testutil"
 	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/lab/testutil"
 )
 
 const tinyYAML = `

@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/fanin-ml/fanin/gateway"
-	"github.com/fanin-ml/fanin/internal/testutil"
+	"github.com/fanin-ml/fanin/lab/testutil"
 )
 
 // The OpenAPI document describes exactly the registered routes, both ways, every reference in it

@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"github.com/fanin-ml/fanin/gateway"
-	"github.com/fanin-ml/fanin/internal/testutil"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/lab/devstack"
+	"github.com/fanin-ml/fanin/lab/testutil"
 	"github.com/fanin-ml/fanin/sdk"
 )
 

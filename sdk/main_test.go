@@ -3,7 +3,7 @@ package sdk_test
 import (
 	"testing"
 
-	"github.com/fanin-ml/fanin/internal/testutil"
+	"github.com/fanin-ml/fanin/lab/testutil"
 )
 
 func TestMain(m *testing.M) { testutil.VerifyNoLeaks(m) }

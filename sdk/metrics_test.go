@@ -6,7 +6,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/fanin-ml/fanin/internal/testutil"
+	"github.com/fanin-ml/fanin/lab/testutil"
 	"github.com/fanin-ml/fanin/sdk"
 )
 

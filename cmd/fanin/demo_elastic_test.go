@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fanin-ml/fanin/internal/testutil"
+	"github.com/fanin-ml/fanin/lab/testutil"
 )
 
 // TestElasticDemo runs `fanin dev --demo --elastic` on an in-process stack: the assignment changes

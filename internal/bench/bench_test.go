@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fanin-ml/fanin/internal/testutil"
+	"github.com/fanin-ml/fanin/lab/testutil"
 )
 
 // TestRunQuick runs the two short scenarios as `fanin bench --quick` does and checks that the

@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanin-ml/fanin/internal/store"
-	"github.com/fanin-ml/fanin/internal/testutil"
+	"github.com/fanin-ml/fanin/lab/testutil"
 )
 
 // A fence admits one term's writes: a later term's claim makes the server refuse the earlier
