@@ -40,7 +40,7 @@ import (
 
 	"github.com/fanin-ml/fanin/autoscaler"
 	"github.com/fanin-ml/fanin/internal/image"
-	"github.com/fanin-ml/fanin/internal/kubetest"
+	"github.com/fanin-ml/fanin/lab/kubetest"
 	"github.com/fanin-ml/fanin/lab/testutil"
 )
 
