@@ -11,7 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/fanin-ml/fanin/internal/bench"
+	"github.com/fanin-ml/fanin/lab/bench"
 )
 
 func benchCmd() *cobra.Command {

@@ -27,7 +27,7 @@ import (
 )
 
 // TestOverhead measures what tracing and metrics cost the data plane, side by side: the workloads
-// of internal/bench's e2e-resnet50 (8 ranks, ResNet-50's 25.6M parameters, 4 MiB shards, 3 runtimes)
+// of lab/bench's e2e-resnet50 (8 ranks, ResNet-50's 25.6M parameters, 4 MiB shards, 3 runtimes)
 // and latency-small (4 ranks, 1 MiB), each run with telemetry off, on at the default sampling, and
 // on with every step traced, alternately, on fresh in-process stacks; the best of the repetitions
 // of each is kept, with the process's CPU time per step (everything runs in this process, which

@@ -1,6 +1,6 @@
 """The Python side of `fanin bench --only python`: N ranks of a job in this process, stepped in BSP
 lockstep with the bench's gradients (the same values as the Go side's), printing the Go side's
-report (internal/bench/workers.go) as JSON. Not part of the API.
+report (lab/bench/workers.go) as JSON. Not part of the API.
 
     python3 -m fanin._bench --mode numpy|torch --nats URL --creds FILE --job ID --ranks 8 --warmup 2 --steps 10
 """
@@ -20,7 +20,7 @@ _PHI = np.uint64(0x9E3779B97F4A7C15)
 
 
 def fill_gradient(n: int, rank: int) -> np.ndarray:
-    """The bench's gradient of a rank: internal/bench/util.go's fillGradient, bit for bit."""
+    """The bench's gradient of a rank: lab/bench/util.go's fillGradient, bit for bit."""
     with np.errstate(over="ignore"):
         z = np.uint64(rank + 1) * _PHI + (np.arange(1, n + 1, dtype=np.uint64) * _PHI)
         x = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)

@@ -1,4 +1,4 @@
-"""One rank of the gloo baseline of `fanin bench` (internal/bench/gloo.go runs N of these).
+"""One rank of the gloo baseline of `fanin bench` (lab/bench/gloo.go runs N of these).
 
 What PyTorch's DistributedDataParallel does with a model's gradients on CPU, on the bench's bytes:
 copy the gradient into its bucket, divide it by the world size, all-reduce the bucket with gloo,
@@ -25,7 +25,7 @@ _PHI = np.uint64(0x9E3779B97F4A7C15)
 
 
 def fill_gradient(n, rank):
-    """The bench's gradient of a rank, bit for bit (internal/bench/util.go's fillGradient), made
+    """The bench's gradient of a rank, bit for bit (lab/bench/util.go's fillGradient), made
     a million elements at a time to bound the temporaries of eight processes doing it at once."""
     out = np.empty(n, dtype=np.float32)
     step = 1 << 20

@@ -28,7 +28,7 @@ func Markdown(results []Result, command string, env string) string {
 	b.WriteString("# Benchmarks\n\n")
 	b.WriteString("fanin's data plane against baselines measured in the same run, on the same machine and the same bytes.\n")
 	b.WriteString("This file is generated (the last section, \"Measured elsewhere\", is written by hand and kept by `--out`):\n")
-	b.WriteString("change `internal/bench` (the analysis is `internal/bench/analysis.md`) and run the command again.\n\n")
+	b.WriteString("change `lab/bench` (the analysis is `lab/bench/analysis.md`) and run the command again.\n\n")
 	fmt.Fprintf(&b, "Produced by:\n\n```\n%s\n```\n\n", command)
 	b.WriteString("## Environment\n\n")
 	b.WriteString(strings.TrimSpace(env) + "\n\n")
