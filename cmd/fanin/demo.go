@@ -10,10 +10,10 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/fanin-ml/fanin/internal/demo"
 	"github.com/fanin-ml/fanin/internal/metrics"
 	"github.com/fanin-ml/fanin/internal/rate"
 	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/lab/demo"
 	"github.com/fanin-ml/fanin/lab/devstack"
 	"github.com/fanin-ml/fanin/sdk"
 )

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/fanin-ml/fanin/functions"
-	"github.com/fanin-ml/fanin/internal/demo"
+	"github.com/fanin-ml/fanin/lab/demo"
 	"github.com/fanin-ml/fanin/lab/devstack"
 	"github.com/fanin-ml/fanin/sdk"
 )

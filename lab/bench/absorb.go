@@ -21,7 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/fanin-ml/fanin/internal/demo"
+	"github.com/fanin-ml/fanin/lab/demo"
 	"github.com/fanin-ml/fanin/sdk"
 	"github.com/fanin-ml/fanin/wire"
 )

@@ -11,14 +11,14 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/fanin-ml/fanin/functions"
-	"github.com/fanin-ml/fanin/internal/demo"
 	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/lab/demo"
 	"github.com/fanin-ml/fanin/lab/devstack"
 	"github.com/fanin-ml/fanin/sdk"
 	"github.com/fanin-ml/fanin/wire"
 )
 
-// The elastic scenario: the demo model (internal/demo) with 4 logical ranks, each rank's gradient
+// The elastic scenario: the demo model (lab/demo) with 4 logical ranks, each rank's gradient
 // taking rankCompute as if on a device.
 //
 //   - absorb (absorb.go): 4 elastic worker processes; one is SIGKILLed, and the time from the last
