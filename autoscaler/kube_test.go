@@ -39,7 +39,7 @@ import (
 	sigsyaml "sigs.k8s.io/yaml"
 
 	"github.com/fanin-ml/fanin/autoscaler"
-	"github.com/fanin-ml/fanin/internal/image"
+	"github.com/fanin-ml/fanin/lab/image"
 	"github.com/fanin-ml/fanin/lab/kubetest"
 	"github.com/fanin-ml/fanin/lab/testutil"
 )

@@ -1,6 +1,6 @@
 // Command fanin-image builds fanin's container image without a Docker daemon: it compiles
 // cmd/fanin as a static binary per platform, puts it in a one-layer image on nothing
-// (internal/image), and writes an OCI layout or a tarball for `docker load`, or pushes it.
+// (lab/image), and writes an OCI layout or a tarball for `docker load`, or pushes it.
 //
 //	go run ./cmd/fanin-image --out bin/fanin-oci                  # linux/amd64 and linux/arm64
 //	go run ./cmd/fanin-image --platform linux/amd64 --out bin/fanin.tar && docker load -i bin/fanin.tar
@@ -34,7 +34,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
-	"github.com/fanin-ml/fanin/internal/image"
+	"github.com/fanin-ml/fanin/lab/image"
 )
 
 func main() {

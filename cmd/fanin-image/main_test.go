@@ -18,11 +18,11 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
-	"github.com/fanin-ml/fanin/internal/image"
+	"github.com/fanin-ml/fanin/lab/image"
 )
 
 // static compiles an empty program for linux/GOARCH as fanin-image compiles fanin: a static binary
-// to put in images quickly (internal/image's tests put fanin itself in one and run it).
+// to put in images quickly (lab/image's tests put fanin itself in one and run it).
 func static(t *testing.T) string {
 	t.Helper()
 	if runtime.GOOS != "linux" {

@@ -19,7 +19,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
-	"github.com/fanin-ml/fanin/internal/image"
+	"github.com/fanin-ml/fanin/lab/image"
 )
 
 // binDir holds the binaries built once for the whole test run.
