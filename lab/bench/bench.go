@@ -1,4 +1,3 @@
-// Package bench measures fanin's data plane against baselines measured in the same run, on the same bytes.
 package bench
 
 import (

@@ -1,0 +1,2 @@
+// Package bench measures fanin's data plane against baselines measured in the same run, on the same bytes.
+package bench
