@@ -3,7 +3,7 @@ package autoscaler
 import (
 	"time"
 
-	"github.com/fanin-ml/fanin/gateway/api"
+	"github.com/fanin-ml/fanin/wire"
 )
 
 // RuntimeObs is what the control loop observes of one runtime of the pool.
@@ -54,10 +54,10 @@ type Observations struct {
 	Shards   []ShardObs
 }
 
-// Move and Decision are the decider's output, also the documents of the gateway's
-// GET /v1/decisions; they are defined in gateway/api so that the Go SDK reads them without linking
-// the control plane.
+// Move and Decision are the decider's output, published on wire.DecisionsSubject and served as the
+// documents of the gateway's GET /v1/decisions; they are defined in wire so that the HTTP API and
+// the Go SDK read them without linking the control plane.
 type (
-	Move     = api.Move
-	Decision = api.Decision
+	Move     = wire.Move
+	Decision = wire.Decision
 )
