@@ -163,8 +163,17 @@ func WithElasticGradDtype(dt wire.Dtype) ElasticOption {
 	return func(e *Elastic) error { return WithGradDtype(dt)(e.w) }
 }
 
+// WithElasticParamsBuffer makes Step write the parameters after each step straight into buf
+// (see WithParamsBuffer): Step then returns buf. The gradient function's params are a copy the
+// worker keeps, never buf: buf is written while Step waits, when gradients of ranks gained
+// meanwhile are still computed from the step before.
+func WithElasticParamsBuffer(buf []float32) ElasticOption {
+	return func(e *Elastic) error { return WithParamsBuffer(buf)(e.w) }
+}
+
 // Elastic joins job id as an elastic worker and starts beating. Its ranks come with the first
-// assignment that names it (see Step).
+// assignment that names it (see Step). Options: WithWorkerID, WithOnAssign, WithRecord,
+// WithElasticGradDtype, WithElasticParamsBuffer.
 func (c *Client) Elastic(ctx context.Context, id string, opts ...ElasticOption) (*Elastic, error) {
 	rec, err := c.Job(ctx, id)
 	if err != nil {
@@ -230,6 +239,10 @@ func (e *Elastic) OwnStep() int64 { return e.w.OwnStep() }
 
 // StepCount is the step of the parameters the worker holds, -1 before it has any.
 func (e *Elastic) StepCount() int64 { return e.w.StepCount() }
+
+// Versions returns, per shard, the step of the parameters the worker holds (see Worker.Versions):
+// in an ssp job they may differ from shard to shard.
+func (e *Elastic) Versions() []int64 { return e.w.Versions() }
 
 // Params fetches the job's newest parameters (all of one step) and returns their step.
 func (e *Elastic) Params(ctx context.Context) (int64, []float32, error) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -15,9 +16,10 @@ import (
 // elasticRun is a set of elastic workers of one job in this process, each on its own connection,
 // recording the parameters every step returned.
 type elasticRun struct {
-	t   *testing.T
-	url string
-	job string
+	t        *testing.T
+	url      string
+	job      string
+	elements int
 
 	mu    sync.Mutex
 	steps map[int64][]byte // step -> the parameters' bits (every worker must agree)
@@ -58,7 +60,13 @@ func (r *elasticRun) start(id string, stop func(step int64) bool, kill bool) {
 			return
 		}
 		defer c.Close()
-		e, err := c.Elastic(ctx, r.job, sdk.WithWorkerID(id))
+		opts := []sdk.ElasticOption{sdk.WithWorkerID(id)}
+		var buf []float32
+		if id == "a" { // a's parameters land in a buffer of its own
+			buf = make([]float32, r.elements)
+			opts = append(opts, sdk.WithElasticParamsBuffer(buf))
+		}
+		e, err := c.Elastic(ctx, r.job, opts...)
 		if err != nil {
 			r.fail(err)
 			return
@@ -67,6 +75,10 @@ func (r *elasticRun) start(id string, stop func(step int64) bool, kill bool) {
 			p, err := e.Step(ctx, grad)
 			if err != nil {
 				r.fail(fmt.Errorf("worker %s: %w", id, err))
+				return
+			}
+			if buf != nil && &p[0] != &buf[0] {
+				r.fail(fmt.Errorf("worker %s: Step returned a slice other than its parameters buffer", id))
 				return
 			}
 			r.record(id, e.StepCount(), p)
@@ -123,7 +135,7 @@ func TestElasticWorkersComeAndGo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &elasticRun{t: t, url: st.URL, job: rec.Spec.ID, steps: map[int64][]byte{}, held: map[string]int{}}
+	r := &elasticRun{t: t, url: st.URL, job: rec.Spec.ID, elements: rec.Layout.Elements, steps: map[int64][]byte{}, held: map[string]int{}}
 	r.start("a", r.untilEnd, false)
 	r.start("b", func(t int64) bool { return t >= 30 }, false)
 	r.start("c", func(t int64) bool { return t >= 20 }, true)
@@ -270,6 +282,10 @@ func elasticSSPWorkerDies(t *testing.T, kill *killPoint) {
 					if !dead {
 						errs <- fmt.Errorf("worker %s: %w", id, err)
 					}
+					return
+				}
+				if v := slices.Min(e.Versions()); v < e.OwnStep()-2 {
+					errs <- fmt.Errorf("worker %s: after its step %d it holds version %d, beyond the bound", id, e.OwnStep(), v)
 					return
 				}
 				if kill == nil && id == "b" && e.OwnStep() >= dies && len(e.Ranks()) > 0 {
