@@ -7,7 +7,9 @@
 // which also writes libfanin.h. The ABI (docs/PYTHON.md):
 //
 //   - Objects are handles (uint64, never 0): a client from fanin_connect, a worker from
-//     fanin_worker. Each is released by its close function; using a closed handle is an error, not
+//     fanin_worker, an elastic worker from fanin_elastic (elastic.go), a reference from
+//     fanin_reference (reference.go), an applied-order record from fanin_applied_watch
+//     (applied.go). Each is released by its close function; using a closed handle is an error, not
 //     a crash.
 //   - Every call that can fail returns 0 on success and sets *err to NULL, or returns non-zero and
 //     sets *err to a JSON document {"kind", "message", and for a rejection "reason", "shard",
@@ -17,7 +19,8 @@
 //   - Float buffers belong to the caller. Gradients are only read during the call. A worker's
 //     parameter buffer, given to fanin_worker, receives the parameters straight from the network
 //     during fanin_params and fanin_step and is not touched between calls: it must stay allocated
-//     until fanin_worker_close.
+//     until fanin_worker_close. An elastic worker's two buffers (parameters after a step, and the
+//     parameters a gradient is computed from) likewise, until fanin_elastic_close.
 //   - Calls block; they release nothing of the caller's (ctypes drops the GIL around them), so
 //     several threads may use one client, and one worker per thread.
 //   - timeout_ms <= 0 waits without limit.

@@ -19,7 +19,7 @@ import (
 // gradients.
 type reference struct {
 	*functions.Reference
-	ranks, elements int
+	ranks, elements, shards int
 }
 
 // fanin_reference makes the reference of a job from its record (the JSON of fanin_job) and its
@@ -43,7 +43,7 @@ func fanin_reference(record *C.char, init *C.float, n C.int64_t, out *C.uint64_t
 		return fail(err, e)
 	}
 	ref := functions.NewReference(fn, rec.Spec.Ranks, rec.Layout.Ranges(), p) // copies p
-	*out = put(&reference{Reference: ref, ranks: rec.Spec.Ranks, elements: rec.Layout.Elements})
+	*out = put(&reference{Reference: ref, ranks: rec.Spec.Ranks, elements: rec.Layout.Elements, shards: rec.Layout.NumShards()})
 	return ok(err)
 }
 
@@ -75,6 +75,36 @@ func fanin_reference_step(h C.uint64_t, grads **C.float, k C.int, n C.int64_t, w
 		return fail(err, e)
 	}
 	r.Step(gs, ws)
+	copy(out, r.Params())
+	return ok(err)
+}
+
+// fanin_reference_apply applies one rank's gradient (n floats, the whole model) to one shard on its
+// own, as an asp job's runtime does (functions.Reference.ApplyRank): shard is the shard's index in
+// the layout, weight the rank's weight (weighted functions only). params (n floats) receives the
+// parameters after it.
+//
+//export fanin_reference_apply
+func fanin_reference_apply(h C.uint64_t, shard C.int, grad *C.float, n C.int64_t, weight C.double, params *C.float, err **C.char) C.int {
+	r, e := get[*reference](h)
+	if e != nil {
+		return fail(err, e)
+	}
+	if int(n) != r.elements || grad == nil {
+		return fail(err, fmt.Errorf("reference apply: a gradient of %d floats, the job has %d parameters", int64(n), r.elements))
+	}
+	if int(shard) < 0 || int(shard) >= r.shards {
+		return fail(err, fmt.Errorf("reference apply: no shard %d, the job has %d", int(shard), r.shards))
+	}
+	g, e := floats(grad, n)
+	if e != nil {
+		return fail(err, e)
+	}
+	out, e := floats(params, n)
+	if e != nil {
+		return fail(err, e)
+	}
+	r.ApplyRank(int(shard), g, float64(weight))
 	copy(out, r.Params())
 	return ok(err)
 }

@@ -1,0 +1,390 @@
+package main
+
+/*
+#include <stdint.h>
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"github.com/fanin-ml/fanin/sdk"
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// Elastic workers (sdk.Client.Elastic) through the C ABI.
+//
+// The Go SDK's Elastic.Step calls a gradient function for every rank it holds, and again while it
+// waits for ranks it gains then; from C that would be a callback from Go into the caller's
+// language (into Python: taking the GIL on a thread of Go's). The ABI turns the calls around
+// instead: the caller asks for the step's next event and answers it, and never receives a call.
+//
+//	fanin_elastic_next(h)        opens a step (Elastic.Step, run by the library) and waits for its
+//	                             first event:
+//	  FANIN_EVENT_GRADIENT       compute rank's gradient of step from the parameters now in the
+//	                             worker's prev buffer, hand it over with fanin_elastic_grad, then
+//	                             call fanin_elastic_next again;
+//	  FANIN_EVENT_ASSIGNED       the worker's ranks changed (fanin_elastic_ranks reads them) and
+//	                             no gradient is computed with them before the next call;
+//	  FANIN_EVENT_DONE           the step is over: the parameters after it are in the worker's
+//	                             params buffer, or the call failed with the step's error.
+//	fanin_elastic_abort(h)       ends an open step with an error (the caller's own failed).
+//
+// A step that failed, or was aborted, may be run again: nothing is applied twice. Between
+// fanin_elastic_next and its next call the library touches neither buffer of the worker.
+
+// Events of fanin_elastic_next.
+const (
+	eventDone     = 0 // FANIN_EVENT_DONE
+	eventGradient = 1 // FANIN_EVENT_GRADIENT
+	eventAssigned = 2 // FANIN_EVENT_ASSIGNED
+)
+
+// errAborted fails the gradient function of a step that fanin_elastic_abort ended.
+var errAborted = errors.New("the step was aborted by its caller")
+
+// elastic is an elastic handle's object: the SDK's elastic worker, writing the parameters after
+// each step into the caller's params buffer and the parameters a gradient is computed from into
+// the caller's prev buffer.
+type elastic struct {
+	*sdk.Elastic
+	prev   []float32
+	assign bool // the caller asked for FANIN_EVENT_ASSIGNED
+
+	busy sync.Mutex // held by the call using the worker's step: a second one at once is refused
+	run  *elasticStep
+}
+
+// elasticStep is an open step: Elastic.Step running in its own goroutine, which sends the step's
+// events on events (unbuffered) and ends with a done event. Only the caller holding busy reads
+// events and answers them.
+type elasticStep struct {
+	ctx     context.Context
+	cancel  context.CancelFunc
+	events  chan *event
+	pending *event // the gradient or assignment event the caller has not answered yet
+	copied  int64  // the step whose parameters are in prev (-1: none in this step)
+}
+
+// event is one event of an open step.
+type event struct {
+	kind   int
+	rank   int
+	step   int64     // gradient: its step; done: the step of the parameters held
+	own    int64     // done: the worker's own step
+	params []float32 // gradient: the parameters it is computed from
+	grad   []float32 // gradient: where it goes
+	err    error     // done: the step's error
+	answer chan error
+}
+
+// fanin_elastic joins job id as an elastic worker (sdk.Client.Elastic) named worker_id (NULL or
+// "": a random id). grad_dtype is NULL, "f32", "bf16" or "f16" (sdk.WithElasticGradDtype).
+// params and prev are the caller's buffers of n floats each, every parameter of the job: params
+// receives the parameters after each step (sdk.WithElasticParamsBuffer), prev the parameters
+// each gradient is computed from; both must stay allocated until the worker is closed.
+// on_assign non-zero makes fanin_elastic_next report FANIN_EVENT_ASSIGNED.
+//
+//export fanin_elastic
+func fanin_elastic(h C.uint64_t, id, workerID, gradDtype *C.char, params, prev *C.float, n C.int64_t, onAssign C.int, timeoutMs C.int64_t, out *C.uint64_t, err **C.char) C.int {
+	c, e := get[*sdk.Client](h)
+	if e != nil {
+		return fail(err, e)
+	}
+	p, e := floats(params, n)
+	if e != nil {
+		return fail(err, e)
+	}
+	q, e := floats(prev, n)
+	if e != nil {
+		return fail(err, e)
+	}
+	if len(p) > 0 && &p[0] == &q[0] {
+		return fail(err, errors.New("elastic: params and prev must be two buffers"))
+	}
+	x := &elastic{prev: q, assign: onAssign != 0}
+	opts := []sdk.ElasticOption{sdk.WithElasticParamsBuffer(p)}
+	if workerID != nil && C.GoString(workerID) != "" {
+		opts = append(opts, sdk.WithWorkerID(C.GoString(workerID)))
+	}
+	if x.assign {
+		opts = append(opts, sdk.WithOnAssign(x.onAssign))
+	}
+	if gradDtype != nil {
+		dt, ok := wire.ParseDtype(C.GoString(gradDtype))
+		if !ok {
+			return fail(err, wire.Rejectf(wire.ReasonBadDtype, "gradient dtype %q is not %s, %s or %s", C.GoString(gradDtype), wire.DtypeF32, wire.DtypeBF16, wire.DtypeF16))
+		}
+		opts = append(opts, sdk.WithElasticGradDtype(dt))
+	}
+	ctx, cancel := deadline(timeoutMs)
+	defer cancel()
+	el, e := c.Elastic(ctx, C.GoString(id), opts...)
+	if e != nil {
+		return fail(err, e)
+	}
+	x.Elastic = el
+	*out = put(x)
+	return ok(err)
+}
+
+// acquireElastic takes the elastic worker of handle h for one call; the caller releases it with
+// x.busy.Unlock.
+func acquireElastic(h C.uint64_t) (*elastic, error) {
+	x, err := get[*elastic](h)
+	if err != nil {
+		return nil, err
+	}
+	if !x.busy.TryLock() {
+		return nil, fmt.Errorf("elastic worker %s is in use by another call", x.ID())
+	}
+	return x, nil
+}
+
+// fanin_elastic_next opens a step if none is open (timeout_ms bounds the whole step), answers the
+// pending FANIN_EVENT_ASSIGNED if there is one, and waits for the step's next event: it sets
+// *event, and for FANIN_EVENT_GRADIENT *rank and *step (the parameters are in prev), for
+// FANIN_EVENT_DONE *step (of the parameters now in params) and *own (the worker's own step:
+// ahead of *step in an ssp job). A step that failed returns its error, and is over.
+//
+//export fanin_elastic_next
+func fanin_elastic_next(h C.uint64_t, timeoutMs C.int64_t, ev *C.int, rank *C.int, step, own *C.int64_t, err **C.char) C.int {
+	x, e := acquireElastic(h)
+	if e != nil {
+		return fail(err, e)
+	}
+	defer x.busy.Unlock()
+	r := x.run
+	switch {
+	case r == nil:
+		r = x.open(timeoutMs)
+	case r.pending != nil && r.pending.kind == eventGradient:
+		return fail(err, fmt.Errorf("elastic worker %s: give rank %d's gradient of step %d (fanin_elastic_grad) before the next event", x.ID(), r.pending.rank, r.pending.step))
+	case r.pending != nil:
+		r.pending.answer <- nil
+		r.pending = nil
+	}
+	v := <-r.events
+	switch v.kind {
+	case eventDone:
+		x.run = nil
+		r.cancel()
+		if v.err != nil {
+			return fail(err, v.err)
+		}
+		*step, *own = C.int64_t(v.step), C.int64_t(v.own)
+	case eventGradient:
+		if r.copied != v.step { // one copy per step: its ranks' gradients share the parameters
+			copy(x.prev, v.params)
+			r.copied = v.step
+		}
+		*rank, *step = C.int(v.rank), C.int64_t(v.step)
+		r.pending = v
+	case eventAssigned:
+		r.pending = v
+	}
+	*ev = C.int(v.kind)
+	return ok(err)
+}
+
+// open starts a step: Elastic.Step in a goroutine of its own, which ends after sending its done
+// event (read by fanin_elastic_next or fanin_elastic_abort).
+func (x *elastic) open(timeoutMs C.int64_t) *elasticStep {
+	ctx, cancel := deadline(timeoutMs)
+	r := &elasticStep{ctx: ctx, cancel: cancel, events: make(chan *event), copied: -1}
+	x.run = r // read by onAssign on the step's goroutine, which starts after this write
+	grad := func(_ context.Context, rank int, step int64, params, g []float32) error {
+		return r.ask(&event{kind: eventGradient, rank: rank, step: step, params: params, grad: g})
+	}
+	go func() {
+		_, err := x.Step(ctx, grad)
+		r.events <- &event{kind: eventDone, step: x.StepCount(), own: x.OwnStep(), err: err}
+	}()
+	return r
+}
+
+// onAssign is the worker's sdk.WithOnAssign (when the caller asked for the event): it runs on the
+// open step's goroutine, inside Elastic.Step.
+func (x *elastic) onAssign([]int) {
+	if r := x.run; r != nil {
+		_ = r.ask(&event{kind: eventAssigned})
+	}
+}
+
+// ask sends v to the caller and waits for its answer, or for the step's end.
+func (r *elasticStep) ask(v *event) error {
+	v.answer = make(chan error, 1)
+	select {
+	case r.events <- v:
+	case <-r.ctx.Done():
+		return r.ctx.Err()
+	}
+	select {
+	case err := <-v.answer:
+		return err
+	case <-r.ctx.Done():
+		return r.ctx.Err()
+	}
+}
+
+// fanin_elastic_grad answers the pending FANIN_EVENT_GRADIENT with its gradient (n floats,
+// copied).
+//
+//export fanin_elastic_grad
+func fanin_elastic_grad(h C.uint64_t, grad *C.float, n C.int64_t, err **C.char) C.int {
+	x, e := acquireElastic(h)
+	if e != nil {
+		return fail(err, e)
+	}
+	defer x.busy.Unlock()
+	r := x.run
+	if r == nil || r.pending == nil || r.pending.kind != eventGradient {
+		return fail(err, fmt.Errorf("elastic worker %s: no gradient was asked for (fanin_elastic_next)", x.ID()))
+	}
+	g, e := floats(grad, n)
+	if e != nil {
+		return fail(err, e)
+	}
+	v := r.pending
+	if len(g) != len(v.grad) {
+		return fail(err, wire.Rejectf(wire.ReasonBadLength, "rank %d, step %d: %d gradients, the job has %d parameters", v.rank, v.step, len(g), len(v.grad)))
+	}
+	copy(v.grad, g)
+	r.pending = nil
+	v.answer <- nil
+	return ok(err)
+}
+
+// fanin_elastic_abort ends the open step, if any, with an error, and returns once it is over.
+//
+//export fanin_elastic_abort
+func fanin_elastic_abort(h C.uint64_t) {
+	x, e := get[*elastic](h)
+	if e != nil {
+		return
+	}
+	x.busy.Lock()
+	defer x.busy.Unlock()
+	x.abort()
+}
+
+// abort ends the open step: its context is cancelled and every event it still sends is answered
+// with errAborted, up to its done event. x.busy is held.
+func (x *elastic) abort() {
+	r := x.run
+	if r == nil {
+		return
+	}
+	r.cancel()
+	if r.pending != nil {
+		r.pending.answer <- errAborted
+	}
+	for v := range r.events {
+		if v.kind == eventDone {
+			break
+		}
+		v.answer <- errAborted
+	}
+	x.run = nil
+}
+
+// fanin_elastic_ranks copies the ranks the worker holds now into ranks (room for cap of them;
+// the job's rank count is enough), sets *n to their count and *epoch to the assignment's epoch.
+//
+//export fanin_elastic_ranks
+func fanin_elastic_ranks(h C.uint64_t, ranks *C.int, capacity C.int, n *C.int, epoch *C.uint64_t, err **C.char) C.int {
+	x, e := get[*elastic](h)
+	if e != nil {
+		return fail(err, e)
+	}
+	held := x.Ranks()
+	if len(held) > int(capacity) || (ranks == nil && len(held) > 0) {
+		return fail(err, fmt.Errorf("elastic worker %s holds %d ranks, room for %d", x.ID(), len(held), int(capacity)))
+	}
+	if len(held) > 0 {
+		out := unsafe.Slice(ranks, len(held))
+		for i, r := range held {
+			out[i] = C.int(r)
+		}
+	}
+	*n, *epoch = C.int(len(held)), C.uint64_t(x.Epoch())
+	return ok(err)
+}
+
+// fanin_elastic_versions copies the versions of the parameters in params, per shard, into
+// versions (n of them: the job's shard count; sdk.Elastic.Versions).
+//
+//export fanin_elastic_versions
+func fanin_elastic_versions(h C.uint64_t, versions *C.int64_t, n C.int, err **C.char) C.int {
+	x, e := get[*elastic](h)
+	if e != nil {
+		return fail(err, e)
+	}
+	return copyVersions(x.Versions(), versions, n, err)
+}
+
+func copyVersions(vs []int64, out *C.int64_t, n C.int, err **C.char) C.int {
+	if int(n) != len(vs) || (out == nil && n > 0) {
+		return fail(err, fmt.Errorf("versions: room for %d, the job has %d shards", int(n), len(vs)))
+	}
+	if n > 0 {
+		o := unsafe.Slice(out, int(n))
+		for i, v := range vs {
+			o[i] = C.int64_t(v)
+		}
+	}
+	return ok(err)
+}
+
+// fanin_elastic_leave leaves the job gracefully (sdk.Elastic.Leave), ending an open step first,
+// and closes the worker: its ranks move to the others at once. The handle is released even when
+// it fails.
+//
+//export fanin_elastic_leave
+func fanin_elastic_leave(h C.uint64_t, timeoutMs C.int64_t, err **C.char) C.int {
+	x, isElastic := drop(h).(*elastic)
+	if !isElastic {
+		return fail(err, fmt.Errorf("handle %d is not an open elastic worker (closed already?)", uint64(h)))
+	}
+	x.busy.Lock()
+	defer x.busy.Unlock()
+	x.abort()
+	ctx, cancel := deadline(timeoutMs)
+	defer cancel()
+	if e := x.Leave(ctx); e != nil {
+		return fail(err, e)
+	}
+	return ok(err)
+}
+
+// fanin_elastic_close is fanin_elastic_leave with a timeout of 2 s and no error.
+//
+//export fanin_elastic_close
+func fanin_elastic_close(h C.uint64_t) {
+	if x, isElastic := drop(h).(*elastic); isElastic {
+		x.busy.Lock()
+		x.abort()
+		_ = x.Close()
+		x.busy.Unlock()
+	}
+}
+
+// fanin_worker_versions copies the versions of the parameters the worker holds, per shard, into
+// versions (n of them: the job's shard count; sdk.Worker.Versions), and sets *own to the last step
+// it published (sdk.Worker.OwnStep: in an ssp or asp job its own step, which the parameters may
+// lag).
+//
+//export fanin_worker_versions
+func fanin_worker_versions(h C.uint64_t, versions *C.int64_t, n C.int, own *C.int64_t, err **C.char) C.int {
+	w, e := acquire(h)
+	if e != nil {
+		return fail(err, e)
+	}
+	defer w.busy.Unlock()
+	*own = C.int64_t(w.OwnStep())
+	return copyVersions(w.Versions(), versions, n, err)
+}
