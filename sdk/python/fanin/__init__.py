@@ -33,9 +33,11 @@ import json
 import math
 import urllib.error
 import urllib.request
-from ctypes import POINTER, byref, c_double, c_float, c_int64, c_uint64, c_void_p
+import re
+import uuid
+from ctypes import POINTER, byref, c_double, c_float, c_int, c_int64, c_uint64, c_void_p
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -54,6 +56,8 @@ __all__ = [
     "Job",
     "Worker",
     "Ranks",
+    "Elastic",
+    "AppliedOrder",
     "Reference",
     "connect",
     "decode_params",
@@ -288,6 +292,26 @@ class Worker(_Closing):
         self.step_count = step.value
         return self.params
 
+    def versions(self) -> list[int]:
+        """Per shard (in layout order), the step of the parameters in ``params``. In a bsp job
+        every shard is at ``step_count``; in an ssp or asp job ``step`` returns each shard's
+        newest parameters as they arrived, so versions may differ from shard to shard, and
+        ``step_count`` is the oldest of them. In an ssp job with staleness s, after the worker's
+        step t (``own_step``) every version is t-s or newer."""
+        return self._versions()[0]
+
+    @property
+    def own_step(self) -> int:
+        """The last step this worker published: ``step_count`` in a bsp job; in an ssp or asp
+        job its own step, which its parameters may lag."""
+        return self._versions()[1]
+
+    def _versions(self) -> tuple[list[int], int]:
+        n = len(self.job.shards)
+        vs, own, err = (c_int64 * n)(), c_int64(), c_void_p()
+        _check(lib.fanin_worker_versions(self._handle(), vs, n, byref(own), byref(err)), err)
+        return list(vs), own.value
+
     def _handle(self) -> int:
         if not self._h:
             raise FaninError(f"worker of rank {self.rank} is closed")
@@ -357,6 +381,191 @@ class Ranks:
         self.close()
 
 
+# Events of fanin_elastic_next (sdk/libfanin/elastic.go).
+_EVENT_DONE, _EVENT_GRADIENT, _EVENT_ASSIGNED = 0, 1, 2
+
+_WORKER_ID = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_-]{0,63}$")
+
+#: A gradient function of an elastic worker: ``grad_fn(rank, step, params)`` returns rank's
+#: gradient (``job.elements`` values) for step, computed from params, the parameters after step-1.
+GradFn = Callable[[int, int, np.ndarray], Any]
+
+
+class Elastic(_Closing):
+    """A physical worker of a job whose logical ranks fanin assigns (the Go SDK's
+    ``Client.Elastic``): it beats to fanin's autoscaler, holds the ranks of the newest assignment,
+    and ``step`` computes their gradients with a function of yours. Workers join
+    (``Client.elastic``), leave (``leave``) or die at any time: a dead worker's ranks move to the
+    others within a few seconds of its last beat, a departed one's at once.
+
+    ``step(grad_fn)`` calls ``grad_fn(rank, step, params)`` for every rank the worker holds, and
+    again while it waits for the step for ranks it gains meanwhile (those of a worker that died or
+    left). ``grad_fn`` must depend on nothing but its arguments (the rank's data partition, its
+    batch number ``step``, and the parameters): then whichever worker computes a rank's gradient,
+    and however often, the bytes are the same, and a job trained on workers that come and go ends
+    bit-identical to the same job on a fixed set of ranks (``Reference``).
+
+    ``params`` receives the parameters after each step (the returned array); ``grad_fn``'s
+    ``params`` is another buffer, the parameters the gradient is computed from: read it during the
+    call only. ``ranks`` are the ranks held now, ``on_assign(ranks)`` is called (in the thread of
+    ``step``) whenever they change, before a gradient is computed with them. A worker holding no
+    ranks (standing by, or not assigned yet) follows the steps. Used by one thread at a time;
+    ``ranks``, ``epoch`` and ``versions`` may be read from any.
+
+    The library computes nothing in Python's place and never calls into Python: ``step`` asks it
+    for the step's next event and answers it, so ``grad_fn`` runs in your thread, with the GIL,
+    as any Python code. Each gradient is copied once into the library's buffer (it must outlive
+    the call that hands it over), and the parameters once per step into ``grad_fn``'s buffer."""
+
+    def __init__(
+        self,
+        client: "Client",
+        job: Job,
+        worker_id: str,
+        handle: int,
+        params: np.ndarray,
+        prev: np.ndarray,
+        on_assign: Optional[Callable[[list[int]], Any]],
+    ) -> None:
+        self._client = client
+        self.job = job
+        self.id = worker_id
+        self.params = params
+        self._prev = prev
+        self._on_assign = on_assign
+        self._h = handle
+        self.step_count = -1  #: the step of the parameters in ``params``; -1 before any
+        self.own_step = -1  #: the last step this worker published (ssp: ahead of step_count)
+        self.bytes_copied = 0  #: bytes of gradients Python copied (not contiguous float32)
+        self.computed = 0  #: gradients this worker computed and handed over
+
+    def _handle(self) -> int:
+        if not self._h:
+            raise FaninError(f"elastic worker {self.id} is closed")
+        return self._h
+
+    def _ranks(self) -> tuple[list[int], int]:
+        k = self.job.ranks
+        buf, n, epoch, err = (c_int * k)(), c_int(), c_uint64(), c_void_p()
+        _check(lib.fanin_elastic_ranks(self._handle(), buf, k, byref(n), byref(epoch), byref(err)), err)
+        return list(buf[: n.value]), epoch.value
+
+    @property
+    def ranks(self) -> list[int]:
+        """The logical ranks the worker holds now (sorted; empty before its first assignment)."""
+        return self._ranks()[0]
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the assignment the worker follows (0 before the first)."""
+        return self._ranks()[1]
+
+    def versions(self) -> list[int]:
+        """Per shard, the step of the parameters in ``params`` (see Worker.versions)."""
+        n = len(self.job.shards)
+        vs, err = (c_int64 * n)(), c_void_p()
+        _check(lib.fanin_elastic_versions(self._handle(), vs, n, byref(err)), err)
+        return list(vs)
+
+    def step(self, grad_fn: GradFn, timeout: Optional[float] = DEFAULT_TIMEOUT) -> np.ndarray:
+        """Runs the next step: computes with ``grad_fn`` the gradient of every rank the worker
+        holds (and of ranks it gains while it waits), publishes them, and returns the parameters
+        after the step, in ``params``. ``timeout`` bounds the whole step. If ``grad_fn`` or
+        ``on_assign`` raises, the step is abandoned and the exception raised; a step that raised
+        may be run again (nothing is applied twice)."""
+        h = self._handle()
+        ms = _ms(timeout)
+        ev, rank, step, own, err = c_int(), c_int(), c_int64(), c_int64(), c_void_p()
+        try:
+            while True:
+                status = lib.fanin_elastic_next(h, ms, byref(ev), byref(rank), byref(step), byref(own), byref(err))
+                _check(status, err)  # an error ends the step in the library
+                if ev.value == _EVENT_DONE:
+                    self.step_count, self.own_step = step.value, own.value
+                    return self.params
+                if ev.value == _EVENT_ASSIGNED:
+                    if self._on_assign is not None:
+                        self._on_assign(self.ranks)
+                    continue
+                r, t = rank.value, step.value
+                g = grad_fn(r, t, self._prev)
+                if g is None:
+                    raise TypeError(f"grad_fn returned None for rank {r}, step {t}: it must return the gradient")
+                a, copied = _as_grads(g, self.job.elements, f"rank {r} step {t}")
+                self.bytes_copied += copied
+                _check(lib.fanin_elastic_grad(h, _floats(a), a.size, byref(err)), err)
+                self.computed += 1
+        except BaseException:
+            lib.fanin_elastic_abort(h)  # ends the step, if it is still open
+            raise
+
+    def leave(self, timeout: Optional[float] = 10.0) -> None:
+        """Leaves the job gracefully: the worker's ranks move to the others at once. Call it
+        between steps; the worker is closed after it."""
+        h = self._handle()
+        self._h = 0
+        err = c_void_p()
+        _check(lib.fanin_elastic_leave(h, _ms(timeout), byref(err)), err)
+
+    def close(self) -> None:
+        """Leaves the job (as ``leave``, waiting up to 2 s, raising nothing)."""
+        if self._h:
+            lib.fanin_elastic_close(self._h)
+            self._h = 0
+
+    def __repr__(self) -> str:
+        return f"Elastic(job={self.job.id!r}, id={self.id!r}, step={self.step_count})"
+
+
+class AppliedOrder(_Closing):
+    """Which gradient made each version of each shard of an asp job, recorded from the
+    parameters' pushes (``Client.watch_applied``; docs/PROTOCOL.md, "asp"): in an asp job every
+    gradient is applied on its own, in the order the gradient stream stored them, and this record
+    with the versions each gradient was computed from (``Worker.versions``) is all that
+    ``Reference.apply_rank`` needs to replay the run bit for bit. Start it before the job's first
+    gradient and keep it until the last parameters arrived."""
+
+    def __init__(self, job_id: str, handle: int) -> None:
+        self.job_id = job_id
+        self._h = handle
+
+    def read(self) -> dict[int, dict[int, tuple[int, int]]]:
+        """The record so far: shard -> version -> (rank, step) of the gradient that made it.
+        Raises FaninError if a version was pushed twice naming two gradients."""
+        if not self._h:
+            raise FaninError(f"applied-order record of job {self.job_id!r} is closed")
+        out, err = c_void_p(), c_void_p()
+        _check(lib.fanin_applied_read(self._h, byref(out), byref(err)), err)
+        doc = json.loads(_lib.take_string(out))
+        if doc["conflicts"]:
+            raise FaninError(f"job {self.job_id!r}: " + "; ".join(doc["conflicts"]))
+        rec: dict[int, dict[int, tuple[int, int]]] = {}
+        for shard, versions in doc["shards"].items():
+            rec[int(shard)] = {}
+            for v, g in versions.items():
+                r, t = g.split(".")
+                rec[int(shard)][int(v)] = (int(r), int(t))
+        return rec
+
+    def close(self) -> None:
+        if self._h:
+            lib.fanin_applied_close(self._h)
+            self._h = 0
+
+
+def _check_buffer(params: Any, job: Job) -> None:
+    if not (
+        isinstance(params, np.ndarray)
+        and params.dtype == np.float32
+        and params.ndim == 1
+        and params.flags.c_contiguous
+        and params.flags.writeable
+    ):
+        raise ValueError("params must be a writable, contiguous float32 vector")
+    if params.size != job.elements:
+        raise ValueError(f"params has {params.size} elements, job {job.id!r} has {job.elements}")
+
+
 Credentials = Union[Mapping[str, Any], str, None]
 
 
@@ -412,16 +621,7 @@ class Client(_Closing):
         job = self.job(job_id, timeout)
         if params is None:
             params = np.zeros(job.elements, dtype=np.float32)
-        if not (
-            isinstance(params, np.ndarray)
-            and params.dtype == np.float32
-            and params.ndim == 1
-            and params.flags.c_contiguous
-            and params.flags.writeable
-        ):
-            raise ValueError("params must be a writable, contiguous float32 vector")
-        if params.size != job.elements:
-            raise ValueError(f"params has {params.size} elements, job {job_id!r} has {job.elements}")
+        _check_buffer(params, job)
         if weight is not None and not weight > 0:
             raise ValueError(f"weight must be > 0, got {weight!r}")
         if grad_dtype not in ("f32", "bf16", "f16"):
@@ -462,6 +662,48 @@ class Client(_Closing):
             raise
         return Ranks(workers)
 
+    def elastic(
+        self,
+        job_id: str,
+        worker_id: Optional[str] = None,
+        on_assign: Optional[Callable[[list[int]], Any]] = None,
+        params: Optional[np.ndarray] = None,
+        grad_dtype: str = "f32",
+        timeout: Optional[float] = 30.0,
+    ) -> Elastic:
+        """Joins job ``job_id`` (bsp or ssp) as an elastic worker (see Elastic) and starts
+        beating; its ranks come with the first assignment that names it. ``worker_id`` names it
+        (1-64 of a-z, A-Z, 0-9, '_' and '-'; default a random one). ``on_assign(ranks)`` is
+        called whenever its ranks change. ``params`` is the buffer that receives the parameters
+        (as in ``worker``); ``grad_dtype`` as in ``worker``. An asp job has nothing to assign
+        (it never waits for a rank): it raises FaninError; use ``worker``."""
+        job = self.job(job_id, timeout)
+        if worker_id is None:
+            worker_id = str(uuid.uuid4())
+        if not _WORKER_ID.match(worker_id):
+            raise ValueError(f"worker id {worker_id!r}: use 1-64 of a-z, A-Z, 0-9, '_' and '-'")
+        if params is None:
+            params = np.zeros(job.elements, dtype=np.float32)
+        _check_buffer(params, job)
+        if grad_dtype not in ("f32", "bf16", "f16"):
+            raise ValueError(f"grad_dtype must be 'f32', 'bf16' or 'f16', got {grad_dtype!r}")
+        if on_assign is not None and not callable(on_assign):
+            raise TypeError("on_assign must be callable")
+        prev = np.zeros(job.elements, dtype=np.float32)
+        h, err = c_uint64(), c_void_p()
+        status = lib.fanin_elastic(
+            self._handle(), job_id.encode(), worker_id.encode(), grad_dtype.encode(), _floats(params), _floats(prev),
+            params.size, 1 if on_assign is not None else 0, _ms(timeout), byref(h), byref(err),
+        )
+        _check(status, err)
+        return Elastic(self, job, worker_id, h.value, params, prev, on_assign)
+
+    def watch_applied(self, job_id: str) -> AppliedOrder:
+        """Starts recording the applied order of an asp job (see AppliedOrder)."""
+        h, err = c_uint64(), c_void_p()
+        _check(lib.fanin_applied_watch(self._handle(), job_id.encode(), byref(h), byref(err)), err)
+        return AppliedOrder(job_id, h.value)
+
     def close(self) -> None:
         """Closes the connection (its workers stop working)."""
         if self._h:
@@ -500,6 +742,21 @@ class Reference(_Closing):
         wp = None if weights is None else (c_double * k)(*weights)
         err = c_void_p()
         _check(lib.fanin_reference_step(self._h, ps, k, self.job.elements, wp, _floats(self.params), byref(err)), err)
+        return self.params
+
+    def apply_rank(self, shard: int, grad: Any, weight: Optional[float] = None) -> np.ndarray:
+        """Applies one rank's gradient (of the whole model: only the shard's slice is read) to
+        one shard on its own, as an asp job's runtime does: the shard's update count is its own
+        step. ``shard`` is the shard's index in ``job.shards``; ``weight`` the rank's weight for
+        weighted functions. Returns the parameters after it."""
+        if not 0 <= shard < len(self.job.shards):
+            raise ValueError(f"no shard {shard}: job {self.job.id!r} has {len(self.job.shards)}")
+        g, _ = _as_grads(grad, self.job.elements, "reference")
+        err = c_void_p()
+        status = lib.fanin_reference_apply(
+            self._h, shard, _floats(g), g.size, c_double(weight or 1.0), _floats(self.params), byref(err)
+        )
+        _check(status, err)
         return self.params
 
     def close(self) -> None:

@@ -60,7 +60,26 @@ def _load() -> ctypes.CDLL:
             c_int,
             [c_uint64, POINTER(_FLOATP), c_int, c_int64, POINTER(c_double), _FLOATP, _ERR],
         ),
+        "fanin_reference_apply": (c_int, [c_uint64, c_int, _FLOATP, c_int64, c_double, _FLOATP, _ERR]),
         "fanin_reference_close": (None, [c_uint64]),
+        "fanin_worker_versions": (c_int, [c_uint64, POINTER(c_int64), c_int, POINTER(c_int64), _ERR]),
+        "fanin_elastic": (
+            c_int,
+            [c_uint64, c_char_p, c_char_p, c_char_p, _FLOATP, _FLOATP, c_int64, c_int, c_int64, POINTER(c_uint64), _ERR],
+        ),
+        "fanin_elastic_next": (
+            c_int,
+            [c_uint64, c_int64, POINTER(c_int), POINTER(c_int), POINTER(c_int64), POINTER(c_int64), _ERR],
+        ),
+        "fanin_elastic_grad": (c_int, [c_uint64, _FLOATP, c_int64, _ERR]),
+        "fanin_elastic_abort": (None, [c_uint64]),
+        "fanin_elastic_ranks": (c_int, [c_uint64, POINTER(c_int), c_int, POINTER(c_int), POINTER(c_uint64), _ERR]),
+        "fanin_elastic_versions": (c_int, [c_uint64, POINTER(c_int64), c_int, _ERR]),
+        "fanin_elastic_leave": (c_int, [c_uint64, c_int64, _ERR]),
+        "fanin_elastic_close": (None, [c_uint64]),
+        "fanin_applied_watch": (c_int, [c_uint64, c_char_p, POINTER(c_uint64), _ERR]),
+        "fanin_applied_read": (c_int, [c_uint64, POINTER(c_void_p), _ERR]),
+        "fanin_applied_close": (None, [c_uint64]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, name)

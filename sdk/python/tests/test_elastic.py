@@ -1,0 +1,197 @@
+"""Elastic workers against a real `fanin dev`: worker processes that join, leave and are killed
+with SIGKILL while a job of 4 logical ranks trains, and every step's parameters, whichever worker
+returned them, are those of fanin's reference on 4 fixed ranks, bit for bit; and one worker in
+this process for the API: its ranks, on_assign, a gradient function that fails, bad gradients."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fanin
+from elastic_worker import gradient, sha
+
+WORKER = Path(__file__).with_name("elastic_worker.py")
+
+
+def job_spec(ranks: int, **extra) -> dict:
+    return {
+        "id": "elastic",
+        "ranks": ranks,
+        "tensors": [{"name": "w", "shape": [1000, 3]}],
+        "function": {"name": "adam", "hyper": {"lr": 0.01}},
+        "init": {"kind": "uniform", "seed": 5, "scale": 0.5},
+        "shard_size": 4096,  # 3 shards
+        **extra,
+    }
+
+
+def initial(client: fanin.Client, job_id: str) -> np.ndarray:
+    """The job's parameters of step 0 (read before any worker steps)."""
+    with client.worker(job_id, 0) as w:
+        p = w.fetch(timeout=30).copy()
+        assert w.step_count == 0
+        return p
+
+
+def reference_shas(job: fanin.Job, init: np.ndarray, steps: int) -> dict[int, str]:
+    ref = fanin.Reference(job, init)
+    out = {0: sha(init)}
+    for t in range(1, steps + 1):
+        out[t] = sha(ref.step([gradient(r, t, ref.params) for r in range(job.ranks)]))
+    return out
+
+
+def read_log(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    return [json.loads(line) for line in lines if line.endswith("}")]  # a killed worker's last line may be cut
+
+
+def wait_for(what: str, cond, procs: dict, timeout: float = 120.0) -> None:
+    deadline = time.time() + timeout
+    while not cond():
+        for name, p in procs.items():
+            if p.poll() not in (None, 0, -9):
+                raise AssertionError(f"worker {name} exited with {p.returncode} while waiting for {what}")
+        if time.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_elastic_processes_leave_die_and_join(dev, tmp_path):
+    """4 logical ranks on worker processes a, b, c; b leaves after step 8; d joins at step 12;
+    c is killed (SIGKILL) once d holds ranks and c is at step 20 or later; a and d go on to step
+    36. Every step's parameters any worker returned are the reference's of 4 fixed ranks, and so
+    are the job's final ones."""
+    created = dev.create(job_spec(4))
+    job_id = created["spec"]["id"]
+    creds = tmp_path / "creds.json"
+    creds.write_text(json.dumps(created.get("credentials")))
+    last = 36
+    with fanin.connect(dev.nats, created["credentials"]) as c:
+        job = c.job(job_id)
+        init = initial(c, job_id)
+    pkg = os.path.dirname(os.path.dirname(fanin.__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [pkg, os.environ.get("PYTHONPATH")])))
+    logs = {n: tmp_path / f"{n}.jsonl" for n in "abcd"}
+    procs: dict[str, subprocess.Popen] = {}
+
+    def start(name: str, until: int) -> None:
+        procs[name] = subprocess.Popen(
+            [sys.executable, str(WORKER), "--nats", dev.nats, "--creds", str(creds), "--job", job_id, "--id", name,
+             "--until", str(until), "--log", str(logs[name])],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+
+    def at(name: str) -> int:
+        lines = read_log(logs[name])
+        return lines[-1]["step"] if lines else -1
+
+    def held(name: str) -> bool:
+        return any(line["ranks"] for line in read_log(logs[name]))
+
+    try:
+        start("a", last)
+        start("b", 8)
+        start("c", 10_000)  # until killed
+        wait_for("step 12", lambda: max(at("a"), at("c")) >= 12, procs)
+        start("d", last)
+        wait_for("d to hold ranks and c to reach step 20", lambda: held("d") and at("c") >= 20, procs)
+        procs["c"].kill()
+        killed_at = at("c")
+        for name in "abd":
+            out, _ = procs[name].communicate(timeout=180)
+            assert procs[name].returncode == 0, f"worker {name} failed:\n{out}"
+        procs["c"].wait(10)
+        assert procs["c"].returncode == -9
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+    want = reference_shas(job, init, last)
+    lines = {n: read_log(logs[n]) for n in "abcd"}
+    for name, ls in lines.items():
+        for line in ls:
+            assert line["sha"] == want[line["step"]], f"worker {name}: step {line['step']} differs from the reference"
+    assert lines["b"][-1]["step"] == 8 and any(line["ranks"] for line in lines["b"]), "b held no rank before leaving"
+    assert lines["a"][-1]["step"] == last and lines["d"][-1]["step"] == last
+    assert killed_at >= 20
+    # After c's death a and d held all 4 ranks between them.
+    after = [set(line["ranks"]) for n in "ad" for line in lines[n] if line["step"] == last]
+    assert set().union(*after) == {0, 1, 2, 3}, after
+    assert sum(line["computed"] for line in lines["a"][-1:] + lines["d"][-1:]) > 0
+
+    with fanin.connect(dev.nats, created["credentials"]) as c:
+        with c.worker(job_id, 0) as w:
+            final = w.fetch(timeout=30)
+            assert w.step_count == last
+            assert sha(final) == want[last], "the job's final parameters differ from the reference"
+
+
+def test_elastic_worker_api(dev):
+    created = dev.create(job_spec(3))
+    job_id = created["spec"]["id"]
+    with fanin.connect(dev.nats, created["credentials"]) as c:
+        job = c.job(job_id)
+        init = initial(c, job_id)
+        ref = fanin.Reference(job, init)
+
+        with pytest.raises(ValueError, match="worker id"):
+            c.elastic(job_id, worker_id="no spaces")
+        buf = np.zeros(job.elements, np.float32)
+        assigned: list[list[int]] = []
+        calls: list[tuple[int, int]] = []
+        e = c.elastic(job_id, worker_id="solo", on_assign=assigned.append, params=buf)
+
+        def good(rank: int, step: int, params: np.ndarray) -> np.ndarray:
+            assert assigned, "a gradient was asked for before on_assign named the worker's ranks"
+            calls.append((rank, step))
+            return gradient(rank, step, params)
+
+        # A gradient function that fails abandons the step; the step runs again, whole.
+        def failing(rank: int, step: int, params: np.ndarray) -> np.ndarray:
+            if calls:
+                raise RuntimeError("the data loader broke")
+            return good(rank, step, params)
+
+        with pytest.raises(RuntimeError, match="data loader"):
+            e.step(failing, timeout=60)
+        calls.clear()
+        out = e.step(good, timeout=60)
+        assert out is buf and e.params is buf
+        assert e.step_count == 1 and e.own_step == 1
+        assert out.tobytes() == ref.step([gradient(r, 1, ref.params) for r in range(3)]).tobytes()
+        assert assigned == [[0, 1, 2]] and e.ranks == [0, 1, 2] and e.epoch >= 1
+        assert sorted(calls) == [(0, 1), (1, 1), (2, 1)]
+        assert e.versions() == [1] * len(job.shards)
+
+        # A gradient of the wrong length is refused with its reason; a None is a TypeError.
+        with pytest.raises(fanin.RejectedError) as err:
+            e.step(lambda r, t, p: np.zeros(7, np.float32), timeout=60)
+        assert err.value.reason == "bad_length"
+        with pytest.raises(TypeError, match="returned None"):
+            e.step(lambda r, t, p: None, timeout=60)
+        out = e.step(good, timeout=60)
+        assert e.step_count == 2
+        assert out.tobytes() == ref.step([gradient(r, 2, ref.params) for r in range(3)]).tobytes()
+
+        e.leave()
+        with pytest.raises(fanin.FaninError, match="closed"):
+            e.step(good)
+        e.close()  # a no-op once left
+
+        asp = dev.create(job_spec(2, sync="asp"))
+        with fanin.connect(dev.nats, asp["credentials"]) as ca:
+            with pytest.raises(fanin.FaninError, match="asp"):
+                ca.elastic(asp["spec"]["id"])
