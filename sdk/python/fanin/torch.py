@@ -44,7 +44,7 @@ import torch
 
 import fanin
 
-__all__ = ["Module", "spec", "decode_params"]
+__all__ = ["Module", "Elastic", "spec", "decode_params"]
 
 
 def _trainable(module: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
@@ -79,6 +79,22 @@ def spec(
     }
     s.update(extra)
     return s
+
+
+def _check_layout(job: fanin.Job, params: list[tuple[str, torch.nn.Parameter]]) -> None:
+    """Checks that a module's trainable parameters are the job's tensors: names, order, shapes,
+    float32, one device."""
+    names = [n for n, _ in params]
+    want = [t.name for t in job.tensors]
+    if names != want:
+        raise ValueError(f"the module's trainable parameters {names} are not job {job.id!r}'s tensors {want}")
+    for t, (n, p) in zip(job.tensors, params):
+        if tuple(p.shape) != t.shape:
+            raise ValueError(f"parameter {n!r} has shape {tuple(p.shape)}, the job's tensor has {t.shape}")
+        if p.dtype != torch.float32:
+            raise ValueError(f"parameter {n!r} is {p.dtype}; fanin aggregates float32 (module.float())")
+        if p.device != params[0][1].device:
+            raise ValueError(f"parameter {n!r} is on {p.device}, not with the others on {params[0][1].device}")
 
 
 class Module:
@@ -157,19 +173,7 @@ class Module:
         self.load()
 
     def _check_layout(self) -> None:
-        names = [n for n, _ in self._params]
-        want = [t.name for t in self.job.tensors]
-        if names != want:
-            raise ValueError(
-                f"the module's trainable parameters {names} are not job {self.job.id!r}'s tensors {want}"
-            )
-        for t, (n, p) in zip(self.job.tensors, self._params):
-            if tuple(p.shape) != t.shape:
-                raise ValueError(f"parameter {n!r} has shape {tuple(p.shape)}, the job's tensor has {t.shape}")
-            if p.dtype != torch.float32:
-                raise ValueError(f"parameter {n!r} is {p.dtype}; fanin aggregates float32 (module.float())")
-            if p.device != self._params[0][1].device:
-                raise ValueError(f"parameter {n!r} is on {p.device}, not with the others on {self._params[0][1].device}")
+        _check_layout(self.job, self._params)
 
     @property
     def step_count(self) -> int:
@@ -259,6 +263,120 @@ class Module:
 
     def __repr__(self) -> str:
         return f"fanin.torch.Module(job={self.job.id!r}, ranks={self.ranks}, step={self.step_count})"
+
+
+class Elastic:
+    """A ``torch.nn.Module`` trained by an elastic worker (``fanin.Elastic``): fanin assigns the
+    logical ranks this process computes, and they change as workers join, leave or die.
+
+    ``step(loss_fn)`` calls ``loss_fn(rank, step)`` for every rank the worker holds (and for
+    ranks it gains while it waits), with the module's weights at the parameters that rank's
+    gradient is computed from; ``loss_fn`` returns the loss of the rank's batch ``step``, and the
+    wrapper runs backward and publishes the gradient. The batch must depend on nothing but the
+    rank and the step (the rank's data partition, batch number ``step``: a generator seeded with
+    both, say): then whichever worker computes a rank, the bytes are the same, and the job ends
+    bit-identical to the same job on fixed ranks. After ``step`` the module holds the parameters
+    after the step. ``losses`` maps each rank computed in the last step to its loss.
+
+    Like ``Module``, the module's weights and ``.grad`` become views of flat buffers that the
+    library reads and writes (the weights are the buffer the library writes a gradient's
+    parameters into); a ``.grad`` that ``loss_fn`` replaced or set to None is copied, and counted
+    in ``bytes_copied``. With ``init="upload"`` (``spec``'s default) every worker offers its
+    module's weights, and the first upload is the job's: build the module with a fixed seed.
+    CPU modules only."""
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        client: fanin.Client,
+        job_id: str,
+        worker_id: Optional[str] = None,
+        on_assign: Any = None,
+        timeout: Optional[float] = fanin.DEFAULT_TIMEOUT,
+    ) -> None:
+        self.module = module
+        self.timeout = timeout
+        self.job = client.job(job_id)
+        self._params = _trainable(module)
+        _check_layout(self.job, self._params)
+        if self._params[0][1].device.type != "cpu":
+            raise ValueError(f"fanin.torch.Elastic trains CPU modules; this one is on {self._params[0][1].device}")
+        self.bytes_copied = 0  #: bytes Python copied (replaced or None .grad tensors)
+        self.losses: dict[int, float] = {}  #: rank -> loss, for the ranks computed in the last step
+        n = self.job.elements
+        weights = np.empty(n, dtype=np.float32)
+        with torch.no_grad():
+            for t, (_, p) in zip(self.job.tensors, self._params):
+                weights[t.offset : t.offset + t.size] = p.detach().reshape(-1).numpy()
+        if self.job.spec.get("init", {}).get("kind") == "upload":
+            try:
+                client.upload(job_id, weights)
+            except fanin.AlreadyUploadedError:
+                pass  # another worker's (the same weights, with the same seed) came first
+        self.elastic = client.elastic(job_id, worker_id=worker_id, on_assign=on_assign, timeout=timeout)
+        # The module's weights are the elastic worker's buffer of the parameters a gradient is
+        # computed from: the library writes them there before it asks for a rank's gradient.
+        self._flat = torch.from_numpy(self.elastic._prev)
+        self._flat.copy_(torch.from_numpy(weights))
+        for t, (_, p) in zip(self.job.tensors, self._params):
+            p.data = self._flat[t.offset : t.offset + t.size].view(t.shape)
+        self._grad = torch.zeros(n, dtype=torch.float32)
+        self._point_grads()
+
+    def _point_grads(self) -> None:
+        for t, (_, p) in zip(self.job.tensors, self._params):
+            p.grad = self._grad[t.offset : t.offset + t.size].view(t.shape)
+
+    def _gradient(self, loss_fn: Any, rank: int, step: int) -> np.ndarray:
+        self._grad.zero_()
+        self._point_grads()
+        loss = loss_fn(rank, step)
+        loss.backward()
+        for t, (_, p) in zip(self.job.tensors, self._params):
+            view = self._grad[t.offset : t.offset + t.size]
+            if p.grad is None:
+                view.zero_()
+            elif p.grad.data_ptr() != view.data_ptr():
+                view.copy_(p.grad.detach().reshape(-1))
+                self.bytes_copied += 4 * t.size
+        self.losses[rank] = float(loss.detach())
+        return self._grad.numpy()
+
+    def step(self, loss_fn: Any) -> int:
+        """Runs the next step (see the class) and returns its step. If ``loss_fn`` raises, the
+        step is abandoned and the exception raised; the step may be run again."""
+        self.losses = {}
+        self.elastic.step(lambda rank, step, _params: self._gradient(loss_fn, rank, step), self.timeout)
+        with torch.no_grad():
+            self._flat.copy_(torch.from_numpy(self.elastic.params))
+        return self.step_count
+
+    @property
+    def step_count(self) -> int:
+        """The step of the module's parameters (0: initial; -1 before the first step)."""
+        return self.elastic.step_count
+
+    @property
+    def ranks(self) -> list[int]:
+        """The logical ranks this worker holds now."""
+        return self.elastic.ranks
+
+    def leave(self, timeout: Optional[float] = 10.0) -> None:
+        """Leaves the job gracefully (its ranks move to the others at once); the module keeps
+        its parameters."""
+        self.elastic.leave(timeout)
+
+    def close(self) -> None:
+        self.elastic.close()
+
+    def __enter__(self) -> "Elastic":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"fanin.torch.Elastic(job={self.job.id!r}, id={self.elastic.id!r}, step={self.step_count})"
 
 
 def decode_params(data: Any, dtype: Optional[str] = "f32") -> torch.Tensor:

@@ -98,3 +98,81 @@ def test_module_must_match_the_job(dev):
             fanin.torch.Module(other, c, created["spec"]["id"], rank=0)
         with pytest.raises(ValueError, match="float32"):
             fanin.torch.Module(mlp().double(), c, created["spec"]["id"], rank=0)
+
+
+def test_elastic_module_two_workers_bit_identical(dev):
+    """Two elastic workers of a 3-rank job in this process, each with its own copy of the module:
+    the ranks are split between them, w1 leaves after it computed ranks in two steps, and w0
+    computes every rank from then on. Each step's parameters are the reference's, whose gradients
+    a third copy of the module recomputes from the reference's own parameters."""
+    import threading
+
+    model = mlp(3)
+    created = dev.create(fanin.torch.spec(model, id="torchel", ranks=3, function="adam", hyper={"lr": 0.01}, shard_size=4096))
+    job_id = created["spec"]["id"]
+    init = flat(model)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def loss_of(net):
+        def loss(rank: int, step: int):
+            x, y = batch(1000 * rank + step)  # rank's batch number step: nothing else
+            return loss_fn(net(x), y)
+
+        return loss
+
+    with fanin.connect(dev.nats, created["credentials"]) as c:
+        nets = [mlp(3), mlp(3)]
+        els = [fanin.torch.Elastic(net, c, job_id, worker_id=f"w{i}") for i, net in enumerate(nets)]
+        job = els[0].job
+        seen: list[list[tuple[int, list[int], np.ndarray]]] = [[], []]
+        errs: list[BaseException] = []
+        left = threading.Event()
+
+        def run(i: int) -> None:
+            try:
+                while True:
+                    els[i].step(loss_of(nets[i]))
+                    seen[i].append((els[i].step_count, sorted(els[i].losses), flat(nets[i])))
+                    if i == 1 and sum(1 for _, rs, _ in seen[1] if rs) >= 2:
+                        break  # w1 computed ranks in two steps: it leaves
+                    if i == 0 and left.is_set() and els[0].step_count >= seen[1][-1][0] + 4:
+                        break
+                    assert els[i].step_count < 200, f"w{i}: still at it after 200 steps"
+                els[i].leave()
+                if i == 1:
+                    left.set()
+            except BaseException as e:  # reported below
+                errs.append(e)
+                left.set()
+
+        ts = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert not errs, errs
+
+    last = seen[0][-1][0]
+    ref = fanin.Reference(job, init)
+    check = mlp(3)
+    want = {}
+    for step in range(1, last + 1):
+        gs = []
+        for r in range(3):
+            with torch.no_grad():
+                for t, p in zip(job.tensors, check.parameters()):
+                    p.copy_(torch.from_numpy(ref.params[t.offset : t.offset + t.size]).view(t.shape))
+            check.zero_grad()
+            loss_of(check)(r, step).backward()
+            gs.append(flat_grad(check))
+        want[step] = ref.step(gs).copy()
+    for i in range(2):
+        for step, _, params in seen[i]:
+            assert params.tobytes() == want[step].tobytes(), f"worker w{i}: step {step} differs from the reference"
+    assert seen[0][-1][1] == [0, 1, 2], "w0 did not compute every rank once alone"
+    assert any(rs and len(rs) < 3 for _, rs, _ in seen[1]), "w1 never held ranks"
+    assert els[0].bytes_copied == 0
+
+
+def flat_grad(model) -> np.ndarray:
+    return np.concatenate([p.grad.numpy().reshape(-1) for p in model.parameters()]).astype(np.float32)
