@@ -6,9 +6,13 @@ package main
 import "C"
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"unsafe"
 
@@ -57,6 +61,29 @@ type elastic struct {
 
 	busy sync.Mutex // held by the call using the worker's step: a second one at once is refused
 	run  *elasticStep
+
+	recordMu sync.Mutex // guards record, written by the step's publishes
+	record   *os.File   // the record file (fanin_elastic's record), nil without one
+}
+
+// writeRecord appends r to the record file: one write, so a line is whole in the file (the
+// kernel's) when it returns, whatever becomes of the process.
+func (x *elastic) writeRecord(r sdk.GradRecord) {
+	b, _ := json.Marshal(r)
+	x.recordMu.Lock()
+	defer x.recordMu.Unlock()
+	if x.record != nil {
+		_, _ = x.record.Write(append(b, '\n'))
+	}
+}
+
+func (x *elastic) closeRecord() {
+	x.recordMu.Lock()
+	defer x.recordMu.Unlock()
+	if x.record != nil {
+		_ = x.record.Close()
+		x.record = nil
+	}
 }
 
 // elasticStep is an open step: Elastic.Step running in its own goroutine, which sends the step's
@@ -87,10 +114,13 @@ type event struct {
 // params and prev are the caller's buffers of n floats each, every parameter of the job: params
 // receives the parameters after each step (sdk.WithElasticParamsBuffer), prev the parameters
 // each gradient is computed from; both must stay allocated until the worker is closed.
-// on_assign non-zero makes fanin_elastic_next report FANIN_EVENT_ASSIGNED.
+// on_assign non-zero makes fanin_elastic_next report FANIN_EVENT_ASSIGNED. record is NULL or a
+// file to which the worker appends its record of every gradient message (sdk.WithRecord), one
+// JSON object a line, each written before the call that made it returns (so it survives the
+// process): what a replay of an ssp job needs (fanin_recorded_versions).
 //
 //export fanin_elastic
-func fanin_elastic(h C.uint64_t, id, workerID, gradDtype *C.char, params, prev *C.float, n C.int64_t, onAssign C.int, timeoutMs C.int64_t, out *C.uint64_t, err **C.char) C.int {
+func fanin_elastic(h C.uint64_t, id, workerID, gradDtype *C.char, params, prev *C.float, n C.int64_t, onAssign C.int, record *C.char, timeoutMs C.int64_t, out *C.uint64_t, err **C.char) C.int {
 	c, e := get[*sdk.Client](h)
 	if e != nil {
 		return fail(err, e)
@@ -121,10 +151,19 @@ func fanin_elastic(h C.uint64_t, id, workerID, gradDtype *C.char, params, prev *
 		}
 		opts = append(opts, sdk.WithElasticGradDtype(dt))
 	}
+	if record != nil && C.GoString(record) != "" {
+		f, e := os.OpenFile(C.GoString(record), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+		if e != nil {
+			return fail(err, fmt.Errorf("elastic: the record: %w", e))
+		}
+		x.record = f
+		opts = append(opts, sdk.WithRecord(x.writeRecord))
+	}
 	ctx, cancel := deadline(timeoutMs)
 	defer cancel()
 	el, e := c.Elastic(ctx, C.GoString(id), opts...)
 	if e != nil {
+		x.closeRecord()
 		return fail(err, e)
 	}
 	x.Elastic = el
@@ -355,7 +394,9 @@ func fanin_elastic_leave(h C.uint64_t, timeoutMs C.int64_t, err **C.char) C.int 
 	x.abort()
 	ctx, cancel := deadline(timeoutMs)
 	defer cancel()
-	if e := x.Leave(ctx); e != nil {
+	e := x.Leave(ctx)
+	x.closeRecord()
+	if e != nil {
 		return fail(err, e)
 	}
 	return ok(err)
@@ -369,6 +410,7 @@ func fanin_elastic_close(h C.uint64_t) {
 		x.busy.Lock()
 		x.abort()
 		_ = x.Close()
+		x.closeRecord()
 		x.busy.Unlock()
 	}
 }
@@ -387,4 +429,58 @@ func fanin_worker_versions(h C.uint64_t, versions *C.int64_t, n C.int, own *C.in
 	defer w.busy.Unlock()
 	*own = C.int64_t(w.OwnStep())
 	return copyVersions(w.Versions(), versions, n, err)
+}
+
+// fanin_recorded_versions reads the records of every elastic worker of a job (the files of
+// fanin_elastic's record, concatenated: JSON lines, each worker's in the order it wrote them) and
+// sets *versions to JSON, to free with fanin_free: [[rank, step, shard, version], ...], the version
+// of the parameters each stored gradient was computed from (sdk.RecordedVersions: an intent no
+// later record resolved counts, a duplicate does not). A line cut short (a worker killed while it
+// wrote it) ends that worker's record: it is skipped.
+//
+//export fanin_recorded_versions
+func fanin_recorded_versions(records *C.char, n C.int64_t, versions **C.char, err **C.char) C.int {
+	if n < 0 || (records == nil && n > 0) {
+		return fail(err, fmt.Errorf("recorded versions: %d bytes at %p", int64(n), records))
+	}
+	var data []byte
+	if n > 0 {
+		data = C.GoBytes(unsafe.Pointer(records), C.int(n))
+	}
+	var all []sdk.GradRecord
+	type key struct {
+		rank  int
+		step  int64
+		shard int
+	}
+	keys := map[key]bool{}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(nil, 1<<20)
+	for line := 1; sc.Scan(); line++ {
+		if len(bytes.TrimSpace(sc.Bytes())) == 0 {
+			continue
+		}
+		var r sdk.GradRecord
+		if e := json.Unmarshal(sc.Bytes(), &r); e != nil {
+			continue // cut short by the death of its worker
+		}
+		all = append(all, r)
+		keys[key{r.Rank, r.Step, r.Shard}] = true
+	}
+	if e := sc.Err(); e != nil {
+		return fail(err, fmt.Errorf("recorded versions: %w", e))
+	}
+	version := sdk.RecordedVersions(all)
+	out := [][4]int64{}
+	for k := range keys {
+		if v, ok := version(k.rank, k.step, k.shard); ok {
+			out = append(out, [4]int64{int64(k.rank), k.step, int64(k.shard), v})
+		}
+	}
+	b, e := json.Marshal(out)
+	if e != nil {
+		return fail(err, e)
+	}
+	*versions = C.CString(string(b))
+	return ok(err)
 }
