@@ -61,6 +61,7 @@ __all__ = [
     "Reference",
     "connect",
     "decode_params",
+    "recorded_versions",
 ]
 
 _FLOATP = POINTER(c_float)
@@ -553,6 +554,25 @@ class AppliedOrder(_Closing):
             self._h = 0
 
 
+def recorded_versions(records: Iterable[Any]) -> dict[tuple[int, int, int], int]:
+    """Reads the records of every elastic worker of a job (the files given to ``Client.elastic``
+    as ``record``, as paths) and returns, per (rank, step, shard index), the version of that
+    shard's parameters the stored gradient was computed from: in an ssp job, with the gradient
+    function, all a replay of the run needs (the Go SDK's ``RecordedVersions``: a worker killed
+    between its publish and the acknowledgement leaves an intent that counts; a duplicate
+    another worker stored first does not). A line cut short by the death of its worker is
+    skipped."""
+    parts = []
+    for r in records:
+        with open(r, "rb") as f:
+            data = f.read()
+        parts.append(data if data.endswith(b"\n") or not data else data + b"\n")
+    data = b"".join(parts)
+    out, err = c_void_p(), c_void_p()
+    _check(lib.fanin_recorded_versions(data, len(data), byref(out), byref(err)), err)
+    return {(r, t, s): v for r, t, s, v in json.loads(_lib.take_string(out))}
+
+
 def _check_buffer(params: Any, job: Job) -> None:
     if not (
         isinstance(params, np.ndarray)
@@ -669,14 +689,19 @@ class Client(_Closing):
         on_assign: Optional[Callable[[list[int]], Any]] = None,
         params: Optional[np.ndarray] = None,
         grad_dtype: str = "f32",
+        record: Optional[str] = None,
         timeout: Optional[float] = 30.0,
     ) -> Elastic:
         """Joins job ``job_id`` (bsp or ssp) as an elastic worker (see Elastic) and starts
         beating; its ranks come with the first assignment that names it. ``worker_id`` names it
         (1-64 of a-z, A-Z, 0-9, '_' and '-'; default a random one). ``on_assign(ranks)`` is
         called whenever its ranks change. ``params`` is the buffer that receives the parameters
-        (as in ``worker``); ``grad_dtype`` as in ``worker``. An asp job has nothing to assign
-        (it never waits for a rank): it raises FaninError; use ``worker``."""
+        (as in ``worker``); ``grad_dtype`` as in ``worker``. ``record`` is a file to which the
+        worker appends its record of every gradient message it publishes (JSON lines: intended
+        before the publish, then stored or duplicate), each line written before the call that
+        made it returns, so that it survives the process: in an ssp job, ``recorded_versions``
+        of every worker's record is what a replay needs. An asp job has nothing to assign (it
+        never waits for a rank): it raises FaninError; use ``worker``."""
         job = self.job(job_id, timeout)
         if worker_id is None:
             worker_id = str(uuid.uuid4())
@@ -693,7 +718,7 @@ class Client(_Closing):
         h, err = c_uint64(), c_void_p()
         status = lib.fanin_elastic(
             self._handle(), job_id.encode(), worker_id.encode(), grad_dtype.encode(), _floats(params), _floats(prev),
-            params.size, 1 if on_assign is not None else 0, _ms(timeout), byref(h), byref(err),
+            params.size, 1 if on_assign is not None else 0, _lib.cstr(record), _ms(timeout), byref(h), byref(err),
         )
         _check(status, err)
         return Elastic(self, job, worker_id, h.value, params, prev, on_assign)

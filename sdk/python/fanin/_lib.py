@@ -65,7 +65,7 @@ def _load() -> ctypes.CDLL:
         "fanin_worker_versions": (c_int, [c_uint64, POINTER(c_int64), c_int, POINTER(c_int64), _ERR]),
         "fanin_elastic": (
             c_int,
-            [c_uint64, c_char_p, c_char_p, c_char_p, _FLOATP, _FLOATP, c_int64, c_int, c_int64, POINTER(c_uint64), _ERR],
+            [c_uint64, c_char_p, c_char_p, c_char_p, _FLOATP, _FLOATP, c_int64, c_int, c_char_p, c_int64, POINTER(c_uint64), _ERR],
         ),
         "fanin_elastic_next": (
             c_int,
@@ -77,6 +77,7 @@ def _load() -> ctypes.CDLL:
         "fanin_elastic_versions": (c_int, [c_uint64, POINTER(c_int64), c_int, _ERR]),
         "fanin_elastic_leave": (c_int, [c_uint64, c_int64, _ERR]),
         "fanin_elastic_close": (None, [c_uint64]),
+        "fanin_recorded_versions": (c_int, [c_char_p, c_int64, POINTER(c_void_p), _ERR]),
         "fanin_applied_watch": (c_int, [c_uint64, c_char_p, POINTER(c_uint64), _ERR]),
         "fanin_applied_read": (c_int, [c_uint64, POINTER(c_void_p), _ERR]),
         "fanin_applied_close": (None, [c_uint64]),

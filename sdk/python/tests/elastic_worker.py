@@ -8,8 +8,9 @@ shard's parameters only (the asp replay relies on it).
 Run as a script, it is one elastic worker process: it touches ``--ready`` once started (Python
 with numpy takes a while to start on a busy machine), waits for the file ``--join-on`` if given,
 joins the job, touches ``--joined``, waits for ``--go`` if given, then steps until ``--until`` or
-the step written in the file ``--stop`` (or until killed), writing after every step a JSON line
-{"step", "sha", "ranks", "epoch", "computed"} to ``--log``, and leaves.
+the step written in the file ``--stop`` (or until killed; its own step, in an ssp job), writing
+after every step a JSON line {"step", "own", "sha", "ranks", "epoch", "computed"} to ``--log``,
+and leaves. ``--record`` keeps its record of its gradient messages (``fanin.recorded_versions``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def main() -> int:
     p.add_argument("--join-on", help="a file to wait for before joining")
     p.add_argument("--joined", help="a file to touch once joined")
     p.add_argument("--go", help="a file to wait for before the first step")
+    p.add_argument("--record", help="the worker's record of its gradient messages (ssp replays)")
     p.add_argument("--compute", type=float, default=0.01, help="seconds of 'compute' per gradient")
     args = p.parse_args()
 
@@ -71,15 +73,15 @@ def main() -> int:
         open(args.ready, "w").close()
     wait(args.join_on)
     with fanin.connect(args.nats, creds) as client, open(args.log, "a") as log:
-        e = client.elastic(args.job, worker_id=args.id)
+        e = client.elastic(args.job, worker_id=args.id, record=args.record)
         if args.joined:
             open(args.joined, "w").close()
         wait(args.go)
-        while e.step_count < until():
+        while e.own_step < until():  # own_step: the step_count of a bsp job, an ssp job's own step
             params = e.step(grad, timeout=120)
             ranks, epoch = e.ranks, e.epoch
-            log.write(json.dumps({"step": e.step_count, "sha": sha(params), "ranks": ranks, "epoch": epoch,
-                                  "computed": e.computed}) + "\n")
+            log.write(json.dumps({"step": e.step_count, "own": e.own_step, "sha": sha(params), "ranks": ranks,
+                                  "epoch": epoch, "computed": e.computed}) + "\n")
             log.flush()
         e.leave()
     return 0

@@ -147,6 +147,84 @@ def test_elastic_processes_leave_die_and_join(dev, tmp_path):
     assert lines["d"][-1]["computed"] > 0
 
 
+def test_elastic_ssp_worker_killed(dev, tmp_path):
+    """An ssp job (s = 2) of 3 logical ranks on 3 elastic worker processes, c the slowest; b is
+    killed (SIGKILL) at its own step 15 or later. Its ranks move, their new owner catches up the
+    steps they miss, and a and c, which could run only 2 steps ahead of them, go on to step 40.
+    The result is the reference recomputing every stored gradient from the version its worker
+    recorded (Client.elastic's record, read by fanin.recorded_versions), bit for bit."""
+    s, last = 2, 40
+    created = dev.create(job_spec(3, sync="ssp", staleness=s))
+    job_id = created["spec"]["id"]
+    creds = tmp_path / "creds.json"
+    creds.write_text(json.dumps(created.get("credentials")))
+    with fanin.connect(dev.nats, created["credentials"]) as c:
+        job = c.job(job_id)
+        init = initial(c, job_id)
+    pkg = os.path.dirname(os.path.dirname(fanin.__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [pkg, os.environ.get("PYTHONPATH")])))
+    logs = {n: tmp_path / f"{n}.jsonl" for n in "abc"}
+    records = [tmp_path / f"{n}.record" for n in "abc"]
+    procs: dict[str, subprocess.Popen] = {}
+    for name, record in zip("abc", records):
+        procs[name] = subprocess.Popen(
+            [sys.executable, str(WORKER), "--nats", dev.nats, "--creds", str(creds), "--job", job_id, "--id", name,
+             "--until", str(last if name != "b" else 10_000), "--log", str(logs[name]), "--record", str(record),
+             "--joined", str(tmp_path / f"{name}.joined"), "--go", str(tmp_path / "go"),
+             "--compute", "0.02" if name == "c" else "0.005"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+
+    def own(name: str) -> int:
+        lines = read_log(logs[name])
+        return lines[-1]["own"] if lines else -1
+
+    try:
+        wait_for("a, b and c to join", lambda: all((tmp_path / f"{n}.joined").exists() for n in "abc"), procs)
+        (tmp_path / "go").touch()
+        wait_for("b to hold ranks at step 15", lambda: own("b") >= 15 and read_log(logs["b"])[-1]["ranks"], procs)
+        procs["b"].kill()
+        for name in "ac":
+            out, _ = procs[name].communicate(timeout=180)
+            assert procs[name].returncode == 0, f"worker {name} failed:\n{out}"
+        procs["b"].wait(10)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert own("a") >= last and own("c") >= last
+
+    with fanin.connect(dev.nats, created["credentials"]) as c, c.worker(job_id, 0) as w:
+        deadline = time.time() + 30
+        while True:
+            got = w.fetch(timeout=30).copy()
+            if min(w.versions()) >= last:
+                break
+            assert time.time() < deadline, f"shards at versions {w.versions()}, want {last}"
+            time.sleep(0.05)
+        top = max(w.versions())
+
+    version = fanin.recorded_versions(records)
+    ref = fanin.Reference(job, init)
+    history = [init.copy()]
+    frm = np.empty_like(init)
+    stale = 0
+    for t in range(1, top + 1):
+        grads = []
+        for r in range(3):
+            for i, sh in enumerate(job.shards):
+                v = version.get((r, t, i))
+                assert v is not None, f"no version recorded for rank {r} step {t} shard {i}"
+                assert t - 1 - s <= v <= t - 1, f"rank {r} step {t} shard {i}: version {v}, beyond the bound"
+                stale += v < t - 1
+                frm[sh["off"] : sh["off"] + sh["len"]] = history[v][sh["off"] : sh["off"] + sh["len"]]
+            grads.append(gradient(r, t, frm))
+        history.append(ref.step(grads).copy())
+    assert stale > 0, "no gradient was computed from stale parameters: the run did not exercise ssp"
+    assert got.tobytes() == history[last].tobytes(), "the ssp run with a worker killed differs from the replay"
+
+
 def test_elastic_worker_api(dev):
     created = dev.create(job_spec(3))
     job_id = created["spec"]["id"]
