@@ -8,12 +8,12 @@ import "C"
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/fanin-ml/fanin/sdk"
@@ -38,29 +38,20 @@ import (
 //	                             params buffer, or the call failed with the step's error.
 //	fanin_elastic_abort(h)       ends an open step with an error (the caller's own failed).
 //
-// A step that failed, or was aborted, may be run again: nothing is applied twice. Between
-// fanin_elastic_next and its next call the library touches neither buffer of the worker.
-
-// Events of fanin_elastic_next.
-const (
-	eventDone     = 0 // FANIN_EVENT_DONE
-	eventGradient = 1 // FANIN_EVENT_GRADIENT
-	eventAssigned = 2 // FANIN_EVENT_ASSIGNED
-)
-
-// errAborted fails the gradient function of a step that fanin_elastic_abort ended.
-var errAborted = errors.New("the step was aborted by its caller")
+// A step that failed, or was aborted, may be run again: nothing is applied twice. The prev buffer
+// is written only by fanin_elastic_next, before it reports a gradient; the params buffer is
+// written whenever a step is open (parameters arrive while gradients are computed) and is the
+// caller's once the step is done. driver.go holds the logic, without C types, to be tested in Go.
 
 // elastic is an elastic handle's object: the SDK's elastic worker, writing the parameters after
 // each step into the caller's params buffer and the parameters a gradient is computed from into
 // the caller's prev buffer.
 type elastic struct {
 	*sdk.Elastic
-	prev   []float32
 	assign bool // the caller asked for FANIN_EVENT_ASSIGNED
 
 	busy sync.Mutex // held by the call using the worker's step: a second one at once is refused
-	run  *elasticStep
+	d    driver     // its steps (driver.go)
 
 	recordMu sync.Mutex // guards record, written by the step's publishes
 	record   *os.File   // the record file (fanin_elastic's record), nil without one
@@ -84,29 +75,6 @@ func (x *elastic) closeRecord() {
 		_ = x.record.Close()
 		x.record = nil
 	}
-}
-
-// elasticStep is an open step: Elastic.Step running in its own goroutine, which sends the step's
-// events on events (unbuffered) and ends with a done event. Only the caller holding busy reads
-// events and answers them.
-type elasticStep struct {
-	ctx     context.Context
-	cancel  context.CancelFunc
-	events  chan *event
-	pending *event // the gradient or assignment event the caller has not answered yet
-	copied  int64  // the step whose parameters are in prev (-1: none in this step)
-}
-
-// event is one event of an open step.
-type event struct {
-	kind   int
-	rank   int
-	step   int64     // gradient: its step; done: the step of the parameters held
-	own    int64     // done: the worker's own step
-	params []float32 // gradient: the parameters it is computed from
-	grad   []float32 // gradient: where it goes
-	err    error     // done: the step's error
-	answer chan error
 }
 
 // fanin_elastic joins job id as an elastic worker (sdk.Client.Elastic) named worker_id (NULL or
@@ -136,13 +104,13 @@ func fanin_elastic(h C.uint64_t, id, workerID, gradDtype *C.char, params, prev *
 	if len(p) > 0 && &p[0] == &q[0] {
 		return fail(err, errors.New("elastic: params and prev must be two buffers"))
 	}
-	x := &elastic{prev: q, assign: onAssign != 0}
+	x := &elastic{assign: onAssign != 0, d: driver{prev: q}}
 	opts := []sdk.ElasticOption{sdk.WithElasticParamsBuffer(p)}
 	if workerID != nil && C.GoString(workerID) != "" {
 		opts = append(opts, sdk.WithWorkerID(C.GoString(workerID)))
 	}
 	if x.assign {
-		opts = append(opts, sdk.WithOnAssign(x.onAssign))
+		opts = append(opts, sdk.WithOnAssign(x.d.onAssign))
 	}
 	if gradDtype != nil {
 		dt, ok := wire.ParseDtype(C.GoString(gradDtype))
@@ -166,7 +134,7 @@ func fanin_elastic(h C.uint64_t, id, workerID, gradDtype *C.char, params, prev *
 		x.closeRecord()
 		return fail(err, e)
 	}
-	x.Elastic = el
+	x.Elastic, x.d.w = el, el
 	*out = put(x)
 	return ok(err)
 }
@@ -197,77 +165,18 @@ func fanin_elastic_next(h C.uint64_t, timeoutMs C.int64_t, ev *C.int, rank *C.in
 		return fail(err, e)
 	}
 	defer x.busy.Unlock()
-	r := x.run
-	switch {
-	case r == nil:
-		r = x.open(timeoutMs)
-	case r.pending != nil && r.pending.kind == eventGradient:
-		return fail(err, fmt.Errorf("elastic worker %s: give rank %d's gradient of step %d (fanin_elastic_grad) before the next event", x.ID(), r.pending.rank, r.pending.step))
-	case r.pending != nil:
-		r.pending.answer <- nil
-		r.pending = nil
+	v, e := x.d.next(time.Duration(max(timeoutMs, 0)) * time.Millisecond)
+	if e != nil {
+		return fail(err, fmt.Errorf("elastic worker %s: %w", x.ID(), e))
 	}
-	v := <-r.events
 	switch v.kind {
 	case eventDone:
-		x.run = nil
-		r.cancel()
-		if v.err != nil {
-			return fail(err, v.err)
-		}
 		*step, *own = C.int64_t(v.step), C.int64_t(v.own)
 	case eventGradient:
-		if r.copied != v.step { // one copy per step: its ranks' gradients share the parameters
-			copy(x.prev, v.params)
-			r.copied = v.step
-		}
 		*rank, *step = C.int(v.rank), C.int64_t(v.step)
-		r.pending = v
-	case eventAssigned:
-		r.pending = v
 	}
 	*ev = C.int(v.kind)
 	return ok(err)
-}
-
-// open starts a step: Elastic.Step in a goroutine of its own, which ends after sending its done
-// event (read by fanin_elastic_next or fanin_elastic_abort).
-func (x *elastic) open(timeoutMs C.int64_t) *elasticStep {
-	ctx, cancel := deadline(timeoutMs)
-	r := &elasticStep{ctx: ctx, cancel: cancel, events: make(chan *event), copied: -1}
-	x.run = r // read by onAssign on the step's goroutine, which starts after this write
-	grad := func(_ context.Context, rank int, step int64, params, g []float32) error {
-		return r.ask(&event{kind: eventGradient, rank: rank, step: step, params: params, grad: g})
-	}
-	go func() {
-		_, err := x.Step(ctx, grad)
-		r.events <- &event{kind: eventDone, step: x.StepCount(), own: x.OwnStep(), err: err}
-	}()
-	return r
-}
-
-// onAssign is the worker's sdk.WithOnAssign (when the caller asked for the event): it runs on the
-// open step's goroutine, inside Elastic.Step.
-func (x *elastic) onAssign([]int) {
-	if r := x.run; r != nil {
-		_ = r.ask(&event{kind: eventAssigned})
-	}
-}
-
-// ask sends v to the caller and waits for its answer, or for the step's end.
-func (r *elasticStep) ask(v *event) error {
-	v.answer = make(chan error, 1)
-	select {
-	case r.events <- v:
-	case <-r.ctx.Done():
-		return r.ctx.Err()
-	}
-	select {
-	case err := <-v.answer:
-		return err
-	case <-r.ctx.Done():
-		return r.ctx.Err()
-	}
 }
 
 // fanin_elastic_grad answers the pending FANIN_EVENT_GRADIENT with its gradient (n floats,
@@ -280,21 +189,13 @@ func fanin_elastic_grad(h C.uint64_t, grad *C.float, n C.int64_t, err **C.char) 
 		return fail(err, e)
 	}
 	defer x.busy.Unlock()
-	r := x.run
-	if r == nil || r.pending == nil || r.pending.kind != eventGradient {
-		return fail(err, fmt.Errorf("elastic worker %s: no gradient was asked for (fanin_elastic_next)", x.ID()))
-	}
 	g, e := floats(grad, n)
 	if e != nil {
 		return fail(err, e)
 	}
-	v := r.pending
-	if len(g) != len(v.grad) {
-		return fail(err, wire.Rejectf(wire.ReasonBadLength, "rank %d, step %d: %d gradients, the job has %d parameters", v.rank, v.step, len(g), len(v.grad)))
+	if e := x.d.grad(g); e != nil {
+		return fail(err, fmt.Errorf("elastic worker %s: %w", x.ID(), e))
 	}
-	copy(v.grad, g)
-	r.pending = nil
-	v.answer <- nil
 	return ok(err)
 }
 
@@ -308,27 +209,7 @@ func fanin_elastic_abort(h C.uint64_t) {
 	}
 	x.busy.Lock()
 	defer x.busy.Unlock()
-	x.abort()
-}
-
-// abort ends the open step: its context is cancelled and every event it still sends is answered
-// with errAborted, up to its done event. x.busy is held.
-func (x *elastic) abort() {
-	r := x.run
-	if r == nil {
-		return
-	}
-	r.cancel()
-	if r.pending != nil {
-		r.pending.answer <- errAborted
-	}
-	for v := range r.events {
-		if v.kind == eventDone {
-			break
-		}
-		v.answer <- errAborted
-	}
-	x.run = nil
+	x.d.abort()
 }
 
 // fanin_elastic_ranks copies the ranks the worker holds now into ranks (room for cap of them;
@@ -391,7 +272,7 @@ func fanin_elastic_leave(h C.uint64_t, timeoutMs C.int64_t, err **C.char) C.int 
 	}
 	x.busy.Lock()
 	defer x.busy.Unlock()
-	x.abort()
+	x.d.abort()
 	ctx, cancel := deadline(timeoutMs)
 	defer cancel()
 	e := x.Leave(ctx)
@@ -408,7 +289,7 @@ func fanin_elastic_leave(h C.uint64_t, timeoutMs C.int64_t, err **C.char) C.int 
 func fanin_elastic_close(h C.uint64_t) {
 	if x, isElastic := drop(h).(*elastic); isElastic {
 		x.busy.Lock()
-		x.abort()
+		x.d.abort()
 		_ = x.Close()
 		x.closeRecord()
 		x.busy.Unlock()

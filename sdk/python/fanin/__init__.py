@@ -406,9 +406,9 @@ class Elastic(_Closing):
     and however often, the bytes are the same, and a job trained on workers that come and go ends
     bit-identical to the same job on a fixed set of ranks (``Reference``).
 
-    ``params`` receives the parameters after each step (the returned array); ``grad_fn``'s
-    ``params`` is another buffer, the parameters the gradient is computed from: read it during the
-    call only. ``ranks`` are the ranks held now, ``on_assign(ranks)`` is called (in the thread of
+    ``params`` receives the parameters after each step (the returned array; the library writes
+    it while a step runs, so read it between steps); ``grad_fn``'s ``params`` is another buffer,
+    the parameters the gradient is computed from: read it during the call only. ``ranks`` are the ranks held now, ``on_assign(ranks)`` is called (in the thread of
     ``step``) whenever they change, before a gradient is computed with them. A worker holding no
     ranks (standing by, or not assigned yet) follows the steps. Used by one thread at a time;
     ``ranks``, ``epoch`` and ``versions`` may be read from any.
