@@ -145,8 +145,13 @@ func (w *Worker) stepAsync(ctx context.Context, grads [][]float32) ([]float32, e
 // held), fetching what was not pushed in time, fails on a rejection of step t, and takes the
 // staged parameters into vec.
 func (w *Worker) awaitVersions(ctx context.Context, t, need int64) error {
-	wait := w.fetch
-	timer := time.NewTimer(wait)
+	w.mu.Lock()
+	w.firstPush, w.lastPush = time.Time{}, time.Time{}
+	w.mu.Unlock()
+	began := time.Now()
+	timer := time.NewTimer(w.fb.initial())
+	backoff, fetched, force := w.fb.after, false, false
+	lost := w.lossMark()
 	defer timer.Stop()
 	poll := time.NewTicker(reconnectPoll)
 	defer poll.Stop()
@@ -173,8 +178,10 @@ func (w *Worker) awaitVersions(ctx context.Context, t, need int64) error {
 		if !short {
 			w.takeStagedLocked()
 		}
+		last := w.lastPush
 		w.mu.Unlock()
 		if !short {
+			w.noteFirstPush(began)
 			return nil
 		}
 		select {
@@ -185,12 +192,30 @@ func (w *Worker) awaitVersions(ctx context.Context, t, need int64) error {
 					return err
 				}
 			}
+			if m := w.lossMark(); m != lost {
+				lost, force = m, true
+				backoff = w.fb.after
+				timer.Reset(0)
+			}
 		case rej := <-w.rejects:
 			if w.failsStep(rej, t) {
 				return rej
 			}
 		case <-timer.C:
+			if !force && !fetched {
+				if due, left := w.fb.due(began, last, time.Now()); !due {
+					timer.Reset(left) // pushes are late, not missing
+					continue
+				}
+			}
+			force, fetched = false, true
 			for _, s := range w.rec.Layout.Shards {
+				w.mu.Lock()
+				short := max(w.got[s.ID], w.as.stageStep[s.ID]) < need
+				w.mu.Unlock()
+				if !short {
+					continue // its push came: fetching it again would only repeat its bytes
+				}
 				id := w.rec.Spec.ID
 				m, err := w.c.directGet(ctx, wire.DirectGetLast(wire.ParamsStream(id), wire.ParamsSubject(id, s.ID)), nil)
 				if err != nil {
@@ -207,8 +232,8 @@ func (w *Worker) awaitVersions(ctx context.Context, t, need int64) error {
 					return fmt.Errorf("fetch parameters: %w", err)
 				}
 			}
-			wait = min(2*wait, 10*time.Second)
-			timer.Reset(wait)
+			timer.Reset(backoff)
+			backoff = min(2*backoff, maxFetchAfter)
 		case <-ctx.Done():
 			return fmt.Errorf("step %d: waiting for parameters of step %d or later: %w", t, need, ctx.Err())
 		}

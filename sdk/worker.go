@@ -28,10 +28,10 @@ import (
 type Worker struct {
 	c      *Client
 	rec    *job.Record
-	rank   int    // ranks[0]
-	ranks  []int  // the logical ranks it publishes for, in the order of StepRanks' gradients
-	weight string // HdrWeight value, or "" for unweighted
-	fetch  time.Duration
+	rank   int        // ranks[0]
+	ranks  []int      // the logical ranks it publishes for, in the order of StepRanks' gradients
+	weight string     // HdrWeight value, or "" for unweighted
+	fb     fallback   // when a waiting Step fetches what was not pushed (WithFetchAfter)
 	full   int        // WithFullStreamRetries
 	dtype  wire.Dtype // the element type of the gradients it publishes (WithGradDtype)
 
@@ -71,6 +71,9 @@ type Worker struct {
 	ahead   []bool     // per shard: the stream already holds the next step's parameters (Params)
 	missing int
 	ready   chan struct{} // closed when missing reaches 0
+	// The awaited step's first and latest push received (zero before one is): the fallback
+	// fetches only when pushes do not come, and learns how long a step's first push takes.
+	firstPush, lastPush time.Time
 }
 
 // WorkerOption configures a Worker.
@@ -89,9 +92,12 @@ func WithWeight(w float64) WorkerOption {
 }
 
 // WithFetchAfter sets how long Step waits for pushed parameters before it fetches them from the
-// stream (default 1s): the fallback for a worker that missed a push.
+// stream (default 1s): the fallback for a worker that missed a push. It is the least wait: once a
+// step's pushes have begun, Step fetches when they stop for this long; before the first push, it
+// waits twice the longest recent wait for one (a step's first push waits for the slowest rank), at
+// most 10s; after a reconnect or a dropped push it fetches at once.
 func WithFetchAfter(d time.Duration) WorkerOption {
-	return func(wk *Worker) error { wk.fetch = d; return nil }
+	return func(wk *Worker) error { wk.fb.after = d; return nil }
 }
 
 // WithFullStreamRetries sets how many times a gradient whose publish JetStream refused because
@@ -189,7 +195,7 @@ func (c *Client) workerRanks(ctx context.Context, id string, ranks []int, opts .
 	}
 	n := rec.Layout.NumShards()
 	w := &Worker{
-		c: c, rec: rec, rank: ranks[0], ranks: slices.Clone(ranks), fetch: time.Second, step: -1, full: fullStreamRetries,
+		c: c, rec: rec, rank: ranks[0], ranks: slices.Clone(ranks), fb: fallback{after: time.Second}, step: -1, full: fullStreamRetries,
 		got:     make([]int64, n),
 		ahead:   make([]bool, n),
 		msgs:    make([]*nats.Msg, len(ranks)*n),
@@ -412,6 +418,7 @@ func (w *Worker) expect(t int64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.want = t
+	w.firstPush, w.lastPush = time.Time{}, time.Time{}
 	if t == 0 {
 		return
 	}
@@ -640,12 +647,16 @@ func (w *Worker) await(ctx context.Context, t int64) error {
 	if len(ahead) > 0 {
 		w.markIfComplete(t)
 	}
-	wait := w.fetch
-	timer := time.NewTimer(wait)
+	began := time.Now()
+	timer := time.NewTimer(w.fb.initial())
 	defer timer.Stop()
-	// Parameters pushed while the connection was reconnecting (a server restarted or died) are
-	// lost to this worker: after a reconnect it fetches at once rather than at its next backoff.
-	reconnects := w.c.nc.Stats().Reconnects
+	backoff := w.fb.after // between fetches, once the fallback has fetched
+	fetched := false
+	// Parameters pushed while the connection was reconnecting (a server restarted or died), or
+	// dropped by a subscription that fell behind, are lost to this worker: it fetches at once
+	// rather than at its next look.
+	lost := w.lossMark()
+	force := false
 	poll := time.NewTicker(reconnectPoll)
 	defer poll.Stop()
 	for {
@@ -656,12 +667,13 @@ func (w *Worker) await(ctx context.Context, t int64) error {
 					return err
 				}
 			}
-			if n := w.c.nc.Stats().Reconnects; n != reconnects {
-				reconnects = n
-				wait = w.fetch
+			if m := w.lossMark(); m != lost {
+				lost, force = m, true
+				backoff = w.fb.after
 				timer.Reset(0)
 			}
 		case <-ready:
+			w.noteFirstPush(began)
 			return nil
 		case rej := <-w.rejects:
 			if rej.Step != t || wire.GradAttempt(rej.MsgID) != w.attempt ||
@@ -682,6 +694,16 @@ func (w *Worker) await(ctx context.Context, t int64) error {
 			}
 			return rej
 		case <-timer.C:
+			if !force && !fetched {
+				w.mu.Lock()
+				last := w.lastPush
+				w.mu.Unlock()
+				if due, left := w.fb.due(began, last, time.Now()); !due {
+					timer.Reset(left) // pushes are late, not missing
+					continue
+				}
+			}
+			force, fetched = false, true
 			for _, s := range w.rec.Layout.Shards {
 				w.mu.Lock()
 				have := w.got[s.ID] >= t
@@ -697,12 +719,41 @@ func (w *Worker) await(ctx context.Context, t int64) error {
 					w.markIfComplete(t)
 				}
 			}
-			wait = min(2*wait, 10*time.Second)
-			timer.Reset(wait)
+			timer.Reset(backoff)
+			backoff = min(2*backoff, maxFetchAfter)
 		case <-ctx.Done():
 			return fmt.Errorf("step %d: waiting for parameters: %w", t, ctx.Err())
 		}
 	}
+}
+
+// notePushLocked records a push of the awaited step received at. w.mu is held.
+func (w *Worker) notePushLocked(at time.Time) {
+	if w.firstPush.IsZero() {
+		w.firstPush = at
+	}
+	w.lastPush = at
+}
+
+// noteFirstPush tells the fallback how long the step that began at began waited for its first
+// push, if one came.
+func (w *Worker) noteFirstPush(began time.Time) {
+	w.mu.Lock()
+	first := w.firstPush
+	w.mu.Unlock()
+	if !first.IsZero() {
+		w.fb.note(max(0, first.Sub(began)))
+	}
+}
+
+// lossMark counts what may have lost pushes: the connection's reconnects and the messages the
+// parameters subscription dropped. A change while a worker waits means a push may be gone.
+func (w *Worker) lossMark() int64 {
+	n := int64(w.c.nc.Stats().Reconnects)
+	if d, err := w.psub.Dropped(); err == nil {
+		n += int64(d)
+	}
+	return n
 }
 
 func (w *Worker) markIfComplete(t int64) {
@@ -742,6 +793,7 @@ func (w *Worker) onParams(m *nats.Msg) {
 	defer w.mu.Unlock()
 	if w.async() {
 		_ = w.stageParams(id, step, m) // checked above
+		w.notePushLocked(received)
 		return
 	}
 	if w.want == 0 || step != w.want || w.got[id] >= step {
@@ -749,6 +801,7 @@ func (w *Worker) onParams(m *nats.Msg) {
 	}
 	wire.Decode(w.vec[s.Off:s.Off+s.Len], m.Data, dt)
 	w.got[id] = step
+	w.notePushLocked(received)
 	w.traceReceive(m, id, step, received)
 	if w.missing--; w.missing == 0 {
 		close(w.ready)
