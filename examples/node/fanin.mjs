@@ -282,7 +282,7 @@ export class Worker {
     this.shards = rec.layout.shards;
     this.params = new Float32Array(rec.layout.elements);
     this.step = -1; // the step of this.params, -1 before any
-    this.latest = new Map(); // shard -> {step, data, dtype}: the newest pushed message
+    this.latest = new Map(); // shard -> {step, data}: the newest parameters pushed, or read by start
     this.waiters = [];
     this.rejects = [];
   }
@@ -390,6 +390,8 @@ export class Worker {
       for (const s of this.shards) {
         let g = got[s.id];
         if (g.step === t + 1) {
+          // step t+1 is applied already: no push will bring it again, so keep it for stepWith
+          this.latest.set(s.id, g);
           g = await this.fetch(s.id, true);
           if (!g || g.step !== t) {
             ok = false;
