@@ -1,8 +1,11 @@
 """Train a PyTorch MLP through fanin with N worker processes, then check the result bit for bit.
 
+    scripts/pyvenv.sh                                          # .venv with fanin's Python package
     go run ./cmd/fanin dev &                                   # fanin on an embedded NATS
-    export FANIN_TOKEN=$(cat ~/.cache/fanin/dev/auth/admin.token)
-    python3 examples/pytorch/train.py --workers 4 --steps 200
+    .venv/bin/python examples/pytorch/train.py --workers 4 --steps 200
+
+It waits for fanin's HTTP API (the first `go run` compiles for minutes), and takes the admin token
+from --token, $FANIN_TOKEN, or else the one `fanin dev` keeps in its default data directory.
 
 The data set is generated here: 10 classes of Gaussian clusters in 32 dimensions, split into a
 training partition per rank and a common test set. Each worker process trains its rank with two
@@ -23,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -83,8 +88,32 @@ def worker(args: argparse.Namespace) -> None:
         fm.close()
 
 
+def dev_token() -> str | None:
+    """The admin token of `fanin dev` with its default data directory (the user cache dir, fanin/dev)."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ("Library/Caches" if sys.platform == "darwin" else ".cache")
+    path = Path(base) / "fanin" / "dev" / "auth" / "admin.token"
+    return path.read_text().strip() if path.exists() else None
+
+
+def wait_for_api(url: str, seconds: float) -> None:
+    """Waits until fanin's HTTP API answers /healthz: `fanin dev` may still be starting, or compiling."""
+    deadline, said = time.time() + seconds, False
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/healthz", timeout=5):
+                return
+        except (urllib.error.URLError, OSError) as e:
+            if time.time() > deadline:
+                raise SystemExit(f"fanin's HTTP API at {url} did not answer within {seconds:.0f} s ({e}): is `fanin dev` running?")
+            if not said:
+                print(f"waiting for fanin's HTTP API at {url} (a first `go run ./cmd/fanin dev` compiles for minutes)", flush=True)
+                said = True
+            time.sleep(1)
+
+
 def launch(args: argparse.Namespace) -> int:
-    token = args.token or os.environ.get("FANIN_TOKEN")
+    wait_for_api(args.http, args.wait)
+    token = args.token or os.environ.get("FANIN_TOKEN") or dev_token()
     gw = fanin.Gateway(args.http, token=token)
     job_id = f"pytorch-mlp-{uuid.uuid4().hex[:6]}"
     spec = fanin.torch.spec(model(), id=job_id, ranks=args.workers, function="adam", hyper={"lr": args.lr},
@@ -134,7 +163,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nats", default="nats://127.0.0.1:4222", help="fanin's NATS (fanin dev prints it)")
     p.add_argument("--http", default="http://127.0.0.1:8080", help="fanin's HTTP API (fanin dev prints it)")
-    p.add_argument("--token", help="an admin or team token (default: $FANIN_TOKEN)")
+    p.add_argument("--token", help="an admin or team token (default: $FANIN_TOKEN, else fanin dev's admin token)")
+    p.add_argument("--wait", type=float, default=900, help="seconds to wait for fanin's HTTP API to answer")
     p.add_argument("--workers", type=int, default=4, help="worker processes, one rank each")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--batch", type=int, default=64)
