@@ -285,6 +285,8 @@ export class Worker {
     this.latest = new Map(); // shard -> {step, data}: the newest parameters pushed, or read by start
     this.waiters = [];
     this.rejects = [];
+    this.firstWaits = []; // ms from publishing to a step's first parameters, recent steps
+    this.reconnected = false;
   }
 
   subject(kind, shard) {
@@ -295,6 +297,14 @@ export class Worker {
   // worker's rejection reports.
   open() {
     const nc = this.client.nc;
+    (async () => {
+      for await (const st of nc.status()) {
+        if (st.type === "reconnect") {
+          this.reconnected = true;
+          this.wake();
+        }
+      }
+    })().catch(() => {});
     this.paramsSub = nc.subscribe(`fanin.v1.${this.id}.params.*`, {
       callback: (err, m) => {
         if (err) return;
@@ -422,14 +432,20 @@ export class Worker {
   }
 
   // stepWith publishes grad (computed from this.params, at step t-1) as step t's and waits for
-  // step t's parameters of every shard: pushed, or fetched after 1 s without the push.
+  // step t's parameters of every shard. It fetches from the stream only what is missing, not
+  // merely late (section 3): at once after a reconnect; when the step's pushes, once begun, stop
+  // for 1 s; or when none has come for twice the longest recent wait for a first push (1 to 10 s).
   async stepWith(grad, timeoutMs = 300000) {
     if (grad.length !== this.params.length) throw new Error(`a gradient of ${grad.length} values: job ${this.id} has ${this.params.length}`);
     const t = this.step + 1;
+    this.reconnected = false;
     await this.publish(t, grad);
     const missing = new Set(this.shards.map((s) => s.id));
-    const deadline = Date.now() + timeoutMs;
-    let lastProgress = Date.now();
+    const start = Date.now();
+    const deadline = start + timeoutMs;
+    const firstWait = Math.min(10000, Math.max(1000, 2 * Math.max(0, ...this.firstWaits)));
+    let firstAt = null; // when the step's first parameters came
+    let lastProgress = start;
     while (missing.size > 0) {
       for (const r of this.rejects.splice(0)) {
         if (r.step !== t) continue; // a late report of an earlier step
@@ -445,11 +461,18 @@ export class Worker {
         this.params.set(g.data, this.shards[shard].off);
         missing.delete(shard);
         lastProgress = Date.now();
+        if (firstAt === null) {
+          firstAt = lastProgress;
+          this.firstWaits = [...this.firstWaits.slice(-15), firstAt - start];
+        }
       }
       if (missing.size === 0) break;
-      if (Date.now() > deadline) throw new Error(`step ${t}: no parameters of shards ${[...missing].join(", ")} after ${timeoutMs / 1000} s`);
-      if (Date.now() - lastProgress >= 1000) {
-        // no push for 1 s: a slow consumer, a reconnect, or a push missed; the stream is the authority
+      const now = Date.now();
+      if (now > deadline) throw new Error(`step ${t}: no parameters of shards ${[...missing].join(", ")} after ${timeoutMs / 1000} s`);
+      const stalled = firstAt === null ? now - lastProgress >= firstWait : now - lastProgress >= 1000;
+      if (this.reconnected || stalled) {
+        // the stream is the authority: pushes sent while we were away are lost
+        this.reconnected = false;
         for (const shard of missing) {
           const g = await this.fetch(shard);
           const have = this.latest.get(shard);
