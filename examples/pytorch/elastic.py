@@ -1,8 +1,11 @@
 """Train a PyTorch MLP on elastic workers that leave, die and join, and check it bit for bit.
 
+    scripts/pyvenv.sh                                          # .venv with fanin's Python package
     go run ./cmd/fanin dev &                                   # fanin on an embedded NATS
-    export FANIN_TOKEN=$(cat ~/.cache/fanin/dev/auth/admin.token)
-    python3 examples/pytorch/elastic.py --ranks 4 --steps 100
+    .venv/bin/python examples/pytorch/elastic.py --ranks 4 --steps 100
+
+As train.py, it waits for fanin's HTTP API and takes the admin token from --token, $FANIN_TOKEN,
+or else the one `fanin dev` keeps in its default data directory.
 
 The job has a fixed number of logical ranks (``--ranks``); the worker processes that compute them
 come and go, and fanin assigns the ranks to whichever are alive. The launcher starts three worker
@@ -44,6 +47,7 @@ import torch
 
 import fanin
 import fanin.torch
+from train import dev_token, wait_for_api  # train.py, beside this file
 
 CLASSES, DIM, HIDDEN = 10, 32, 64
 
@@ -145,7 +149,8 @@ def reference(job: fanin.Job, steps: int, batch: int) -> dict[int, np.ndarray]:
 
 
 def launch(args: argparse.Namespace) -> int:
-    token = args.token or os.environ.get("FANIN_TOKEN")
+    wait_for_api(args.http, args.wait)
+    token = args.token or os.environ.get("FANIN_TOKEN") or dev_token()
     gw = fanin.Gateway(args.http, token=token)
     job_id = f"pytorch-elastic-{uuid.uuid4().hex[:6]}"
     spec = fanin.torch.spec(model(), id=job_id, ranks=args.ranks, function="adam", hyper={"lr": args.lr},
@@ -253,7 +258,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nats", default="nats://127.0.0.1:4222", help="fanin's NATS (fanin dev prints it)")
     p.add_argument("--http", default="http://127.0.0.1:8080", help="fanin's HTTP API (fanin dev prints it)")
-    p.add_argument("--token", help="an admin or team token (default: $FANIN_TOKEN)")
+    p.add_argument("--token", help="an admin or team token (default: $FANIN_TOKEN, else fanin dev's admin token)")
+    p.add_argument("--wait", type=float, default=900, help="seconds to wait for fanin's HTTP API to answer")
     p.add_argument("--ranks", type=int, default=4, help="logical ranks of the job")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--batch", type=int, default=64)
