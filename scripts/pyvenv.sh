@@ -15,6 +15,10 @@ venv=${1:-.venv}
 
 has() { command -v "$1" >/dev/null 2>&1 && "$1" -c "import $2" >/dev/null 2>&1; }
 py=${PYTHON:-}
+if [ -n "$py" ] && ! has "$py" numpy; then
+  echo "pyvenv: PYTHON=$py is not a Python that can import numpy" >&2
+  exit 1
+fi
 if [ -z "$py" ]; then
   for mods in "numpy, torch" numpy; do
     for c in python3 /usr/bin/python3; do
