@@ -26,7 +26,8 @@ def _path() -> str:
         return str(here)
     raise ImportError(
         "fanin: libfanin.so is missing next to the package and FANIN_LIB is not set; "
-        "install with `pip install --no-build-isolation ./sdk/python` (needs Go), or build it with "
+        "from the repository, `scripts/pyvenv.sh` makes a venv with it (needs Go; or, inside a venv of "
+        "yours, `pip install --no-build-isolation ./sdk/python`), or build it with "
         "`go build -buildmode=c-shared -o libfanin.so ./sdk/libfanin` and set FANIN_LIB"
     )
 
