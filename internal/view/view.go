@@ -395,10 +395,11 @@ func (t *track) rate() float64 {
 }
 
 func (v *View) onJob(e jetstream.KeyValueEntry) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	defer v.see(e)
 	if e.Operation() != jetstream.KeyValuePut {
-		v.mu.Lock()
 		delete(v.jobs, e.Key())
-		v.mu.Unlock()
 		return
 	}
 	var rec job.Record
@@ -406,13 +407,11 @@ func (v *View) onJob(e jetstream.KeyValueEntry) {
 		v.log.Warn("undecodable job record; keeping the last one", "job", e.Key(), "err", err)
 		return
 	}
-	v.mu.Lock()
 	v.jobs[e.Key()] = rec
-	v.mu.Unlock()
 }
 
 // Seen is the newest revision of bucket the view has taken in: it holds every change of the
-// bucket up to it. Followed: the placement and assignment buckets.
+// bucket up to it. Followed: the jobs, placement and assignment buckets.
 func (v *View) Seen(bucket string) uint64 {
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -421,7 +420,7 @@ func (v *View) Seen(bucket string) uint64 {
 
 // WaitSeen waits until the view has taken in revision rev of bucket (Seen), or ctx ends. The
 // autoscaler leader waits so for the claim of its fence: it then decides on everything the
-// previous leader wrote.
+// previous leader wrote; the gateway, for its own changes to the jobs bucket.
 func (v *View) WaitSeen(ctx context.Context, bucket string, rev uint64) error {
 	for {
 		v.mu.Lock()

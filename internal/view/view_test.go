@@ -493,6 +493,43 @@ func TestAssignmentsFollowTheBucket(t *testing.T) {
 	}
 }
 
+// A writer of the jobs bucket can wait for the view to hold its change (the gateway does, so that
+// what it answers from the view next includes its own write): once WaitSeen returns, the record
+// is there, changed or gone.
+func TestWaitSeenJobs(t *testing.T) {
+	e := newEnv(t)
+	v := e.open()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for i := range 20 {
+		rec := record(fmt.Sprintf("j%d", i))
+		rec.Workers = 1
+		rev := e.put(e.b.Jobs, rec.Spec.ID, rec)
+		if err := v.WaitSeen(ctx, wire.JobsBucket, rev); err != nil {
+			t.Fatal(err)
+		}
+		if got, ok := v.Job(rec.Spec.ID); !ok || got.Workers != 1 {
+			t.Fatalf("after WaitSeen of revision %d: job %s %+v (%v)", rev, rec.Spec.ID, got, ok)
+		}
+		rec.Paused = true
+		rev = e.put(e.b.Jobs, rec.Spec.ID, rec)
+		if err := v.WaitSeen(ctx, wire.JobsBucket, rev); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := v.Job(rec.Spec.ID); !got.Paused {
+			t.Fatalf("after WaitSeen of revision %d: job %s not paused", rev, rec.Spec.ID)
+		}
+	}
+	if s := v.Seen(wire.JobsBucket); s != 40 {
+		t.Fatalf("Seen(jobs) = %d after 40 writes", s)
+	}
+	short, cancel2 := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel2()
+	if err := v.WaitSeen(short, wire.JobsBucket, 41); err == nil {
+		t.Fatal("WaitSeen of a revision not written yet returned")
+	}
+}
+
 // A registration's Registered is when its runtime started, on the server's clock, however many
 // heartbeats later and whatever the runtime's own clock says; one without Started (written by an
 // older runtime) counts from the first write the view saw, not from its last heartbeat.
