@@ -38,8 +38,9 @@ var (
 	ErrHighPriority = errors.New("only an admin token may create a job of priority high")
 )
 
-// StateBucket is the gateway's own key-value bucket: job metadata (owner, quota, state, the record
-// of a paused job, the NATS users issued), team tokens, token hashes, reject counters, revocations.
+// StateBucket is the gateway's own key-value bucket: job metadata (owner, quota, state, the NATS
+// users issued; the record itself is in the jobs bucket only), team tokens, token hashes, reject
+// counters, revocations.
 const StateBucket = "fanin-gateway"
 
 // Server is the gateway. Create it with New, serve Handler, and Close it.

@@ -1,12 +1,15 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
-	"sort"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -77,14 +80,17 @@ func (s *Server) create(ctx context.Context, spec job.Spec, g grant) (*api.JobCr
 		if err != nil {
 			return nil, err
 		}
+		// The records come from the view: it holds every job this gateway created (create waits
+		// for it), and what one job may store never changes. A job whose record is not stored
+		// yet (being created) counts, and stores nothing so far.
 		n, stored := 0, storageOf(&rec)
 		for _, m := range ms {
 			if m.Owner != g.owner() {
 				continue
 			}
 			n++
-			if other, _, err := s.record(ctx, m.ID); err == nil {
-				stored += storageOf(other)
+			if other, ok := s.view.Job(m.ID); ok {
+				stored += storageOf(&other)
 			}
 		}
 		if quota.Jobs > 0 && n >= quota.Jobs {
@@ -121,13 +127,15 @@ func (s *Server) create(ctx context.Context, spec job.Spec, g grant) (*api.JobCr
 		return nil, err
 	}
 	rv, _ := json.Marshal(rec)
-	if _, err := s.buckets.Jobs.Create(ctx, spec.ID, rv); err != nil {
+	rev, err := s.buckets.Jobs.Create(ctx, spec.ID, rv)
+	if err != nil {
 		undo()
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			return nil, fmt.Errorf("job %q: %w", spec.ID, ErrJobExists)
 		}
 		return nil, fmt.Errorf("store job %q: %w", spec.ID, err)
 	}
+	s.awaitView(ctx, rev)
 	s.log.Info("job created", "job", spec.ID, "owner", meta.Owner, "ranks", spec.Ranks, "shards", rec.Layout.NumShards(),
 		"elements", rec.Layout.Elements, "function", spec.Function.Name, "credentials", created.Credentials != nil)
 	return created, nil
@@ -289,69 +297,94 @@ func (s *Server) quotaOf(ctx context.Context, g grant) (api.Quota, error) {
 	return t.Quota, nil
 }
 
-// record returns a job's record and metadata. Jobs created before the gateway kept metadata get
-// a default one (running, owned by the admin).
+// record returns a job's record, from the jobs bucket, and its metadata. Jobs created before the
+// gateway kept metadata get a default one (running, owned by the admin).
 func (s *Server) record(ctx context.Context, id string) (*job.Record, *jobMeta, error) {
-	m, err := s.meta(ctx, id)
+	m, err := s.meta(ctx, id) // first: it moves a record an older gateway kept there to the jobs bucket
 	if err != nil && !errors.Is(err, ErrJobNotFound) {
 		return nil, nil, err
 	}
-	if m != nil && m.Record != nil {
-		return m.Record, m, nil
-	}
-	e, err := s.buckets.Jobs.Get(ctx, id)
-	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrInvalidKey) {
-		return nil, nil, fmt.Errorf("job %q: %w", id, ErrJobNotFound)
-	}
+	rec, _, err := s.jobRecord(ctx, id)
 	if err != nil {
 		return nil, nil, err
-	}
-	var rec job.Record
-	if err := json.Unmarshal(e.Value(), &rec); err != nil {
-		return nil, nil, fmt.Errorf("decode job %q: %w", id, err)
 	}
 	if m == nil {
 		m = &jobMeta{ID: id, Owner: "admin", Quota: s.defQuota, State: api.StateRunning, Since: rec.Created, Created: rec.Created}
 	}
-	return &rec, m, nil
+	return rec, m, nil
 }
 
-// records lists every job's record (paused ones included), sorted by id.
-func (s *Server) records(ctx context.Context) ([]job.Record, error) {
-	ids := map[string]bool{}
-	lister, err := s.buckets.Jobs.ListKeys(ctx)
-	if err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
-		return nil, err
+// jobRecord reads a job's record and its revision from the jobs bucket.
+func (s *Server) jobRecord(ctx context.Context, id string) (*job.Record, uint64, error) {
+	e, err := s.buckets.Jobs.Get(ctx, id)
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrInvalidKey) {
+		return nil, 0, fmt.Errorf("job %q: %w", id, ErrJobNotFound)
 	}
-	if lister != nil {
-		for k := range lister.Keys() {
-			ids[k] = true
-		}
-	}
-	ms, err := s.metas(ctx)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	for _, m := range ms {
-		ids[m.ID] = true
+	var rec job.Record
+	if err := json.Unmarshal(e.Value(), &rec); err != nil {
+		return nil, 0, fmt.Errorf("decode job %q: %w", id, err)
 	}
-	var recs []job.Record
-	for id := range ids {
-		rec, _, err := s.record(ctx, id)
-		if errors.Is(err, ErrJobNotFound) {
-			continue // deleted meanwhile, or not created yet
-		}
+	return &rec, e.Revision(), nil
+}
+
+// updateRecord changes a job's record in the jobs bucket with compare-and-set, retrying on a
+// concurrent change (a change that leaves the record as it was writes nothing), and returns it
+// once the view holds it.
+func (s *Server) updateRecord(ctx context.Context, id string, change func(*job.Record) error) (*job.Record, error) {
+	for range 10 {
+		rec, rev, err := s.jobRecord(ctx, id)
 		if err != nil {
 			return nil, err
 		}
-		recs = append(recs, *rec)
+		before, _ := json.Marshal(rec)
+		if err := change(rec); err != nil {
+			return nil, err
+		}
+		val, _ := json.Marshal(rec)
+		if bytes.Equal(val, before) {
+			return rec, nil
+		}
+		rev, err = s.buckets.Jobs.Update(ctx, id, val, rev)
+		if err == nil {
+			s.awaitView(ctx, rev)
+			return rec, nil
+		}
+		if !isWrongSeq(err) {
+			return nil, fmt.Errorf("update job %q: %w", id, err)
+		}
 	}
-	sort.Slice(recs, func(i, j int) bool { return recs[i].Spec.ID < recs[j].Spec.ID })
-	return recs, nil
+	return nil, fmt.Errorf("job %q: its record changed concurrently too often", id)
+}
+
+// viewWait bounds how long a change to the jobs bucket waits for the view (awaitView).
+const viewWait = 5 * time.Second
+
+// awaitView waits until the view holds revision rev of the jobs bucket, which this gateway has just
+// written: what it answers next from the view (the job list, the quota checks of the next jobs
+// created) then includes its own change. A view that lags beyond viewWait delays the answer no
+// longer; it is logged.
+func (s *Server) awaitView(ctx context.Context, rev uint64) {
+	ctx, cancel := context.WithTimeout(ctx, viewWait)
+	defer cancel()
+	if err := s.view.WaitSeen(ctx, wire.JobsBucket, rev); err != nil {
+		s.log.Warn("the view lags behind the jobs bucket", "err", err)
+	}
+}
+
+// records lists every job's record (paused ones included), sorted by id, as the view holds them:
+// with this gateway's own creations and changes (awaitView). A job deleted a moment ago may still
+// be listed: listJobs reads each job again (Status).
+func (s *Server) records() []job.Record {
+	recs := slices.Collect(maps.Values(s.view.Jobs()))
+	slices.SortFunc(recs, func(a, b job.Record) int { return strings.Compare(a.Spec.ID, b.Spec.ID) })
+	return recs
 }
 
 // Jobs lists the records of every job, sorted by id.
-func (s *Server) Jobs(ctx context.Context) ([]job.Record, error) { return s.records(ctx) }
+func (s *Server) Jobs(ctx context.Context) ([]job.Record, error) { return s.records(), nil }
 
 // Status returns a job's status; with detail, per shard.
 func (s *Server) Status(ctx context.Context, id string, detail bool) (*api.JobStatus, error) {
@@ -360,6 +393,7 @@ func (s *Server) Status(ctx context.Context, id string, detail bool) (*api.JobSt
 		return nil, err
 	}
 	st := &api.JobStatus{Record: *rec, State: m.State, Owner: m.Owner, Quota: m.Quota, Step: -1}
+	st.Paused = false // the runtimes' mark: the API says paused or throttled in State
 	st.Rejects = s.rejects.total(ctx, id)
 	st.LiveWorkers = s.liveWorkers(id)
 	placed := s.view.JobPlacement(id)
@@ -530,13 +564,8 @@ func specReason(spec *job.Spec, err error) wire.Reason {
 
 func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) {
 	g := grantOf(r)
-	recs, err := s.records(r.Context())
-	if err != nil {
-		s.internal(w, "list jobs", err)
-		return
-	}
 	out := api.JobList{Jobs: []api.JobStatus{}}
-	for _, rec := range recs {
+	for _, rec := range s.records() {
 		if !s.canReach(r.Context(), g, rec.Spec.ID) {
 			continue
 		}
@@ -632,11 +661,11 @@ func (s *Server) jobCredentials(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, creds)
 }
 
-// Pause takes a job off the runtimes: its record in the jobs bucket is marked paused (and kept in
-// the gateway's metadata), so the autoscaler removes its placement and the runtimes stop its shards
-// after a final checkpoint. Its streams stay: workers may keep publishing, or join, and their
-// gradients queue in the stream until Resume. Pause returns when the runtimes have let go (or after the drain
-// timeout), with the job's handover records cleared, so that Resume starts clean.
+// Pause takes a job off the runtimes: its record in the jobs bucket is marked paused, so the
+// autoscaler removes its placement and the runtimes stop its shards after a final checkpoint. Its
+// streams stay: workers may keep publishing, or join, and their gradients queue in the stream until
+// Resume. Pause returns when the runtimes have let go (or after the drain timeout), with the job's
+// handover records cleared, so that Resume starts clean.
 func (s *Server) Pause(ctx context.Context, id, state, why string) error {
 	unlock := s.lockJob(id)
 	defer unlock()
@@ -654,7 +683,7 @@ func (s *Server) Pause(ctx context.Context, id, state, why string) error {
 		}
 	}
 	if _, err := s.updateMeta(ctx, id, func(m *jobMeta) error {
-		m.State, m.Since, m.Record = state, s.now().UTC(), rec
+		m.State, m.Since = state, s.now().UTC()
 		return nil
 	}); err != nil {
 		return err
@@ -665,11 +694,8 @@ func (s *Server) Pause(ctx context.Context, id, state, why string) error {
 			s.log.Error("throttle the job's NATS account: its gradients are still accepted", "job", id, "err", err)
 		}
 	}
-	paused := *rec
-	paused.Paused = true
-	val, _ := json.Marshal(paused)
-	if _, err := s.buckets.Jobs.Put(ctx, id, val); err != nil {
-		return fmt.Errorf("pause job %q: %w", id, err)
+	if _, err := s.updateRecord(ctx, id, func(r *job.Record) error { r.Paused = true; return nil }); err != nil {
+		return err
 	}
 	s.awaitDrain(ctx, id)
 	s.clearHandover(ctx, rec)
@@ -687,27 +713,24 @@ func (s *Server) Resume(ctx context.Context, id string, from ...string) error {
 	if err != nil {
 		return err
 	}
-	ok := false
-	for _, f := range from {
-		ok = ok || m.State == f
-	}
-	if !ok || m.Record == nil {
+	if !slices.Contains(from, m.State) {
 		return fmt.Errorf("job %q is %s: %w", id, m.State, ErrBadState)
 	}
-	s.clearHandover(ctx, m.Record)
+	rec, _, err := s.jobRecord(ctx, id)
+	if err != nil {
+		return err
+	}
+	s.clearHandover(ctx, rec)
 	if m.State == api.StateThrottled && s.authz != nil {
-		if err := s.pushJobAccount(ctx, m.Record, accountOpen); err != nil {
+		if err := s.pushJobAccount(ctx, rec, accountOpen); err != nil {
 			return fmt.Errorf("resume job %q: %w", id, err)
 		}
 	}
-	running := *m.Record
-	running.Paused = false
-	val, _ := json.Marshal(running)
-	if _, err := s.buckets.Jobs.Put(ctx, id, val); err != nil {
-		return fmt.Errorf("resume job %q: %w", id, err)
+	if _, err := s.updateRecord(ctx, id, func(r *job.Record) error { r.Paused = false; return nil }); err != nil {
+		return err
 	}
 	if _, err := s.updateMeta(ctx, id, func(m *jobMeta) error {
-		m.State, m.Since, m.Record = api.StateRunning, s.now().UTC(), nil
+		m.State, m.Since = api.StateRunning, s.now().UTC()
 		return nil
 	}); err != nil {
 		return err

@@ -23,7 +23,8 @@ func tokenKey(hash string) string   { return "token." + hash }
 func countsKey(jobID string) string { return "rejects." + jobID }
 func revokedKey(user string) string { return "revoked." + user }
 
-// jobMeta is what the gateway keeps about a job besides its record in the jobs bucket.
+// jobMeta is what the gateway keeps about a job besides its record. The record lives in the jobs
+// bucket alone, paused or not: runtimes, autoscaler and workers read it there.
 type jobMeta struct {
 	ID      string    `json:"id"`
 	Owner   string    `json:"owner"` // "admin" or a team id
@@ -31,11 +32,16 @@ type jobMeta struct {
 	State   string    `json:"state"`
 	Since   time.Time `json:"since"` // when the state last changed
 	Created time.Time `json:"created"`
-	// Record is kept here while the job is paused or throttled: it is then out of the jobs bucket,
-	// so that the autoscaler releases its shards.
+	Users   []string  `json:"users,omitempty"`  // NATS users issued for the job (public keys)
+	Tokens  []string  `json:"tokens,omitempty"` // hashes of the job's API tokens
+}
+
+// storedMeta is a job's metadata as an older gateway may have stored it: with a copy of the record
+// of a paused or throttled job. The oldest took the record out of the jobs bucket meanwhile; later
+// ones left it there, marked paused, and kept both. metaRev moves such a copy to the jobs bucket.
+type storedMeta struct {
+	jobMeta
 	Record *job.Record `json:"record,omitempty"`
-	Users  []string    `json:"users,omitempty"`  // NATS users issued for the job (public keys)
-	Tokens []string    `json:"tokens,omitempty"` // hashes of the job's API tokens
 }
 
 // tokenGrant is the value of a token key: what the token reaches.
@@ -56,19 +62,55 @@ func (s *Server) meta(ctx context.Context, jobID string) (*jobMeta, error) {
 	return m, err
 }
 
+// metaRev reads a job's metadata and its revision. Metadata that still carries a record (an older
+// gateway's, storedMeta) is migrated first: a gateway upgraded in place loses no paused job.
 func (s *Server) metaRev(ctx context.Context, jobID string) (*jobMeta, uint64, error) {
-	e, err := s.state.Get(ctx, metaKey(jobID))
-	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrInvalidKey) {
-		return nil, 0, fmt.Errorf("job %q: %w", jobID, ErrJobNotFound)
+	for range 10 {
+		e, err := s.state.Get(ctx, metaKey(jobID))
+		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrInvalidKey) {
+			return nil, 0, fmt.Errorf("job %q: %w", jobID, ErrJobNotFound)
+		}
+		if err != nil {
+			return nil, 0, err
+		}
+		var m storedMeta
+		if err := json.Unmarshal(e.Value(), &m); err != nil {
+			return nil, 0, fmt.Errorf("decode metadata of job %q: %w", jobID, err)
+		}
+		if m.Record == nil {
+			return &m.jobMeta, e.Revision(), nil
+		}
+		rev, err := s.adoptRecord(ctx, &m, e.Revision())
+		if err == nil {
+			return &m.jobMeta, rev, nil
+		}
+		if !isWrongSeq(err) {
+			return nil, 0, err
+		}
+		// Changed meanwhile (another replica migrated it, or changed it): read it again.
 	}
-	if err != nil {
-		return nil, 0, err
+	return nil, 0, fmt.Errorf("job %q: metadata changed concurrently too often", jobID)
+}
+
+// adoptRecord moves the record kept in a job's metadata (storedMeta, at revision rev) to the jobs
+// bucket and stores the metadata without it. A record the jobs bucket holds already stands (the
+// gateway that paused the job kept both); one it lacks (taken out by the oldest gateways) is put
+// back, marked paused unless the job is running.
+func (s *Server) adoptRecord(ctx context.Context, m *storedMeta, rev uint64) (uint64, error) {
+	rec := *m.Record
+	rec.Paused = m.State != api.StateRunning
+	val, _ := json.Marshal(rec)
+	jrev, err := s.buckets.Jobs.Create(ctx, m.ID, val)
+	switch {
+	case err == nil:
+		s.awaitView(ctx, jrev)
+		s.log.Info("job record moved from the gateway's state to the jobs bucket", "job", m.ID, "state", m.State)
+	case errors.Is(err, jetstream.ErrKeyExists):
+	default:
+		return 0, fmt.Errorf("move the record of job %q to the jobs bucket: %w", m.ID, err)
 	}
-	var m jobMeta
-	if err := json.Unmarshal(e.Value(), &m); err != nil {
-		return nil, 0, fmt.Errorf("decode metadata of job %q: %w", jobID, err)
-	}
-	return &m, e.Revision(), nil
+	val, _ = json.Marshal(m.jobMeta)
+	return s.state.Update(ctx, metaKey(m.ID), val, rev)
 }
 
 // updateMeta changes a job's metadata with compare-and-set, retrying on a concurrent change.

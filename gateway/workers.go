@@ -2,12 +2,9 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanin-ml/fanin/gateway/api"
 	"github.com/fanin-ml/fanin/job"
@@ -66,12 +63,11 @@ func (s *Server) liveWorkers(id string) int {
 // SetWorkers sets a job's target worker count (job.Record.Workers): 0, every live elastic worker
 // holds ranks; n (at most the job's ranks), the first n to join do and the others stand by. The
 // autoscaler leader reassigns the ranks within a fraction of a second. The record in the jobs
-// bucket is changed by compare-and-set, and a paused job's kept record too, so that its resume
-// keeps the target.
+// bucket is changed by compare-and-set; a paused job keeps its target when it resumes.
 func (s *Server) SetWorkers(ctx context.Context, id string, target int) (*job.Record, error) {
 	unlock := s.lockJob(id) // one change at a time with pause, resume and delete
 	defer unlock()
-	rec, m, err := s.record(ctx, id)
+	rec, _, err := s.record(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -79,44 +75,19 @@ func (s *Server) SetWorkers(ctx context.Context, id string, target int) (*job.Re
 		return nil, fmt.Errorf("%w: target %d: job %q has %d ranks; give 0 (every live worker holds ranks) to %d",
 			ErrBadTarget, target, id, rec.Spec.Ranks, rec.Spec.Ranks)
 	}
-	if m.Record != nil { // paused or throttled: resume puts this record back
-		if _, err := s.updateMeta(ctx, id, func(m *jobMeta) error {
-			if m.Record == nil {
-				return fmt.Errorf("job %q is %s: %w", id, m.State, ErrBadState) // resumed meanwhile (another replica)
-			}
-			m.Record.Workers = target
-			return nil
-		}); err != nil {
-			return nil, err
-		}
+	changed := false
+	rec, err = s.updateRecord(ctx, id, func(r *job.Record) error {
+		changed = r.Workers != target
+		r.Workers = target
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
-	for range 10 {
-		e, err := s.buckets.Jobs.Get(ctx, id)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			return nil, fmt.Errorf("job %q: %w", id, ErrJobNotFound)
-		}
-		if err != nil {
-			return nil, err
-		}
-		var cur job.Record
-		if err := json.Unmarshal(e.Value(), &cur); err != nil {
-			return nil, fmt.Errorf("decode job %q: %w", id, err)
-		}
-		if cur.Workers == target {
-			rec.Workers = target
-			return rec, nil
-		}
-		cur.Workers = target
-		val, _ := json.Marshal(cur)
-		if _, err := s.buckets.Jobs.Update(ctx, id, val, e.Revision()); err == nil {
-			s.log.Info("job's target worker count set", "job", id, "workers", target)
-			rec.Workers = target
-			return rec, nil
-		} else if !isWrongSeq(err) {
-			return nil, fmt.Errorf("set the workers of job %q: %w", id, err)
-		}
+	if changed {
+		s.log.Info("job's target worker count set", "job", id, "workers", target)
 	}
-	return nil, fmt.Errorf("job %q: its record changed concurrently too often", id)
+	return rec, nil
 }
 
 func (s *Server) jobWorkers(w http.ResponseWriter, r *http.Request) {
