@@ -141,8 +141,8 @@ func (g *governor) step(ctx context.Context) {
 
 // used is the gradient bytes the job's shards aggregated since the last check. g.mu is held.
 func (g *governor) used(m *jobMeta, mt *meter) float64 {
-	rec, _, err := g.s.record(context.Background(), m.ID)
-	if err != nil {
+	rec, ok := g.s.view.Job(m.ID)
+	if !ok {
 		return 0
 	}
 	used := 0.0
@@ -174,11 +174,11 @@ func (g *governor) received(ctx context.Context, id string) map[string]uint64 {
 	if s.sys == nil || s.authz == nil {
 		return nil
 	}
-	rec, _, err := s.record(ctx, id)
-	if err != nil {
+	rec, ok := s.view.Job(id)
+	if !ok {
 		return nil
 	}
-	key, err := s.authz.JobAccountKey(jobAccount(rec))
+	key, err := s.authz.JobAccountKey(jobAccount(&rec))
 	if err != nil {
 		return nil
 	}
@@ -226,8 +226,8 @@ func (g *governor) received(ctx context.Context, id string) map[string]uint64 {
 // parameter stream (load reports only come once a runtime has served the shard for a second).
 func (g *governor) baseline(ctx context.Context, id string) map[string]int64 {
 	steps := map[string]int64{}
-	rec, _, err := g.s.record(ctx, id)
-	if err != nil {
+	rec, ok := g.s.view.Job(id)
+	if !ok {
 		return steps
 	}
 	ps, err := g.s.js.Stream(ctx, wire.ParamsStream(id))
