@@ -53,6 +53,33 @@ func (s *Server) pushJobAccount(ctx context.Context, rec *job.Record, form accou
 	return nil
 }
 
+// errNoAuthority: the gateway runs without a NATS authority (WithAuthority).
+var errNoAuthority = errors.New("this gateway does not issue NATS credentials (it runs without a NATS authority)")
+
+// issueCredentials mints a new set of NATS credentials for a job's workers and records their user:
+// violations are attributed to the job, and deleting the job revokes them.
+func (s *Server) issueCredentials(ctx context.Context, id string) (*api.Credentials, error) {
+	if s.authz == nil {
+		return nil, errNoAuthority
+	}
+	rec, _, err := s.record(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	creds, err := s.mintCredentials(rec)
+	if err != nil {
+		return nil, fmt.Errorf("mint credentials: %w", err)
+	}
+	if _, err := s.updateMeta(ctx, id, func(m *jobMeta) error { m.Users = append(m.Users, creds.User); return nil }); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.users[creds.User] = id
+	s.mu.Unlock()
+	s.log.Info("job credentials issued", "job", id, "user", creds.User)
+	return creds, nil
+}
+
 func (s *Server) mintCredentials(rec *job.Record) (*api.Credentials, error) {
 	c, err := s.authz.JobCredentials(jobAccount(rec), s.credsTTL)
 	if err != nil {

@@ -59,6 +59,12 @@ func TestJobsAPI(t *testing.T) {
 	if code, _, body = call(t, "GET", base+"/v1/jobs", "", ""); code != http.StatusOK || len(body["jobs"].([]any)) != 1 {
 		t.Fatalf("list: %d %v", code, body)
 	}
+	// Without a NATS authority there are no credentials to issue, for a job or for none.
+	for _, id := range []string{"tiny", "nope"} {
+		if code, _, body = call(t, "POST", base+"/v1/jobs/"+id+"/credentials", "", ""); code != http.StatusNotImplemented || body["code"] != "credentials_disabled" {
+			t.Fatalf("credentials of %s without an authority: %d %v", id, code, body)
+		}
+	}
 	if code, _, _ = call(t, "DELETE", base+"/v1/jobs/tiny", "", ""); code != http.StatusNoContent {
 		t.Fatalf("delete: %d", code)
 	}

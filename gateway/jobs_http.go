@@ -197,26 +197,13 @@ func (s *Server) resumeJob(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) jobCredentials(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	if s.authz == nil {
-		s.problem(w, http.StatusNotImplemented, codeNoCredentials, "this gateway does not issue NATS credentials (it runs without a NATS authority)")
+	creds, err := s.issueCredentials(r.Context(), r.PathValue("id"))
+	if errors.Is(err, errNoAuthority) {
+		s.problem(w, http.StatusNotImplemented, codeNoCredentials, err.Error())
 		return
 	}
-	rec, _, err := s.record(r.Context(), id)
 	if s.jobErr(w, err) {
 		return
 	}
-	creds, err := s.mintCredentials(rec)
-	if err != nil {
-		s.internal(w, "mint credentials", err)
-		return
-	}
-	if _, err := s.updateMeta(r.Context(), id, func(m *jobMeta) error { m.Users = append(m.Users, creds.User); return nil }); s.jobErr(w, err) {
-		return
-	}
-	s.mu.Lock()
-	s.users[creds.User] = id
-	s.mu.Unlock()
-	s.log.Info("job credentials issued", "job", id, "user", creds.User)
 	writeJSON(w, http.StatusCreated, creds)
 }
