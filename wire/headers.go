@@ -37,7 +37,7 @@ const Headroom = 64 << 10
 
 // GradMsgID is the de-duplication id of one rank's gradient for one shard and step.
 func GradMsgID(job string, shard int, step int64, rank int) string {
-	return job + ".g." + strconv.Itoa(shard) + "." + strconv.FormatInt(step, 10) + "." + strconv.Itoa(rank)
+	return GradAttemptMsgID(job, shard, step, rank, 0)
 }
 
 // ParamsMsgID is the de-duplication id of one shard's parameters after one step.
@@ -48,8 +48,24 @@ func ParamsMsgID(job string, shard int, step int64) string {
 // InitMsgID is the de-duplication id of one shard's uploaded initial parameters.
 func InitMsgID(job string, shard int) string { return job + ".i." + strconv.Itoa(shard) }
 
-// GradAttempt is the retry number in a gradient message id made by GradMsgID with an attempt
-// suffix ".a<k>"; ids without one are attempt 0.
+// GradAttemptMsgID is the de-duplication id of one try of a rank's gradient: GradMsgID for the
+// first (attempt 0), and with the suffix ".a<attempt>" for a step the sender tries again after a
+// failure. A retry's new id keeps JetStream from dropping it as the failed try's duplicate, and
+// tells the sender which try a rejection (its msg_id) answers; GradAttempt reads it back.
+func GradAttemptMsgID(job string, shard int, step int64, rank, attempt int) string {
+	var buf [96]byte // one allocation, the string's, for a job id of up to some 40 bytes
+	b := append(append(buf[:0], job...), ".g."...)
+	b = append(strconv.AppendInt(b, int64(shard), 10), '.')
+	b = append(strconv.AppendInt(b, step, 10), '.')
+	b = strconv.AppendInt(b, int64(rank), 10)
+	if attempt > 0 {
+		b = strconv.AppendInt(append(b, ".a"...), int64(attempt), 10)
+	}
+	return string(b)
+}
+
+// GradAttempt is the retry number in a gradient message id made by GradAttemptMsgID: the k of an
+// attempt suffix ".a<k>"; ids without one are attempt 0.
 func GradAttempt(msgID string) int {
 	i := len(msgID)
 	for i > 0 && msgID[i-1] != '.' {
@@ -71,6 +87,74 @@ const (
 	MinWeight = 0x1p-126        // float32's smallest normal number, about 1.18e-38
 	MaxWeight = math.MaxFloat32 // about 3.40e38
 )
+
+// Grad is one gradient message as its sender makes it: GradMsg builds it, SetGradHeaders sets its
+// headers in a message reused from step to step; ParseGradHeaders and GradAttempt read them back.
+type Grad struct {
+	Job   string
+	Shard int   // the shard's id in the job's layout
+	Step  int64 // >= 1
+	Rank  int   // the logical rank, 0..ranks-1
+	Dtype Dtype // the payload's element type; the zero value is F32
+	// Weight is the rank's weight for weighted functions (HdrWeight), in MinWeight..MaxWeight; 0
+	// sends none (weight 1).
+	Weight float64
+	// Version is the step of the parameters the gradient was computed from (HdrVersion, which ssp
+	// and asp jobs require); sent only when Versioned.
+	Version   int64
+	Versioned bool
+	ReplyTo   string // where fanin reports a rejection of the message (HdrReplyTo); "" sends none
+	Attempt   int    // the sender's try of this step: its message id is GradAttemptMsgID
+}
+
+// GradMsg is the gradient message g with payload data: the shard's elements in g.Dtype,
+// little-endian.
+func GradMsg(g Grad, data []byte) *nats.Msg {
+	m := nats.NewMsg(GradSubject(g.Job, g.Shard))
+	SetGradHeaders(m.Header, g)
+	m.Data = data
+	return m
+}
+
+// SetGradHeaders sets the headers of gradient message g in h, its message id included, and
+// removes the optional ones g does not send. A reused message keeps its header slices, and a
+// header whose value did not change costs nothing: from one step to the next, the step's string
+// (beyond 99) and the id's are all it allocates.
+func SetGradHeaders(h nats.Header, g Grad) {
+	setInt(h, HdrStep, g.Step)
+	setInt(h, HdrRank, int64(g.Rank))
+	set(h, HdrDtype, g.Dtype.String())
+	if g.Weight != 0 {
+		var buf [32]byte
+		b := strconv.AppendFloat(buf[:0], g.Weight, 'g', -1, 64)
+		if v := h[HdrWeight]; len(v) != 1 || v[0] != string(b) {
+			set(h, HdrWeight, string(b))
+		}
+	} else {
+		delete(h, HdrWeight)
+	}
+	if g.Versioned {
+		setInt(h, HdrVersion, g.Version)
+	} else {
+		delete(h, HdrVersion)
+	}
+	if g.ReplyTo != "" {
+		set(h, HdrReplyTo, g.ReplyTo)
+	} else {
+		delete(h, HdrReplyTo)
+	}
+	set(h, HdrMsgID, GradAttemptMsgID(g.Job, g.Shard, g.Step, g.Rank, g.Attempt))
+}
+
+// setInt is set(h, k, n in decimal), allocating only when the header's value changes.
+func setInt(h nats.Header, k string, n int64) {
+	var buf [20]byte
+	b := strconv.AppendInt(buf[:0], n, 10)
+	if v := h[k]; len(v) == 1 && v[0] == string(b) {
+		return
+	}
+	set(h, k, string(b))
+}
 
 // GradMeta is what a gradient message's headers say.
 type GradMeta struct {

@@ -152,6 +152,65 @@ func TestGradAttempt(t *testing.T) {
 	}
 }
 
+// A gradient message GradMsg builds is what ParseGradHeaders, GradAttempt and ShardFromSubject
+// read back, optional headers included or left out; a reused message set for another gradient
+// carries nothing of the one before.
+func TestGradMsgRoundTrip(t *testing.T) {
+	cases := []Grad{
+		{Job: "j", Shard: 3, Step: 1, Rank: 0},
+		{Job: "j", Shard: 0, Step: 12, Rank: 7, Dtype: BF16, Weight: 128, ReplyTo: "fanin.v1.j.inbox.x", Attempt: 2},
+		{Job: "j", Shard: 9, Step: 999_999_999_999_999_999, Rank: 4095, Dtype: F16, Weight: MinWeight, Versioned: true, Version: 0},
+		{Job: "j", Shard: 1, Step: 5, Rank: 1, Weight: MaxWeight, Versioned: true, Version: 4, Attempt: 1},
+		{Job: "j", Shard: 1, Step: 6, Rank: 1, Weight: 0.1},
+	}
+	reused := nats.NewMsg("")
+	for _, g := range cases {
+		for _, m := range []*nats.Msg{GradMsg(g, []byte{1, 2}), reused} {
+			SetGradHeaders(m.Header, g)
+			meta, rej := ParseGradHeaders(m.Header)
+			wantWeight, wantVersion := g.Weight, g.Version
+			if g.Weight == 0 {
+				wantWeight = 1
+			}
+			if !g.Versioned {
+				wantVersion = -1
+			}
+			if rej != nil || meta.Step != g.Step || meta.Rank != g.Rank || meta.Dtype != g.Dtype ||
+				meta.Weight != wantWeight || meta.Version != wantVersion || meta.ReplyTo != g.ReplyTo {
+				t.Fatalf("%+v: parsed %+v %v", g, meta, rej)
+			}
+			id := m.Header.Get(HdrMsgID)
+			if GradAttempt(id) != g.Attempt || !strings.HasPrefix(id, GradMsgID(g.Job, g.Shard, g.Step, g.Rank)) ||
+				(g.Attempt == 0 && id != GradMsgID(g.Job, g.Shard, g.Step, g.Rank)) {
+				t.Fatalf("%+v: message id %q", g, id)
+			}
+			for k, v := range m.Header {
+				if len(v) != 1 {
+					t.Fatalf("%+v: header %s has %d values", g, k, len(v))
+				}
+			}
+		}
+		m := GradMsg(g, []byte{1, 2})
+		if shard, ok := ShardFromSubject(m.Subject); !ok || m.Subject != GradSubject(g.Job, g.Shard) || shard != g.Shard || len(m.Data) != 2 {
+			t.Fatalf("%+v: subject %q, %d bytes", g, m.Subject, len(m.Data))
+		}
+	}
+	g := Grad{Job: "j", Shard: 2, Step: 100, Rank: 3, Weight: 0.5, ReplyTo: "fanin.v1.j.inbox.r", Versioned: true, Version: 99}
+	SetGradHeaders(reused.Header, g)
+	if n := testing.AllocsPerRun(100, func() { g.Step++; g.Version++; SetGradHeaders(reused.Header, g) }); n > 3 {
+		t.Errorf("the next step's headers on a reused message allocate %v times (step, version, id)", n)
+	}
+}
+
+func TestGradAttemptMsgID(t *testing.T) {
+	for attempt, want := range map[int]string{0: "j.g.3.12.1", 1: "j.g.3.12.1.a1", 17: "j.g.3.12.1.a17", -1: "j.g.3.12.1"} {
+		id := GradAttemptMsgID("j", 3, 12, 1, attempt)
+		if id != want || GradAttempt(id) != max(attempt, 0) {
+			t.Errorf("attempt %d: %q (GradAttempt %d), want %q", attempt, id, GradAttempt(id), want)
+		}
+	}
+}
+
 func TestAckInfo(t *testing.T) {
 	seq, pending, ok := AckInfo("$JS.ACK.dom.HASH.GRAD.cons.1.42.12.1700000000000000000.9.tok")
 	if !ok || seq != 42 || pending != 9 {
