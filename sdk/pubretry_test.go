@@ -108,7 +108,7 @@ func failedStepLeavesNoPublishBehind(t *testing.T, dt wire.Dtype) {
 		})
 		want := make([]byte, dt.ElemSize()*s.Len)
 		wire.Encode(want, sent[s.Off:s.Off+s.Len], dt)
-		if got, wantID := m.Header.Get(wire.HdrMsgID), wire.GradMsgID(id, s.ID, 1, 0)+".a1"; got != wantID || !bytes.Equal(m.Data, want) {
+		if got, wantID := m.Header.Get(wire.HdrMsgID), wire.GradAttemptMsgID(id, s.ID, 1, 0, 1); got != wantID || !bytes.Equal(m.Data, want) {
 			t.Fatalf("shard %d: the retried step stored %s (want %s), its gradient as computed: %v", i, got, wantID, bytes.Equal(m.Data, want))
 		}
 	}

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -303,12 +302,7 @@ func TestRestartMidStepResumes(t *testing.T) {
 	sh := rec.Layout.Shards[0]
 	raw := connect()
 	js, _ := jetstream.New(raw.Conn())
-	half := nats.NewMsg(wire.GradSubject(rec.Spec.ID, sh.ID))
-	half.Header.Set(wire.HdrStep, strconv.Itoa(crashAt))
-	half.Header.Set(wire.HdrRank, "1")
-	half.Header.Set(wire.HdrDtype, wire.DtypeF32)
-	half.Header.Set(wire.HdrMsgID, wire.GradMsgID(rec.Spec.ID, sh.ID, crashAt, 1))
-	half.Data = bits(g[1][sh.Off : sh.Off+sh.Len])
+	half := wire.GradMsg(wire.Grad{Job: rec.Spec.ID, Shard: sh.ID, Step: crashAt, Rank: 1}, bits(g[1][sh.Off:sh.Off+sh.Len]))
 	if _, err := js.PublishMsg(ctx, half); err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -30,7 +29,7 @@ type Worker struct {
 	rec    *job.Record
 	rank   int        // ranks[0]
 	ranks  []int      // the logical ranks it publishes for, in the order of StepRanks' gradients
-	weight string     // HdrWeight value, or "" for unweighted
+	weight float64    // HdrWeight, or 0 for unweighted (wire.Grad)
 	fb     fallback   // when a waiting Step fetches what was not pushed (WithFetchAfter)
 	full   int        // WithFullStreamRetries
 	dtype  wire.Dtype // the element type of the gradients it publishes (WithGradDtype)
@@ -86,7 +85,7 @@ func WithWeight(w float64) WorkerOption {
 		if !(w >= wire.MinWeight && w <= wire.MaxWeight) {
 			return fmt.Errorf("weight must be in %g..%g (a float32 > 0, not subnormal), got %v", wire.MinWeight, wire.MaxWeight, w)
 		}
-		wk.weight = strconv.FormatFloat(w, 'g', -1, 64)
+		wk.weight = w
 		return nil
 	}
 }
@@ -435,26 +434,19 @@ func (w *Worker) expect(t int64) {
 }
 
 // msg is the gradient message of rank w.ranks[j] for shard i, made on first use: an elastic
-// worker holds every rank of the job and publishes few of them.
+// worker holds every rank of the job and publishes few of them. publish sets its headers.
 func (w *Worker) msg(j, i int) *nats.Msg {
 	k := j*w.rec.Layout.NumShards() + i
 	if m := w.msgs[k]; m != nil {
 		return m
 	}
 	m := nats.NewMsg(wire.GradSubject(w.rec.Spec.ID, w.rec.Layout.Shards[i].ID))
-	m.Header.Set(wire.HdrRank, strconv.Itoa(w.ranks[j]))
-	m.Header.Set(wire.HdrDtype, w.dtype.String())
-	m.Header.Set(wire.HdrReplyTo, w.inbox)
-	if w.weight != "" {
-		m.Header.Set(wire.HdrWeight, w.weight)
-	}
 	w.msgs[k] = m
 	return m
 }
 
 // publish publishes the gradients of the ranks w.ranks[which[k]], grads[k] each, for step t.
 func (w *Worker) publish(ctx context.Context, t int64, which []int, grads [][]float32) error {
-	stepStr := strconv.FormatInt(t, 10)
 	n := w.rec.Layout.NumShards()
 	futs := make([]jetstream.PubAckFuture, len(w.msgs))
 	for k, j := range which {
@@ -464,15 +456,13 @@ func (w *Worker) publish(ctx context.Context, t int64, which []int, grads [][]fl
 				continue
 			}
 			m := w.msg(j, i)
-			m.Header.Set(wire.HdrStep, stepStr)
+			g := wire.Grad{Job: w.rec.Spec.ID, Shard: s.ID, Step: t, Rank: rank, Dtype: w.dtype,
+				Weight: w.weight, ReplyTo: w.inbox, Attempt: w.attempt}
 			if w.pubVersions != nil {
-				m.Header.Set(wire.HdrVersion, strconv.FormatInt(w.pubVersions[i], 10))
+				g.Version, g.Versioned = w.pubVersions[i], true
 			}
-			id := wire.GradMsgID(w.rec.Spec.ID, s.ID, t, rank)
-			if w.attempt > 0 {
-				id += ".a" + strconv.Itoa(w.attempt)
-			}
-			m.Header.Set(wire.HdrMsgID, id)
+			wire.SetGradHeaders(m.Header, g)
+			id := m.Header.Get(wire.HdrMsgID)
 			m.Data = w.bytesOf(grads[k][s.Off:s.Off+s.Len], j*w.rec.Layout.Elements+s.Off)
 			if w.onGrad != nil { // before the publish: a worker killed after it leaves a record
 				w.onGrad(rank, t, i, id, RecordIntended)
