@@ -497,12 +497,7 @@ func workerMain() int {
 		testutil.Gradient(g, params, s, rank)
 		if s == crash {
 			sh := rec.Layout.Shards[0]
-			m := nats.NewMsg(wire.GradSubject(id, sh.ID))
-			m.Header.Set(wire.HdrStep, strconv.FormatInt(s, 10))
-			m.Header.Set(wire.HdrRank, strconv.Itoa(rank))
-			m.Header.Set(wire.HdrDtype, wire.DtypeF32)
-			m.Header.Set(wire.HdrMsgID, wire.GradMsgID(id, sh.ID, s, rank))
-			m.Data = f32bytes(g[sh.Off : sh.Off+sh.Len])
+			m := wire.GradMsg(wire.Grad{Job: id, Shard: sh.ID, Step: s, Rank: rank}, f32bytes(g[sh.Off:sh.Off+sh.Len]))
 			js, _ := jetstream.New(c.Conn())
 			if _, err := js.PublishMsg(ctx, m); err != nil {
 				fmt.Fprintln(os.Stderr, err)

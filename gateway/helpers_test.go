@@ -157,13 +157,7 @@ func publishStep(t testing.TB, js jetstream.JetStream, rec *job.Record, params [
 }
 
 func gradMsg(jobID string, shard int, step int64, rank int, data []byte) *nats.Msg {
-	m := nats.NewMsg(wire.GradSubject(jobID, shard))
-	m.Header.Set(wire.HdrStep, fmt.Sprint(step))
-	m.Header.Set(wire.HdrRank, fmt.Sprint(rank))
-	m.Header.Set(wire.HdrDtype, wire.DtypeF32)
-	m.Header.Set(wire.HdrMsgID, wire.GradMsgID(jobID, shard, step, rank))
-	m.Data = data
-	return m
+	return wire.GradMsg(wire.Grad{Job: jobID, Shard: shard, Step: step, Rank: rank}, data)
 }
 
 // natsAs connects with job credentials; errs receives the connection's asynchronous errors.

@@ -131,13 +131,8 @@ func TestSixteenBitSSPHeldAndASP(t *testing.T) {
 	}
 	send := func(rec *job.Record, step int64, rank int, version int64, g []float32, dt wire.Dtype) {
 		t.Helper()
-		m := nats.NewMsg(wire.GradSubject(rec.Spec.ID, 0))
-		m.Header.Set(wire.HdrStep, strconv.FormatInt(step, 10))
-		m.Header.Set(wire.HdrRank, strconv.Itoa(rank))
-		m.Header.Set(wire.HdrDtype, dt.String())
-		m.Header.Set(wire.HdrVersion, strconv.FormatInt(version, 10))
-		m.Header.Set(wire.HdrMsgID, wire.GradMsgID(rec.Spec.ID, 0, step, rank))
-		m.Data = make([]byte, len(g)*dt.ElemSize())
+		m := wire.GradMsg(wire.Grad{Job: rec.Spec.ID, Shard: 0, Step: step, Rank: rank, Dtype: dt, Version: version, Versioned: true},
+			make([]byte, len(g)*dt.ElemSize()))
 		wire.Encode(m.Data, g, dt)
 		if _, err := js.PublishMsg(ctx, m); err != nil {
 			t.Fatal(err)

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -112,12 +111,8 @@ func TestShuffledResentBitExact(t *testing.T) {
 				}
 				rng.Shuffle(len(msgs), func(i, j int) { msgs[i], msgs[j] = msgs[j], msgs[i] })
 				for _, o := range msgs {
-					m := nats.NewMsg(wire.GradSubject(rec.Spec.ID, o.shard.ID))
-					m.Header.Set(wire.HdrStep, strconv.FormatInt(step, 10))
-					m.Header.Set(wire.HdrRank, strconv.Itoa(o.rank))
-					m.Header.Set(wire.HdrDtype, wire.DtypeF32)
-					m.Header.Set(wire.HdrMsgID, wire.GradMsgID(rec.Spec.ID, o.shard.ID, step, o.rank))
-					m.Data = f32bytes(grads[o.rank][o.shard.Off : o.shard.Off+o.shard.Len])
+					m := wire.GradMsg(wire.Grad{Job: rec.Spec.ID, Shard: o.shard.ID, Step: step, Rank: o.rank},
+						f32bytes(grads[o.rank][o.shard.Off:o.shard.Off+o.shard.Len]))
 					if _, err := js.PublishMsg(ctx, m); err != nil {
 						t.Fatal(err)
 					}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -166,15 +165,9 @@ func (x *bf16Run) rank(step int64, rank int) {
 	g := x.grads[rank]
 	testutil.Gradient(g, x.view, step, rank)
 	for _, s := range x.rec.Layout.Shards {
-		m := nats.NewMsg(wire.GradSubject(x.rec.Spec.ID, s.ID))
-		m.Header.Set(wire.HdrStep, strconv.FormatInt(step, 10))
-		m.Header.Set(wire.HdrRank, strconv.Itoa(rank))
-		m.Header.Set(wire.HdrDtype, wire.DtypeF32)
-		m.Header.Set(wire.HdrMsgID, wire.GradMsgID(x.rec.Spec.ID, s.ID, step, rank))
-		if x.rec.Spec.Sync != "bsp" { // ssp: step-1, every gradient from the newest parameters
-			m.Header.Set(wire.HdrVersion, strconv.FormatInt(x.version, 10))
-		}
-		m.Data = f32bytes(g[s.Off : s.Off+s.Len])
+		// ssp: step-1, every gradient from the newest parameters
+		m := wire.GradMsg(wire.Grad{Job: x.rec.Spec.ID, Shard: s.ID, Step: step, Rank: rank,
+			Version: x.version, Versioned: x.rec.Spec.Sync != "bsp"}, f32bytes(g[s.Off:s.Off+s.Len]))
 		if _, err := x.js.PublishMsg(x.ctx, m); err != nil {
 			x.t.Fatal(err)
 		}
