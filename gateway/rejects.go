@@ -86,12 +86,8 @@ func newRejectStore(ctx context.Context, s *Server) (*rejectStore, error) {
 
 // record publishes a rejection the gateway made (or learned of) on its job's rejects subject.
 func (rs *rejectStore) record(rej *wire.Reject, source string) {
-	m := nats.NewMsg(wire.RejectsSubject(rej.Job))
+	m := rej.ReportMsg(rs.origin, rs.tally.Add(rej.Job, rej.Reason))
 	m.Header.Set(hdrSource, source)
-	m.Header.Set(wire.HdrReject, string(rej.Reason))
-	m.Header.Set(wire.HdrRejectOrigin, rs.origin)
-	m.Header.Set(wire.HdrRejectCounts, rs.tally.Add(rej.Job, rej.Reason))
-	m.Data = rej.Marshal()
 	if err := rs.s.nc.PublishMsg(m); err != nil {
 		rs.s.log.Debug("record rejection", "job", rej.Job, "reason", rej.Reason, "err", err)
 	}

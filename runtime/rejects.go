@@ -6,8 +6,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/fanin-ml/fanin/wire"
 )
 
@@ -126,7 +124,6 @@ func (l *rejectLog) counts() map[wire.Reason]int64 {
 func (r *Runtime) reject(rej *wire.Reject, replyTo, incarnation string) {
 	r.rejects.add(rej)
 	r.met.Reject(rej.Job, string(rej.Reason))
-	body := rej.Marshal()
 	if replyTo != "" && !wire.ValidReplyTo(rej.Job, replyTo) {
 		// fanin publishes to a subject a client chose only inside that job's reply namespace.
 		r.met.ReplyDropped(rej.Job)
@@ -134,16 +131,9 @@ func (r *Runtime) reject(rej *wire.Reject, replyTo, incarnation string) {
 		replyTo = ""
 	}
 	if replyTo != "" {
-		m := nats.NewMsg(replyTo)
-		m.Header.Set(wire.HdrReject, string(rej.Reason))
-		m.Data = body
-		_ = r.nc.PublishMsg(m) // best effort: the sender may be gone
+		_ = r.nc.PublishMsg(rej.ReplyMsg(replyTo)) // best effort: the sender may be gone
 	}
 	if rej.Job != "" {
-		m := nats.NewMsg(wire.RejectsSubject(rej.Job))
-		m.Header.Set(wire.HdrRejectOrigin, r.origin)
-		m.Header.Set(wire.HdrRejectCounts, r.tally.Add(incarnation, rej.Reason))
-		m.Data = body
-		_ = r.nc.PublishMsg(m)
+		_ = r.nc.PublishMsg(rej.ReportMsg(r.origin, r.tally.Add(incarnation, rej.Reason)))
 	}
 }

@@ -9,10 +9,10 @@ import (
 
 // Message building. Every message fanin stores (parameters, checkpoints, uploaded initial
 // parameters) has its subject, headers and de-duplication id made here, by runtime, store, SDK and
-// bench alike; so do gradients (GradMsg, next to their parser in headers.go). docs/PROTOCOL.md
-// describes what they are. Checkpoints and uploads are always f32;
-// parameters are f32, or the job's 16-bit param_dtype after step 0 (gradients may be 16-bit:
-// see dtype.go).
+// bench alike; so do gradients (GradMsg, next to their parser in headers.go) and rejection reports
+// (Reject.ReplyMsg and ReportMsg). docs/PROTOCOL.md describes what they are. Checkpoints and
+// uploads are always f32; parameters are f32, or the job's 16-bit param_dtype after step 0
+// (gradients may be 16-bit: see dtype.go).
 
 // CheckpointMsgID is the de-duplication id of one shard's checkpoint after one step.
 func CheckpointMsgID(job string, shard int, step int64) string {

@@ -3,6 +3,8 @@ package wire
 import (
 	"encoding/json"
 	"fmt"
+
+	"github.com/nats-io/nats.go"
 )
 
 // Reason is a stable, machine-readable code for why an input was rejected.
@@ -122,6 +124,26 @@ func ErrReason(r Reason) error { return &Reject{Reason: r} }
 func (r *Reject) Marshal() []byte {
 	b, _ := json.Marshal(r) // a struct of strings and ints always marshals
 	return b
+}
+
+// ReplyMsg is the report of the rejection to the sender of the input, at subject (its HdrReplyTo,
+// or the reply inbox of a request): the JSON report, its reason also in HdrReject.
+func (r *Reject) ReplyMsg(subject string) *nats.Msg {
+	m := nats.NewMsg(subject)
+	m.Header.Set(HdrReject, string(r.Reason))
+	m.Data = r.Marshal()
+	return m
+}
+
+// ReportMsg is the rejection as published for observers on its job's RejectsSubject (r.Job must
+// be set): the JSON report, its reason in HdrReject, and who made it with that origin's cumulative
+// counts for the job (HdrRejectOrigin; HdrRejectCounts, as RejectTally.Add or FormatCounts make
+// them).
+func (r *Reject) ReportMsg(origin, counts string) *nats.Msg {
+	m := r.ReplyMsg(RejectsSubject(r.Job))
+	m.Header.Set(HdrRejectOrigin, origin)
+	m.Header.Set(HdrRejectCounts, counts)
+	return m
 }
 
 // UnmarshalReject decodes a rejection report.

@@ -211,6 +211,28 @@ func TestGradAttemptMsgID(t *testing.T) {
 	}
 }
 
+// The reports of a rejection: to its sender, and on its job's rejects subject with who made it
+// and that origin's counts; both decode to the rejection.
+func TestRejectMsgs(t *testing.T) {
+	rej := Rejectf(ReasonBadLength, "payload is %d bytes", 3)
+	rej.Job, rej.Shard, rej.Step, rej.Rank, rej.MsgID = "j", 1, 4, 0, "j.g.1.4.0"
+	for _, m := range []*nats.Msg{rej.ReplyMsg("fanin.v1.j.inbox.x"), rej.ReportMsg("runtime-1", "bad_length=2")} {
+		back, err := UnmarshalReject(m.Data)
+		if err != nil || *back != *rej || m.Header.Get(HdrReject) != string(ReasonBadLength) {
+			t.Fatalf("%s: %v %+v (%v)", m.Subject, m.Header, back, err)
+		}
+	}
+	m := rej.ReplyMsg("fanin.v1.j.inbox.x")
+	if m.Subject != "fanin.v1.j.inbox.x" || len(m.Header) != 1 {
+		t.Fatalf("reply: %s %v", m.Subject, m.Header)
+	}
+	m = rej.ReportMsg("runtime-1", "bad_length=2")
+	counts, err := ParseCounts(m.Header.Get(HdrRejectCounts))
+	if m.Subject != RejectsSubject("j") || m.Header.Get(HdrRejectOrigin) != "runtime-1" || err != nil || counts[ReasonBadLength] != 2 {
+		t.Fatalf("report: %s %v", m.Subject, m.Header)
+	}
+}
+
 func TestAckInfo(t *testing.T) {
 	seq, pending, ok := AckInfo("$JS.ACK.dom.HASH.GRAD.cons.1.42.12.1700000000000000000.9.tok")
 	if !ok || seq != 42 || pending != 9 {

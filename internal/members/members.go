@@ -286,19 +286,10 @@ func (a *Assigner) reportRefusal(rej *wire.Reject, reply string) {
 	if !a.leader() {
 		return
 	}
-	body := rej.Marshal()
 	if strings.HasPrefix(reply, "_R_.") || wire.ValidReplyTo(rej.Job, reply) {
-		m := nats.NewMsg(reply)
-		m.Header.Set(wire.HdrReject, string(rej.Reason))
-		m.Data = body
-		_ = a.nc.PublishMsg(m)
+		_ = a.nc.PublishMsg(rej.ReplyMsg(reply))
 	}
-	m := nats.NewMsg(wire.RejectsSubject(rej.Job))
-	m.Header.Set(wire.HdrReject, string(rej.Reason))
-	m.Header.Set(wire.HdrRejectOrigin, a.origin)
-	m.Header.Set(wire.HdrRejectCounts, counts)
-	m.Data = body
-	_ = a.nc.PublishMsg(m)
+	_ = a.nc.PublishMsg(rej.ReportMsg(a.origin, counts))
 }
 
 // refresh sets the jobs whose beats are taken, and their beat rates, from jobs; the beats and
