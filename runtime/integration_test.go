@@ -153,6 +153,15 @@ func TestShuffledResentBitExact(t *testing.T) {
 	if placed != 3 {
 		t.Errorf("shards were served by %d runtimes, want all 3", placed)
 	}
+	// The work time (fold and function) holds the function's time.
+	var work, fn time.Duration
+	for _, rt := range st.AllRuntimes() {
+		s := rt.Stats()
+		work, fn = work+s.WorkTime, fn+s.FuncTime
+	}
+	if !(fn > 0 && work >= fn) {
+		t.Errorf("work time %v, function time %v: want 0 < function <= work", work, fn)
+	}
 }
 
 // trainWithWorkers runs ranks SDK workers from their current step to step `to`.

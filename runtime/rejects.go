@@ -41,6 +41,7 @@ type StatsSnapshot struct {
 	Invocations  int64                 // shard updates applied
 	BytesIn      int64                 // gradient bytes accepted
 	FuncTime     time.Duration         // time spent in the function
+	WorkTime     time.Duration         // time the shards held a core: fold and function (the load reports' Work)
 	Rejects      map[wire.Reason]int64 // rejected inputs by reason
 	Migrations   int64                 // shards taken over from another runtime after its release
 	Pauses       []time.Duration       // their pauses: previous owner stopped to this one serving
@@ -61,6 +62,7 @@ func (r *Runtime) Stats() StatsSnapshot {
 		Invocations:  r.stats.invocations.Load(),
 		BytesIn:      r.stats.bytesIn.Load(),
 		FuncTime:     time.Duration(r.stats.fnNanos.Load()),
+		WorkTime:     time.Duration(r.stats.workNanos.Load()),
 		Rejects:      r.rejects.counts(),
 	}
 }
