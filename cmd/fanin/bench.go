@@ -16,7 +16,7 @@ import (
 
 func benchCmd() *cobra.Command {
 	var quick bool
-	var only, out, redis, cpuProfile string
+	var only, out, redis, cpuProfile, costOut string
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure the data plane against baselines measured in the same run (writes docs/BENCHMARKS.md)",
@@ -27,7 +27,7 @@ markdown report with the command that produced it, keeping the file's hand-writt
 the date of the run they come from.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg := bench.Config{Quick: quick, Redis: redis, Log: slog.Default()}
+			cfg := bench.Config{Quick: quick, Redis: redis, CostOut: costOut, Log: slog.Default()}
 			limitBenchMemory()
 			if only != "" {
 				cfg.Only = strings.Split(only, ",")
@@ -67,6 +67,7 @@ the date of the run they come from.`,
 	cmd.Flags().StringVar(&only, "only", "", "comma-separated scenarios to run (default: all)")
 	cmd.Flags().StringVar(&out, "out", "", "write the markdown report to this file (default: standard output)")
 	cmd.Flags().StringVar(&redis, "redis", "", "redis-server binary for the Redis baseline (default: from PATH)")
+	cmd.Flags().StringVar(&costOut, "cost-out", "", "the service-cost scenario writes what fanin sim charges the service with (its --cost file, JSON) to this file")
 	cmd.Flags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of this process to this file (with --only gloo: the service alone, its workers and gloo run in other processes)")
 	return cmd
 }
@@ -90,6 +91,24 @@ func benchWorkersCmd() *cobra.Command {
 				return err
 			}
 			return json.NewEncoder(cmd.OutOrStdout()).Encode(rep)
+		},
+	}
+}
+
+// benchRuntimeCmd is a runtime process of `fanin bench --only service-cost`: it prints its CPU and
+// counters each time it reads a line, and stops when its stdin ends. Hidden: only the bench runs it.
+func benchRuntimeCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:                bench.RuntimeCommand,
+		Short:              "Run a runtime process of the service-cost bench scenario",
+		Hidden:             true,
+		DisableFlagParsing: true, // bench.ParseRuntime reads them, as a test binary does
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cfg, err := bench.ParseRuntime(args)
+			if err != nil {
+				return err
+			}
+			return bench.RunRuntime(cmd.Context(), cfg, cmd.InOrStdin(), cmd.OutOrStdout())
 		},
 	}
 }

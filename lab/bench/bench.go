@@ -16,7 +16,10 @@ type Config struct {
 	Quick bool     // small sizes and iterations, for CI: the whole run takes less than a minute
 	Only  []string // scenario names to run (see Scenarios); empty runs all
 	Redis string   // path of the redis-server binary; "" looks it up in PATH; without it e2e-redis is skipped
-	Log   *slog.Logger
+	// CostOut, if set, is where the service-cost scenario writes the simulator's service cost
+	// (sim.ServiceCost, JSON: fanin sim --cost).
+	CostOut string
+	Log     *slog.Logger
 }
 
 // Result is one figure of fanin next to its baseline's, measured in the same run on the same bytes.
@@ -138,6 +141,7 @@ var scenarios = []scenario{
 	{"e2e-secured", "the cost of tenant isolation: BSP steps/s of 8 workers using their job's own NATS account (security on) vs the same fanin open (no security)", runSecured},
 	{"e2e-redis", "the same workload vs workers and an aggregator exchanging shards through Redis keys", runRedis},
 	{"gloo", "fanin against PyTorch's own all-reduce (gloo, one process per rank) on the same gradients: steps/s at ResNet-50 size with 8 ranks (fanin's gradients float32; bfloat16 on the wire; bfloat16 gradients and parameters) and step p50/p99 of 4 ranks on 1 MiB; and the service's cost, GB of gradient per core-second of the NATS server and runtimes, next to BytePS's published figure", runGloo},
+	{"service-cost", "the service's CPU per byte of gradient, by process: the NATS server (with the gateway and an idle autoscaler) in this process, each runtime in a process of its own, 8 ranks at ResNet-50 size in a worker process; what `fanin sim` charges the service with (--cost-out writes it)", runServiceCost},
 	{"latency-small", "step latency of 4 ranks on 1 MiB of parameters vs a 1 MiB NATS request-reply, the bare aggregator, and the bare aggregator on fanin's JetStream path", runLatency},
 	{"elastic", "elastic jobs on the demo model: the time to absorb a lost worker, and a slow worker (2x) or jittery workers under ssp s=2 and asp vs bsp: steps/s and test accuracy after a fixed wall time", runElastic},
 	{"python", "a Python worker process (numpy, and fanin.torch) vs a Go SDK worker process: steps/s at ResNet-50 size with 8 ranks, and the p50 step of 4 ranks on 1 MiB", runPython},

@@ -3,12 +3,15 @@ package bench
 import (
 	"bytes"
 	"context"
+	"math"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/fanin-ml/fanin/lab/testutil"
+	"github.com/fanin-ml/fanin/sim"
 )
 
 // TestRunQuick runs the two short scenarios as `fanin bench --quick` does and checks that the
@@ -54,6 +57,59 @@ func TestRunQuick(t *testing.T) {
 		}
 	}
 }
+
+// TestServiceCostQuick runs the service-cost scenario as `fanin bench --quick --only service-cost
+// --cost-out f` does: the broker, the runtimes and the workers run in processes of their own, and
+// the file it writes is what the simulator reads, consistent with the rows reported. It asserts
+// nothing about speed.
+func TestServiceCostQuick(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "service-cost.json")
+	res, err := Run(context.Background(), Config{Quick: true, Only: []string{"service-cost"}, CostOut: out, Log: testutil.Logger()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	by := map[string]Result{}
+	for _, r := range res {
+		by[strings.Split(r.Case, ",")[0]] = r
+		if !(r.Fanin > 0) || r.Base != bytepsGBPerCoreSecond || r.Metric != "GB of gradient per core-second" {
+			t.Errorf("%s: want a positive figure against BytePS's", r)
+		}
+	}
+	whole, broker, rts, work := by["whole service"], by["NATS server"], by["runtimes"], by["runtimes' work"]
+	if len(res) != 4 || whole.Fanin == 0 || broker.Fanin == 0 || rts.Fanin == 0 || work.Fanin == 0 {
+		t.Fatalf("results %v, want the whole service, the NATS server, the runtimes and their work", res)
+	}
+	// Costs per byte add up: 1/whole = 1/broker + 1/runtimes; the work is a part of the runtimes'.
+	if got := 1 / (1/broker.Fanin + 1/rts.Fanin); math.Abs(got-whole.Fanin) > 1e-9*whole.Fanin {
+		t.Errorf("whole service %v GB/core-s, from its parts %v", whole.Fanin, got)
+	}
+	if !(work.Fanin >= rts.Fanin) {
+		t.Errorf("the runtimes' work %v GB/core-s is less than their whole CPU's %v: it is a part of it", work.Fanin, rts.Fanin)
+	}
+	c, err := sim.ReadServiceCost(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := c.Measured
+	if m == nil || c.Date == "" || c.Machine == "" || c.Source == "" {
+		t.Fatalf("cost file %+v: want its date, machine, source and measurement", c)
+	}
+	// 12 steps (2 warm-up) of 8 ranks of the quick model went in and out of the broker, and the
+	// parameters in once and out to every rank: at least those bytes each way.
+	grad := 12.0 * 8 * 4 * quickElements
+	if m.GradientBytes != grad || m.BrokerBytesIn < grad*9/8 || m.BrokerOut < 2*grad {
+		t.Errorf("measured %+v: want %.0f gradient bytes, >= 9/8 of them in and twice out", m, grad)
+	}
+	if !near(c.BrokerCPUPerByteIn, m.BrokerCPU/(m.BrokerBytesIn+m.BrokerOut)) || c.BrokerCPUPerByteOut != c.BrokerCPUPerByteIn ||
+		!near(c.RuntimeCPUPerByte, m.RuntimeCPU/grad) || !near(c.KernelCPUPerByte, m.KernelTime/grad) {
+		t.Errorf("cost %+v does not follow from its measurement", c)
+	}
+	if !near(1e-9/c.RuntimeCPUPerByte, rts.Fanin) || !near(1e-9/c.KernelCPUPerByte, work.Fanin) {
+		t.Errorf("cost %+v against the rows: runtimes %v, work %v GB/core-s", c, rts.Fanin, work.Fanin)
+	}
+}
+
+func near(a, b float64) bool { return math.Abs(a-b) <= 1e-9*math.Abs(b) }
 
 func TestRunUnknownScenario(t *testing.T) {
 	_, err := Run(context.Background(), Config{Only: []string{"kernel", "nope"}}, nil)

@@ -1,0 +1,472 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	goruntime "runtime"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/fanin-ml/fanin/autoscaler"
+	"github.com/fanin-ml/fanin/gateway"
+	"github.com/fanin-ml/fanin/internal/embed"
+	"github.com/fanin-ml/fanin/runtime"
+	"github.com/fanin-ml/fanin/sim"
+)
+
+// The service-cost scenario measures what the simulator charges the service with (sim.ServiceCost):
+// the CPU each part of the service spends per byte, by process. This process runs the NATS server
+// (and the gateway and an autoscaler that only places shards, both idle while the job steps); each
+// runtime is a process of its own (RuntimeCommand), and the job's ranks run in a worker process
+// (WorkersCommand), so that the CPU of the broker, of the runtimes and of the workers are told
+// apart by their processes' CPU times.
+const serviceCostBaseline = bytepsBaseline
+
+// RuntimeCommand is the fanin command of a runtime process of the service-cost scenario (cmd/fanin's
+// hidden bench-runtime); RuntimeEnv is set in its environment, so that a test binary standing in for
+// fanin (TestMain) runs RunRuntime when it sees it.
+const (
+	RuntimeCommand = "bench-runtime"
+	RuntimeEnv     = "FANIN_BENCH_RUNTIME"
+)
+
+// RuntimeConfig is a runtime process of the service-cost scenario.
+type RuntimeConfig struct {
+	URL, ID string
+	Cores   int
+}
+
+// RuntimeSample is what a runtime process prints, one JSON line each time it reads a line: its
+// counters so far.
+type RuntimeSample struct {
+	CPU      time.Duration `json:"cpu_ns"`        // the process's CPU time, user and system
+	WorkTime time.Duration `json:"work_ns"`       // its shards' fold and function (runtime.StatsSnapshot.WorkTime)
+	BytesIn  int64         `json:"bytes_in"`      // gradient bytes it accepted
+	Shards   int           `json:"shards"`        // shards it serves now
+	Rejected int64         `json:"rejected_msgs"` // inputs it refused
+}
+
+// ParseRuntime reads a runtime process's flags (those of `fanin bench-runtime`).
+func ParseRuntime(args []string) (RuntimeConfig, error) {
+	var cfg RuntimeConfig
+	f := flag.NewFlagSet(RuntimeCommand, flag.ContinueOnError)
+	f.StringVar(&cfg.URL, "nats", "", "NATS URL")
+	f.StringVar(&cfg.ID, "id", "", "runtime id")
+	f.IntVar(&cfg.Cores, "cores", 0, "cores the runtime reports and uses (default GOMAXPROCS)")
+	if err := f.Parse(args); err != nil {
+		return cfg, err
+	}
+	if cfg.URL == "" || cfg.ID == "" || cfg.Cores < 0 {
+		return cfg, fmt.Errorf("%s: --nats and --id are required, --cores must be >= 0", RuntimeCommand)
+	}
+	return cfg, nil
+}
+
+// RunRuntime runs one runtime until in ends (the bench closes the process's stdin) or ctx is done;
+// for every line it reads from in it writes a RuntimeSample line to out.
+func RunRuntime(ctx context.Context, cfg RuntimeConfig, in io.Reader, out io.Writer) error {
+	nc, err := nats.Connect(cfg.URL, nats.Name("fanin-runtime-"+cfg.ID), nats.MaxReconnects(-1))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	opts := []runtime.Option{runtime.WithID(cfg.ID), runtime.WithLogger(slog.New(slog.DiscardHandler))}
+	if cfg.Cores > 0 {
+		opts = append(opts, runtime.WithCores(cfg.Cores))
+	}
+	rt, err := runtime.New(nc, opts...)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- rt.Run(ctx) }() // owned here: cancelled and waited for below
+	lines := make(chan struct{})
+	go func() { // owned by the process: it ends when stdin does
+		defer close(lines)
+		sc := bufio.NewScanner(in)
+		for sc.Scan() {
+			lines <- struct{}{}
+		}
+	}()
+	enc := json.NewEncoder(out)
+	for {
+		select {
+		case <-ctx.Done():
+			return <-done
+		case err := <-done:
+			return err
+		case _, ok := <-lines:
+			if !ok {
+				cancel()
+				return <-done
+			}
+			st := rt.Stats()
+			var rejected int64
+			for _, n := range st.Rejects {
+				rejected += n
+			}
+			if err := enc.Encode(RuntimeSample{CPU: processCPU(), WorkTime: st.WorkTime, BytesIn: st.BytesIn,
+				Shards: len(rt.Shards()), Rejected: rejected}); err != nil {
+				cancel()
+				<-done
+				return err
+			}
+		}
+	}
+}
+
+// runtimeProc is a runtime process the scenario started and talks to.
+type runtimeProc struct {
+	id     string
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	lines  *bufio.Scanner
+	stderr bytes.Buffer
+}
+
+func startRuntimeProc(ctx context.Context, exe, url, id string, cores int) (*runtimeProc, error) {
+	p := &runtimeProc{id: id}
+	p.cmd = exec.CommandContext(ctx, exe, RuntimeCommand, "--nats", url, "--id", id, "--cores", strconv.Itoa(cores))
+	p.cmd.Env = append(os.Environ(), RuntimeEnv+"=1")
+	p.cmd.Stderr = &p.stderr
+	var err error
+	if p.stdin, err = p.cmd.StdinPipe(); err != nil {
+		return nil, err
+	}
+	stdout, err := p.cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	p.lines = bufio.NewScanner(stdout)
+	if err := p.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("runtime %s: %w", id, err)
+	}
+	return p, nil
+}
+
+// sample asks the process for its counters.
+func (p *runtimeProc) sample() (RuntimeSample, error) {
+	var s RuntimeSample
+	if _, err := io.WriteString(p.stdin, "sample\n"); err != nil {
+		return s, fmt.Errorf("runtime %s: %w: %s", p.id, err, tail(p.stderr.Bytes(), 1000))
+	}
+	if !p.lines.Scan() {
+		return s, fmt.Errorf("runtime %s ended: %v: %s", p.id, p.lines.Err(), tail(p.stderr.Bytes(), 1000))
+	}
+	if err := json.Unmarshal(p.lines.Bytes(), &s); err != nil {
+		return s, fmt.Errorf("runtime %s printed %q: %w", p.id, p.lines.Text(), err)
+	}
+	return s, nil
+}
+
+// stop ends the process: its stdin closes, it stops its runtime and exits.
+func (p *runtimeProc) stop() error {
+	_ = p.stdin.Close()
+	err := p.cmd.Wait()
+	if err != nil {
+		return fmt.Errorf("runtime %s: %w: %s", p.id, err, tail(p.stderr.Bytes(), 1000))
+	}
+	return nil
+}
+
+// costRun is one measurement: the counters' differences over the worker process's run.
+type costRun struct {
+	steps                       int     // warm-up included
+	load                        string  // the machine's load average before and after
+	gradBytes                   float64 // accepted by the runtimes
+	brokerIn, brokerOut         float64 // bytes, as the NATS server counts them
+	brokerCPU, runtimeCPU, work time.Duration
+	stepsPerSec                 float64
+}
+
+// serviceCostRun brings up the service as processes (see the scenario) for w, runs one worker
+// process of warmup+steps steps against it, and returns what each process spent meanwhile.
+func serviceCostRun(ctx context.Context, rs *runState, w workload, warmup, steps int) (costRun, error) {
+	dir, err := os.MkdirTemp("", "fanin-bench-cost-")
+	if err != nil {
+		return costRun{}, err
+	}
+	defer os.RemoveAll(dir)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	exe, err := os.Executable()
+	if err != nil {
+		return costRun{}, err
+	}
+	ns, err := embed.Start(embed.Config{Port: -1, StoreDir: dir})
+	if err != nil {
+		return costRun{}, err
+	}
+	defer ns.Shutdown()
+	url := ns.ClientURL()
+	conn := func(name string) (*nats.Conn, error) {
+		return nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1))
+	}
+	gwConn, err := conn("fanin-gateway")
+	if err != nil {
+		return costRun{}, err
+	}
+	defer gwConn.Close()
+	pol := autoscaler.DefaultPolicy()
+	pol.MinRuntimes, pol.MaxRuntimes = w.Runtimes, w.Runtimes
+	gw, err := gateway.New(ctx, gwConn, gateway.WithLogger(rs.stackLog), gateway.WithDefaultPolicy(pol))
+	if err != nil {
+		return costRun{}, err
+	}
+	defer gw.Close()
+	asConn, err := conn("fanin-autoscaler")
+	if err != nil {
+		return costRun{}, err
+	}
+	defer asConn.Close()
+	// No pool driver: the autoscaler places shards on the runtime processes there are (as
+	// `fanin autoscaler --driver none`).
+	as, err := autoscaler.NewController(asConn, nil, autoscaler.WithControllerLogger(rs.stackLog), autoscaler.WithPolicy(pol), autoscaler.WithInterval(250*time.Millisecond))
+	if err != nil {
+		return costRun{}, err
+	}
+	asCtx, stopAS := context.WithCancel(ctx)
+	asDone := make(chan struct{})
+	go func() { defer close(asDone); _ = as.Run(asCtx) }() // owned here: stopped and waited for on return
+	defer func() { stopAS(); <-asDone }()
+
+	var procs []*runtimeProc
+	defer func() {
+		for _, p := range procs {
+			_ = p.stop()
+		}
+	}()
+	for i := range w.Runtimes {
+		p, err := startRuntimeProc(ctx, exe, url, fmt.Sprintf("rt-%d", i), runtimeCores)
+		if err != nil {
+			return costRun{}, err
+		}
+		procs = append(procs, p)
+	}
+	if err := waitFor(ctx, 30*time.Second, func() error {
+		pool, err := gw.Pool(ctx)
+		if err != nil {
+			return err
+		}
+		if len(pool.Runtimes) < w.Runtimes {
+			return fmt.Errorf("%d of %d runtimes registered", len(pool.Runtimes), w.Runtimes)
+		}
+		return nil
+	}); err != nil {
+		return costRun{}, err
+	}
+	created, err := gw.SubmitJob(ctx, w.spec("bench"))
+	if err != nil {
+		return costRun{}, fmt.Errorf("create job: %w", err)
+	}
+
+	samples := func() ([]RuntimeSample, error) {
+		var out []RuntimeSample
+		for _, p := range procs {
+			s, err := p.sample()
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, s)
+		}
+		return out, nil
+	}
+	rt0, err := samples()
+	if err != nil {
+		return costRun{}, err
+	}
+	v0, err := ns.Varz(nil)
+	if err != nil {
+		return costRun{}, err
+	}
+	load0 := loadAverage()
+	cpu0 := processCPU()
+	cmd := exec.CommandContext(ctx, exe, WorkersCommand, "--nats", url, "--job", created.Spec.ID,
+		"--ranks", strconv.Itoa(w.Ranks), "--warmup", strconv.Itoa(warmup), "--steps", strconv.Itoa(steps))
+	cmd.Env = append(os.Environ(), WorkersEnv+"=1")
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if err := cmd.Run(); err != nil {
+		return costRun{}, fmt.Errorf("workers: %v: %s", err, tail(errOut.Bytes(), 2000))
+	}
+	brokerCPU := processCPU() - cpu0
+	v1, err := ns.Varz(nil)
+	if err != nil {
+		return costRun{}, err
+	}
+	rt1, err := samples()
+	if err != nil {
+		return costRun{}, err
+	}
+	var rep WorkersReport
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		return costRun{}, fmt.Errorf("workers printed %q: %w", tail(out.Bytes(), 500), err)
+	}
+	run := costRun{steps: warmup + steps, brokerCPU: brokerCPU, stepsPerSec: rep.StepsPerSec, load: load0 + " -> " + loadAverage(),
+		brokerIn: float64(v1.InBytes - v0.InBytes), brokerOut: float64(v1.OutBytes - v0.OutBytes)}
+	for i := range procs {
+		run.runtimeCPU += rt1[i].CPU - rt0[i].CPU
+		run.work += rt1[i].WorkTime - rt0[i].WorkTime
+		run.gradBytes += float64(rt1[i].BytesIn - rt0[i].BytesIn)
+		if n := rt1[i].Rejected - rt0[i].Rejected; n > 0 {
+			return run, fmt.Errorf("runtime %s refused %d inputs during the run", procs[i].id, n)
+		}
+	}
+	if want := float64(run.steps) * float64(w.Ranks) * 4 * float64(w.Elements); run.gradBytes != want {
+		return run, fmt.Errorf("the runtimes accepted %.0f gradient bytes, want %.0f (%d steps of %d ranks)", run.gradBytes, want, run.steps, w.Ranks)
+	}
+	return run, nil
+}
+
+// runtimeCores is the cores each runtime process of the scenario uses and reports.
+const runtimeCores = 2
+
+// waitFor polls cond every 20 ms until it holds or timeout passes.
+func waitFor(ctx context.Context, timeout time.Duration, cond func() error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		err := cond()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("after %v: %w", timeout, err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func runServiceCost(ctx context.Context, rs *runState) ([]Result, error) {
+	n, model := rs.e2eElements()
+	p := rs.e2ePlan()
+	w := workload{Ranks: 8, Elements: n, ShardSize: securedShardSize, Runtimes: e2eRuntimes}
+	var runs []costRun
+	for i := range p.reps {
+		rs.printf("   service-cost %s run %d/%d ...", w.name(), i+1, p.reps)
+		r, err := serviceCostRun(ctx, rs, w, p.warmup, p.steps)
+		if err != nil {
+			return nil, fmt.Errorf("service-cost %s: %w", w.name(), err)
+		}
+		rs.printf("   service-cost %s: broker %.1f s, runtimes %.1f s (work %.1f s) of CPU for %.2f GB of gradient",
+			w.name(), r.brokerCPU.Seconds(), r.runtimeCPU.Seconds(), r.work.Seconds(), r.gradBytes/1e9)
+		runs = append(runs, r)
+	}
+	// The median run by the whole service's CPU per byte.
+	slices.SortFunc(runs, func(a, b costRun) int {
+		return cmp.Compare((a.brokerCPU+a.runtimeCPU).Seconds()/a.gradBytes, (b.brokerCPU+b.runtimeCPU).Seconds()/b.gradBytes)
+	})
+	m := runs[len(runs)/2]
+	gb := func(cpu time.Duration) float64 { return m.gradBytes / 1e9 / cpu.Seconds() }
+	var all []string
+	for _, r := range runs {
+		all = append(all, fmt.Sprintf("%s (broker %.1f s, runtimes %.1f s; load average %s)", num(r.gradBytes/1e9/(r.brokerCPU+r.runtimeCPU).Seconds()), r.brokerCPU.Seconds(), r.runtimeCPU.Seconds(), r.load))
+	}
+	setup := fmt.Sprintf("%s, %d ranks, sgd, shards of %s, JetStream memory storage; this process runs the NATS server, the gateway and an autoscaler placing shards (no pool driver); %d runtime processes (`fanin %s`, %d cores each) and one worker process holding the ranks; CPU is each process's user and system time over the worker process's run (%d warm-up and %d timed steps), the NATS server's bytes in and out are its own counters; the median of %d runs by the whole service's CPU per byte",
+		model, w.Ranks, mib(w.ShardSize), w.Runtimes, RuntimeCommand, runtimeCores, p.warmup, p.steps, p.reps)
+	notes := "every run, whole service: " + strings.Join(all, ", ")
+	row := func(part string, cpu time.Duration, note string) Result {
+		return throughput(Result{Scenario: "service-cost", Case: part + "," + w.name(), Metric: "GB of gradient per core-second",
+			Baseline: serviceCostBaseline, Fanin: gb(cpu), Base: bytepsGBPerCoreSecond, Setup: setup, Notes: note})
+	}
+	out := []Result{
+		row("whole service", m.brokerCPU+m.runtimeCPU, notes),
+		row("NATS server", m.brokerCPU, fmt.Sprintf("with the gateway and the autoscaler, idle while the job steps: %.3g ns per byte in or out (%.2f GB in, %.2f GB out)",
+			1e9*m.brokerCPU.Seconds()/(m.brokerIn+m.brokerOut), m.brokerIn/1e9, m.brokerOut/1e9)),
+		row("runtimes", m.runtimeCPU, fmt.Sprintf("the processes' whole CPU: %.3g ns per gradient byte", 1e9*m.runtimeCPU.Seconds()/m.gradBytes)),
+		row("runtimes' work", m.work, "fold and function (what the runtimes report as a shard's Work): the kernels alone"),
+	}
+	if rs.cfg.CostOut != "" {
+		c := serviceCost(m, w, p, model)
+		if err := os.WriteFile(rs.cfg.CostOut, c.MarshalIndent(), 0o644); err != nil {
+			return out, fmt.Errorf("service-cost: %w", err)
+		}
+		rs.printf("   wrote %s", rs.cfg.CostOut)
+	}
+	return out, nil
+}
+
+// serviceCost is the simulator's input from a run. The NATS server's CPU is not split between the
+// bytes it takes in and those it sends out (one process does both): each byte through it, in or
+// out, is charged the same.
+func serviceCost(m costRun, w workload, p e2ePlan, model string) sim.ServiceCost {
+	through := m.brokerCPU.Seconds() / (m.brokerIn + m.brokerOut)
+	return sim.ServiceCost{
+		Date:                time.Now().UTC().Format("2006-01-02 15:04 MST"),
+		Commit:              commit(),
+		Machine:             fmt.Sprintf("%s, %d logical CPUs, %s/%s", cpuModel(), goruntime.NumCPU(), goruntime.GOOS, goruntime.GOARCH),
+		Source:              fmt.Sprintf("fanin bench --only service-cost: %s, %d ranks, %d runtimes of %d cores, loopback", model, w.Ranks, w.Runtimes, runtimeCores),
+		BrokerCPUPerByteIn:  through,
+		BrokerCPUPerByteOut: through,
+		RuntimeCPUPerByte:   m.runtimeCPU.Seconds() / m.gradBytes,
+		KernelCPUPerByte:    m.work.Seconds() / m.gradBytes,
+		Measured: &sim.CostMeasurement{
+			Scenario:      fmt.Sprintf("%s, %d warm-up and %d timed steps, the median of %d runs", w.name(), p.warmup, p.steps, p.reps),
+			GradientBytes: m.gradBytes, BrokerBytesIn: m.brokerIn, BrokerOut: m.brokerOut,
+			BrokerCPU: m.brokerCPU.Seconds(), RuntimeCPU: m.runtimeCPU.Seconds(), KernelTime: m.work.Seconds(),
+			LoadAverage: m.load,
+		},
+		Notes: "The NATS server's process also ran the gateway and an autoscaler (idle while the job stepped); its CPU is charged equally to each byte in and out, " +
+			"as one process does both. The runtimes' CPU is their processes' whole CPU; kernel_cpu_s_per_byte is their fold and function time.",
+	}
+}
+
+// loadAverage is the machine's 1-minute load average ("" where unknown).
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return "?"
+	}
+	return f[0]
+}
+
+// commit is the code's revision: from the build, else from git in the working directory.
+func commit() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		var rev, dirty string
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				rev = s.Value
+			case "vcs.modified":
+				if s.Value == "true" {
+					dirty = "+changes"
+				}
+			}
+		}
+		if rev != "" {
+			return rev[:min(12, len(rev))] + dirty
+		}
+	}
+	out, err := exec.Command("git", "rev-parse", "--short=12", "HEAD").Output()
+	if err != nil {
+		return ""
+	}
+	rev := strings.TrimSpace(string(out))
+	if err := exec.Command("git", "diff", "--quiet", "HEAD").Run(); errors.As(err, new(*exec.ExitError)) {
+		rev += "+changes"
+	}
+	return rev
+}
