@@ -39,12 +39,16 @@ type ServiceCost struct {
 // processes used while the workers stepped.
 type CostMeasurement struct {
 	Scenario      string  `json:"scenario"`       // e.g. "N=8,Shard=4MiB, 3 runtimes, 20 steps"
-	GradientBytes float64 `json:"gradient_bytes"` // summed by the runtimes: steps x ranks x model bytes
-	BrokerBytesIn float64 `json:"broker_bytes_in"`
-	BrokerOut     float64 `json:"broker_bytes_out"`
-	BrokerCPU     float64 `json:"broker_cpu_s"`  // the NATS server's process (gateway and autoscaler included)
-	RuntimeCPU    float64 `json:"runtime_cpu_s"` // the runtime processes, summed
-	KernelTime    float64 `json:"kernel_s"`      // of which in the aggregation function
+	GradientBytes float64 `json:"gradient_bytes"` // summed in the steps: steps x ranks x model bytes
+	// RuntimeBytesIn is the gradient bytes the runtimes accepted: more than GradientBytes when
+	// some were delivered again (a shard moved, an acknowledgement was late); their CPU is in the
+	// figures, which are per byte summed.
+	RuntimeBytesIn float64 `json:"runtime_bytes_in"`
+	BrokerBytesIn  float64 `json:"broker_bytes_in"`
+	BrokerOut      float64 `json:"broker_bytes_out"`
+	BrokerCPU      float64 `json:"broker_cpu_s"`  // the NATS server's process (gateway and autoscaler included)
+	RuntimeCPU     float64 `json:"runtime_cpu_s"` // the runtime processes, summed
+	KernelTime     float64 `json:"kernel_s"`      // of which in the aggregation function
 	// LoadAverage is the machine's 1-minute load average before and after the run: CPU per byte
 	// grows when other processes share the cores.
 	LoadAverage string `json:"load_average,omitempty"`
