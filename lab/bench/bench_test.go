@@ -100,11 +100,12 @@ func TestServiceCostQuick(t *testing.T) {
 	if m.GradientBytes != grad || m.RuntimeBytesIn < grad || m.BrokerBytesIn < grad*9/8 || m.BrokerOut < 2*grad {
 		t.Errorf("measured %+v: want %.0f gradient bytes summed, at least as many accepted, >= 9/8 of them in and twice out", m, grad)
 	}
-	if !near(c.BrokerCPUPerByteIn, m.BrokerCPU/(m.BrokerBytesIn+m.BrokerOut)) || c.BrokerCPUPerByteOut != c.BrokerCPUPerByteIn ||
+	// The broker's CPU over the simulator's traffic: per gradient byte 9/8 in, 2 out.
+	if !near(c.BrokerCPUPerByteIn, m.BrokerCPU/(grad*9/8+2*grad)) || c.BrokerCPUPerByteOut != c.BrokerCPUPerByteIn ||
 		!near(c.RuntimeCPUPerByte, m.RuntimeCPU/grad) || !near(c.KernelCPUPerByte, m.KernelTime/grad) {
 		t.Errorf("cost %+v does not follow from its measurement", c)
 	}
-	if !near(1e-9/c.RuntimeCPUPerByte, rts.Fanin) || !near(1e-9/c.KernelCPUPerByte, work.Fanin) {
+	if !near(1e-9/c.RuntimeCPUPerByte, rts.Fanin) || !near(1e-9/c.KernelCPUPerByte, work.Fanin) || !near(c.GBPerCoreSecond(8), whole.Fanin) {
 		t.Errorf("cost %+v against the rows: runtimes %v, work %v GB/core-s", c, rts.Fanin, work.Fanin)
 	}
 }

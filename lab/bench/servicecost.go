@@ -395,7 +395,7 @@ func runServiceCost(ctx context.Context, rs *runState) ([]Result, error) {
 	}
 	out := []Result{
 		row("whole service", m.brokerCPU+m.runtimeCPU, notes),
-		row("NATS server", m.brokerCPU, fmt.Sprintf("with the gateway and the autoscaler, idle while the job steps: %.3g ns per byte in or out (%.2f GB in, %.2f GB out)",
+		row("NATS server", m.brokerCPU, fmt.Sprintf("with the gateway and the autoscaler, idle while the job steps: %.3g ns per byte it counted in or out (%.2f GB in, %.2f GB out)",
 			1e9*m.brokerCPU.Seconds()/(m.brokerIn+m.brokerOut), m.brokerIn/1e9, m.brokerOut/1e9)),
 		row("runtimes", m.runtimeCPU, fmt.Sprintf("the processes' whole CPU: %.3g ns per gradient byte", 1e9*m.runtimeCPU.Seconds()/m.gradBytes)),
 		row("runtimes' work", m.work, "fold and function (what the runtimes report as a shard's Work): the kernels alone"),
@@ -410,11 +410,15 @@ func runServiceCost(ctx context.Context, rs *runState) ([]Result, error) {
 	return out, nil
 }
 
-// serviceCost is the simulator's input from a run. The NATS server's CPU is not split between the
-// bytes it takes in and those it sends out (one process does both): each byte through it, in or
-// out, is charged the same.
+// serviceCost is the simulator's input from a run. The NATS server's CPU is charged to the bytes
+// of the simulator's traffic model (each rank's gradient in and out, the parameters in once and
+// out to every rank), so that the simulator charges this job exactly the CPU measured: the
+// server's other traffic (gradients delivered again, the workers' first parameters,
+// acknowledgements) is in it. It is not split between bytes in and bytes out (one process does
+// both): each is charged the same.
 func serviceCost(m costRun, w workload, p e2ePlan, model string) sim.ServiceCost {
-	through := m.brokerCPU.Seconds() / (m.brokerIn + m.brokerOut)
+	in, out := m.gradBytes*(1+1/float64(w.Ranks)), 2*m.gradBytes
+	through := m.brokerCPU.Seconds() / (in + out)
 	return sim.ServiceCost{
 		Date:                time.Now().UTC().Format("2006-01-02 15:04 MST"),
 		Commit:              commit(),
@@ -430,8 +434,8 @@ func serviceCost(m costRun, w workload, p e2ePlan, model string) sim.ServiceCost
 			BrokerCPU: m.brokerCPU.Seconds(), RuntimeCPU: m.runtimeCPU.Seconds(), KernelTime: m.work.Seconds(),
 			LoadAverage: m.load,
 		},
-		Notes: "The NATS server's process also ran the gateway and an autoscaler (idle while the job stepped); its CPU is charged equally to each byte in and out, " +
-			"as one process does both. The runtimes' CPU is their processes' whole CPU; kernel_cpu_s_per_byte is their fold and function time. " +
+		Notes: "The NATS server's process also ran the gateway and an autoscaler (idle while the job stepped). Its CPU is charged equally to each byte in and out, " +
+			"as one process does both, of the simulator's traffic model (per gradient byte: (ranks+1)/ranks in, 2 out); the bytes it counted itself are above. The runtimes' CPU is their processes' whole CPU; kernel_cpu_s_per_byte is their fold and function time. " +
 			"All are per gradient byte summed in the steps: the CPU of gradients delivered again (runtime_bytes_in above gradient_bytes) is in them.",
 	}
 }
