@@ -20,7 +20,7 @@ import (
 // holds at its ideal step time. Step k starts at T_k, when the parameters of step k-1 are out;
 // rank i computes for c_i(k) (its PAI batch time) and then publishes one gradient per shard, all at
 // T_k + c_i(k). Summing one rank's gradient of a shard costs shard bytes / Throughput core-seconds
-// (at speed 1). Step k ends, and k+1 starts, when every shard has summed every rank and its new
+// (at speed 1): Throughput is a runtime process's measured rate, everything it does included. Step k ends, and k+1 starts, when every shard has summed every rank and its new
 // parameters have left the runtime.
 //
 // A runtime is a server: its NIC (NIC bytes per second into the runtime, first come first served,
@@ -39,6 +39,14 @@ import (
 // burst) cores of its own, speed 1, no migrations, and no network time (the reservation's network
 // keeps up). A step's slowdown is how much longer it took than its ideal, as a fraction of the
 // ideal step time.
+//
+// The broker (the NATS servers) is charged for the bytes it moves, at the measured CPU per byte in
+// and out (Config.Cost): a rank's gradient goes in when published and out to the runtimes; a
+// step's parameters go in once and out to every rank when the step ends. Per decision interval
+// its demand is that CPU, or with a NIC modelled the cores of the nodes whose NICs carry its
+// bytes, whichever is more; a fixed broker pays for the peak of that demand, in whole cores, over
+// the whole run. Every cost is also given per GB of gradient summed in the steps completed within
+// the run, so that a pool that stalls its jobs does not look cheap.
 
 // epoch is the simulated clock's origin.
 var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -49,17 +57,29 @@ const history = 8
 // Result is what one simulation measured.
 type Result struct {
 	Policy autoscaler.Policy
-	// Cost: core-seconds reserved by the elastic pool, and by static peak provisioning (every job
-	// reserving its hindsight-tightest static cores for its ideal life: baseline b).
+	// Cost of the runtimes: core-seconds reserved by the elastic pool, and by static peak
+	// provisioning (every job reserving its hindsight-tightest static cores for its ideal life:
+	// baseline b). The broker is apart (Broker, IdealBroker).
 	ElasticCoreSeconds, StaticCoreSeconds float64
 	// ReservedCoreSeconds is baseline a: every job reserving StaticCoresPerWorker cores per worker
-	// (rank) for its ideal life, as parameter-server jobs request.
+	// (rank) for its ideal life, as parameter-server jobs request (no broker).
 	ReservedCoreSeconds float64
-	// OracleCoreSeconds is baseline c, the clairvoyant oracle: every job runs its ideal schedule
-	// (zero slowdown), and the pool is resized every Interval to the peak of the cores busy in that
-	// interval (the oracle in docs/lab/autoscaling.md, "The simulator").
+	// PSCoreSeconds is baseline d: every job a parameter server of its own, sized to the peak of
+	// its gradient arrivals at Config.PSRate, for its ideal life (no broker).
+	PSCoreSeconds float64
+	// OracleCoreSeconds is baseline c, the clairvoyant oracle's runtimes: every job runs its ideal
+	// schedule (zero slowdown), and the pool is resized every oracle period to the peak of the
+	// cores busy in that period, asking for them the oracle start-up ahead (docs/lab/autoscaling.md,
+	// "The simulator").
 	OracleCoreSeconds float64
-	Oracle            []float64 // the oracle's cores in each interval from the start
+	Oracle            []float64 // the oracle's mean cores in each decision interval from the start
+	// Broker is the elastic run's broker; IdealBroker the broker of the jobs' ideal schedules, as
+	// baselines b and c run them.
+	Broker, IdealBroker BrokerCost
+	// GradientBytes is the gradient summed in the steps the elastic pool completed within the run;
+	// IdealGradientBytes and IdealSteps those of the ideal schedules (the baselines').
+	GradientBytes, IdealGradientBytes float64
+	IdealSteps                        int
 	// WorkCoreSeconds is the aggregation work that arrived (at speed 1): what a pool that always had
 	// exactly the cores busy would cost, the floor no real pool reaches.
 	WorkCoreSeconds float64
@@ -79,23 +99,65 @@ type Result struct {
 	JobRows                       []JobRow
 }
 
-// CostRatio is elastic over static (baseline b) core-seconds.
-func (r *Result) CostRatio() float64 { return ratio(r.ElasticCoreSeconds, r.StaticCoreSeconds) }
-
-// OracleRatio is elastic over the clairvoyant oracle's core-seconds (baseline c).
-func (r *Result) OracleRatio() float64 { return ratio(r.ElasticCoreSeconds, r.OracleCoreSeconds) }
-
-// Saved is the fraction of the per-job reservation (baseline a) that the elastic pool saves.
-func (r *Result) Saved() float64 {
-	if r.ReservedCoreSeconds == 0 {
-		return 0
-	}
-	return 1 - r.ElasticCoreSeconds/r.ReservedCoreSeconds
+// BrokerCost is what the broker cost over a run.
+type BrokerCost struct {
+	CoreSeconds float64
+	// CPUPeak and NICPeak are the peaks over the decision intervals of the cores its CPU needs and
+	// of the cores of the nodes whose NICs carry its bytes (0 without a NIC); Peak is the peak of
+	// the larger of the two, which a fixed broker pays for (rounded up to a whole core).
+	Peak, CPUPeak, NICPeak float64
 }
 
+// CostRatio is the elastic pool's runtimes over static provisioning's (baseline b), both totals:
+// the runtimes alone, as a live pool's reserved cores compare with them.
+func (r *Result) CostRatio() float64 { return ratio(r.ElasticCoreSeconds, r.StaticCoreSeconds) }
+
+// The whole service's cost: runtimes and broker, in core-seconds.
+func (r *Result) Total() float64       { return r.ElasticCoreSeconds + r.Broker.CoreSeconds }
+func (r *Result) OracleTotal() float64 { return r.OracleCoreSeconds + r.IdealBroker.CoreSeconds }
+func (r *Result) StaticTotal() float64 { return r.StaticCoreSeconds + r.IdealBroker.CoreSeconds }
+
+// PerGB is core-seconds per GB (1e9 bytes) of gradient summed in completed steps: +Inf when none
+// was completed at a cost.
+func PerGB(coreSeconds, bytes float64) float64 {
+	if bytes <= 0 {
+		if coreSeconds > 0 {
+			return math.Inf(1)
+		}
+		return 0
+	}
+	return coreSeconds / (bytes / 1e9)
+}
+
+// The costs per GB of gradient summed in completed steps: the elastic pool's (runtimes and
+// broker) and each baseline's.
+func (r *Result) ElasticPerGB() float64  { return PerGB(r.Total(), r.GradientBytes) }
+func (r *Result) ReservedPerGB() float64 { return PerGB(r.ReservedCoreSeconds, r.IdealGradientBytes) }
+func (r *Result) PSPerGB() float64       { return PerGB(r.PSCoreSeconds, r.IdealGradientBytes) }
+func (r *Result) StaticPerGB() float64   { return PerGB(r.StaticTotal(), r.IdealGradientBytes) }
+func (r *Result) OraclePerGB() float64   { return PerGB(r.OracleTotal(), r.IdealGradientBytes) }
+
+// OracleRatio is the elastic pool's cost per GB summed over the oracle's (baseline c).
+func (r *Result) OracleRatio() float64 { return ratio(r.ElasticPerGB(), r.OraclePerGB()) }
+
+// StaticRatio is the elastic pool's cost per GB summed over static provisioning's (baseline b).
+func (r *Result) StaticRatio() float64 { return ratio(r.ElasticPerGB(), r.StaticPerGB()) }
+
+// SavedVsPS is the fraction of the per-job parameter servers' cost per GB (baseline d) that the
+// elastic pool saves (negative: it costs more).
+func (r *Result) SavedVsPS() float64 { return 1 - ratio(r.ElasticPerGB(), r.PSPerGB()) }
+
+// Saved is the fraction of the per-job reservation's cost per GB (baseline a) that the elastic
+// pool saves.
+func (r *Result) Saved() float64 { return 1 - ratio(r.ElasticPerGB(), r.ReservedPerGB()) }
+
+// ratio is a/b: 0 when both are 0 (nothing to compare), +Inf when only b is.
 func ratio(a, b float64) float64 {
 	if b == 0 {
-		return 0
+		if a == 0 {
+			return 0
+		}
+		return math.Inf(1)
 	}
 	return a / b
 }
@@ -265,6 +327,8 @@ type jobSim struct {
 	groups      []jobGroup
 	dirty       bool
 	staticCores int
+	psCores     int     // baseline d's parameter server
+	modelBytes  int64   // one rank's gradient (and the parameters)
 	work        float64 // core-seconds per step at speed 1
 	nSteps      int     // the job's fixed number of steps
 	idealDur    float64 // their ideal duration
@@ -294,6 +358,7 @@ type shardRef struct{ job, shard int }
 
 type state struct {
 	c       Config
+	thr     float64 // c.throughput()
 	pol     autoscaler.Policy
 	dec     *autoscaler.Decider
 	q       queue
@@ -307,6 +372,7 @@ type state struct {
 	obs     autoscaler.Observations
 	res     Result
 	workIn  float64 // core-seconds arrived since the last tick
+	broker  *brokerLoad
 	lastT   float64
 	slows   []float64
 	raws    []float64
@@ -331,7 +397,8 @@ func Run(c Config, pol autoscaler.Policy, wl *Workload, tr *Traces) (*Result, er
 		return nil, err
 	}
 	s := &state{
-		c: c, pol: pol, dec: autoscaler.NewDecider(),
+		c: c, thr: c.throughput(), pol: pol, dec: autoscaler.NewDecider(),
+		broker:  newBrokerLoad(c.Interval.Seconds(), c.Duration.Seconds()),
 		rtRNG:   rand.New(rand.NewPCG(c.Seed, 0x72756e74696d65)), // "runtime"
 		rtIndex: map[string]int{}, byKey: map[string]shardRef{},
 	}
@@ -386,7 +453,7 @@ func (s *state) clock(t float64) time.Time {
 
 func (s *state) startRuntime(t, delay float64) {
 	r := &runtimeSim{id: fmt.Sprintf("rt-%d", len(s.rts)+1),
-		server:  server{cores: s.runtimeCores(), speed: 1, nic: s.c.NIC, throughput: s.c.Throughput},
+		server:  server{cores: s.runtimeCores(), speed: 1, nic: s.c.NIC, throughput: s.thr},
 		created: t, ready: t + delay, end: math.Inf(1)}
 	if s.rtRNG.Float64() < s.c.SlowFraction {
 		r.speed = s.c.SlowSpeed
@@ -433,7 +500,8 @@ func (s *state) newJob(js JobSpec, tr *Traces) (*jobSim, error) {
 	j.place = slices.Repeat([]int{-1}, n)
 	j.avail = make([]float64, n)
 	j.deferred = make([]int, n)
-	j.work = float64(total) * float64(j.ranks) / s.c.Throughput
+	j.modelBytes = total
+	j.work = float64(total) * float64(j.ranks) / s.thr
 	// Static peak provisioning: the cores that aggregate the job's work within its typical burst
 	// (median spread of rank times over the trace, at least 5% of the median step), so that the
 	// work of a step is done as fast as it arrives. The reservation's network is assumed to keep up
@@ -447,12 +515,14 @@ func (s *state) newJob(js JobSpec, tr *Traces) (*jobSim, error) {
 	slices.Sort(periods)
 	burst := max(spreads[len(spreads)/2], 0.05*periods[len(periods)/2])
 	j.staticCores = max(1, int(math.Ceil(j.work/burst-1e-9)))
+	// Baseline d: a parameter server of its own, sized alike at the parameter server's rate.
+	j.psCores = max(1, int(math.Ceil(float64(total)*float64(j.ranks)/s.c.PSRate/burst-1e-9)))
 	// The ideal step of each iteration, and the job's fixed number of steps: as many as its run
 	// time holds at their ideal times (at least one).
 	j.ideal = make([]float64, len(j.steps))
 	j.busyIdeal = make([][]span, len(j.steps))
 	for i, row := range j.steps {
-		delay, busy := j.idealRun(row, s.c.Throughput)
+		delay, busy := j.idealRun(row, s.thr)
 		j.ideal[i] = slices.Max(row) + delay
 		j.busyIdeal[i] = busy
 	}
@@ -549,7 +619,7 @@ func (s *state) groupsOf(j *jobSim) []jobGroup {
 func (s *state) serve(j *jobSim, r *runtimeSim, t float64, bytes, unit int64) float64 {
 	_, done := r.serve(t, bytes, unit, j.class)
 	r.worked = true
-	work := float64(bytes) / s.c.Throughput
+	work := float64(bytes) / s.thr
 	s.workIn += work
 	s.res.WorkCoreSeconds += work
 	return done + r.egress(bytes)
@@ -560,6 +630,7 @@ func (s *state) rank(ji, step, rank int, t float64) {
 	if j.ended || step != j.step {
 		return
 	}
+	s.broker.add(t, float64(j.modelBytes), float64(j.modelBytes)) // the rank's gradient in, and out to the runtimes
 	for _, g := range s.groupsOf(j) {
 		j.stepEnd = max(j.stepEnd, s.serve(j, s.rts[g.rt], max(t, g.avail), g.bytes, g.maxBytes))
 	}
@@ -597,6 +668,7 @@ func (s *state) finishStep(ji int, t float64) {
 	cmin, cmax := slices.Min(j.cur), slices.Max(j.cur)
 	ideal := j.ideal[j.pos]
 	took := j.stepEnd - j.stepStart
+	s.broker.add(j.stepEnd, float64(j.modelBytes), float64(j.ranks)*float64(j.modelBytes)) // the parameters in, and out to every rank
 	if j.stepEnd <= s.c.Duration.Seconds() {
 		raw := (took - ideal) / ideal
 		j.slow = append(j.slow, max(0, raw))
@@ -681,7 +753,10 @@ func (s *state) observe(t float64) autoscaler.Observations {
 				id = s.rts[j.place[i]].id
 			}
 			b := j.shardBytes[i] * int64(j.ranks)
-			work := float64(b) / s.c.Throughput
+			work := float64(b) / s.thr
+			if s.c.KernelWork { // what-if: the aggregation function's time only, as the live runtime reports
+				work = float64(b) * s.c.Cost.KernelCPUPerByte
+			}
 			if s.c.NICWork && s.c.NIC > 0 { // what-if: the shard's share of a runtime's NIC, in cores
 				work = max(work, float64(b)/s.c.NIC*float64(s.runtimeCores()))
 			}
@@ -775,20 +850,23 @@ func (s *state) decide(t float64, tick bool) {
 	}
 }
 
-// oracle is baseline c: every job runs its ideal schedule (its steps back to back at their ideal
-// times, from its arrival), busy on its static cores exactly when its ideal run is; the pool is
-// resized every interval to the most cores busy at once within it, and pays for that many over
-// the interval.
-func (s *state) oracle(end float64) float64 {
+// oracle computes baseline c and what the ideal schedules need of the broker: every job runs its
+// ideal schedule (its steps back to back at their ideal times, from its arrival), busy on its
+// static cores exactly when its ideal run is. The oracle's pool is resized every oracle period to
+// the most cores busy at once within that period, and, knowing the future, asks for them the
+// oracle start-up ahead: the cores a period needs are paid for from its start minus the start-up.
+func (s *state) oracle(end float64) {
 	type edge struct {
 		t     float64
 		cores int
 	}
 	var edges []edge
+	ideal := newBrokerLoad(s.c.Interval.Seconds(), end)
 	for _, j := range s.jobs {
 		if j.spec.Arrival >= end {
 			continue
 		}
+		mb, ranks := float64(j.modelBytes), float64(j.ranks)
 		t, p := j.spec.Arrival, j.spec.Offset%len(j.steps)
 		for k := 0; k < j.nSteps && t < end; k++ {
 			for _, b := range j.busyIdeal[p] {
@@ -796,17 +874,28 @@ func (s *state) oracle(end float64) float64 {
 					edges = append(edges, edge{t + b.from, j.staticCores}, edge{t + b.to, -j.staticCores})
 				}
 			}
+			for _, c := range j.steps[p] {
+				ideal.add(t+c, mb, mb)
+			}
 			t += j.ideal[p]
+			ideal.add(t, mb, ranks*mb)
+			if t <= end {
+				s.res.IdealSteps++
+				s.res.IdealGradientBytes += ranks * mb
+			}
 			p = (p + 1) % len(j.steps)
 		}
 	}
+	s.res.IdealBroker = ideal.cost(s.c)
 	slices.SortFunc(edges, func(a, b edge) int {
 		return cmp.Or(cmp.Compare(a.t, b.t), a.cores-b.cores) // ends before starts at the same instant
 	})
-	iv := s.c.Interval.Seconds()
-	total, busy, i := 0.0, 0, 0
-	for k := range int(math.Ceil(end/iv - 1e-9)) {
-		from, to := float64(k)*iv, min(float64(k+1)*iv, end)
+	per := s.c.oraclePeriod()
+	n := int(math.Ceil(end/per - 1e-9))
+	peaks := make([]float64, n)
+	busy, i := 0, 0
+	for k := range n {
+		from, to := float64(k)*per, min(float64(k+1)*per, end)
 		for i < len(edges) && edges[i].t <= from {
 			busy += edges[i].cores
 			i++
@@ -817,10 +906,45 @@ func (s *state) oracle(end float64) float64 {
 			peak = max(peak, busy)
 			i++
 		}
-		total += float64(peak) * (to - from)
-		s.res.Oracle = append(s.res.Oracle, float64(peak))
+		peaks[k] = float64(peak)
 	}
-	return total
+	// Period k's cores are held over [k per - startup, (k+1) per): between two consecutive bounds
+	// the oracle holds the most any of the periods it is then in, or starting for, needs.
+	startup := s.c.oracleStartup()
+	cuts := []float64{0, end}
+	for k := range n + 1 {
+		for _, x := range []float64{float64(k) * per, float64(k)*per - startup} {
+			if x > 0 && x < end {
+				cuts = append(cuts, x)
+			}
+		}
+	}
+	slices.Sort(cuts)
+	cuts = slices.Compact(cuts)
+	iv := s.c.Interval.Seconds()
+	s.res.Oracle = make([]float64, int(math.Ceil(end/iv-1e-9)))
+	for c := 1; c < len(cuts); c++ {
+		a, b := cuts[c-1], cuts[c]
+		m := (a + b) / 2
+		held := 0.0
+		for k := int(m / per); k < n && float64(k)*per-startup <= m; k++ {
+			held = max(held, peaks[k])
+		}
+		s.res.OracleCoreSeconds += held * (b - a)
+		for x := a; x < b; { // spread over the decision intervals, for the plot
+			k := int(x / iv)
+			if float64(k+1)*iv <= x { // x/iv rounded down past an interval's end
+				k++
+			}
+			k = min(k, len(s.res.Oracle)-1)
+			y := min(b, float64(k+1)*iv)
+			if k == len(s.res.Oracle)-1 || y <= x {
+				y = b
+			}
+			s.res.Oracle[k] += held * (y - x) / iv
+			x = y
+		}
+	}
 }
 
 func (s *state) finish(end float64) {
@@ -852,6 +976,8 @@ func (s *state) finish(end float64) {
 		}
 		life := min(j.spec.Arrival+j.idealDur, end) - j.spec.Arrival
 		s.res.StaticCoreSeconds += float64(j.staticCores) * life
+		s.res.PSCoreSeconds += float64(j.psCores) * life
+		s.res.GradientBytes += float64(len(j.slow)) * float64(j.ranks) * float64(j.modelBytes)
 		s.res.ReservedCoreSeconds += math.Ceil(s.c.StaticCoresPerWorker*float64(j.ranks)-1e-9) * life
 		d := summarize(j.slow)
 		elastic := end - j.spec.Arrival
@@ -892,5 +1018,53 @@ func (s *state) finish(end float64) {
 	s.res.RawSlowdown = mean(s.raws)
 	s.res.Stretch = summarize(stretches)
 	s.res.Steps = len(s.slows)
-	s.res.OracleCoreSeconds = s.oracle(end)
+	s.res.Broker = s.broker.cost(s.c)
+	s.oracle(end)
+}
+
+// brokerLoad is the broker's traffic in each decision interval of a run.
+type brokerLoad struct {
+	period, end float64
+	in, out     []float64 // bytes into the broker and out of it, per interval
+}
+
+func newBrokerLoad(period, end float64) *brokerLoad {
+	n := int(math.Ceil(end/period - 1e-9))
+	return &brokerLoad{period: period, end: end, in: make([]float64, n), out: make([]float64, n)}
+}
+
+// add counts bytes in and out at time t (nothing outside the run).
+func (b *brokerLoad) add(t, in, out float64) {
+	if t < 0 || t >= b.end {
+		return
+	}
+	k := min(int(t/b.period), len(b.in)-1)
+	b.in[k] += in
+	b.out[k] += out
+}
+
+// cost sizes the broker for the traffic: in each interval it needs the cores its CPU spends on
+// the bytes, or, with a NIC modelled, the cores of the nodes whose NICs carry them each way,
+// whichever is more. A fixed broker pays for the peak of that, in whole cores, over the run; a
+// broker that scales with the pool pays for each interval's need.
+func (b *brokerLoad) cost(c Config) BrokerCost {
+	var bc BrokerCost
+	pooled := 0.0
+	for k := range b.in {
+		span := min(b.period, b.end-float64(k)*b.period)
+		cpu := (b.in[k]*c.Cost.BrokerCPUPerByteIn + b.out[k]*c.Cost.BrokerCPUPerByteOut) / span
+		nic := 0.0
+		if c.NIC > 0 {
+			nic = max(b.in[k], b.out[k]) / span / c.NIC * float64(c.BrokerNodeCores)
+		}
+		need := max(cpu, nic)
+		bc.CPUPeak, bc.NICPeak, bc.Peak = max(bc.CPUPeak, cpu), max(bc.NICPeak, nic), max(bc.Peak, need)
+		pooled += need * span
+	}
+	if c.Broker == BrokerPool {
+		bc.CoreSeconds = pooled
+	} else {
+		bc.CoreSeconds = math.Ceil(bc.Peak-1e-9) * b.end
+	}
+	return bc
 }

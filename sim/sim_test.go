@@ -139,9 +139,10 @@ func TestSimWritesReportAndPlots(t *testing.T) {
 		t.Fatalf("wrote %v", slices.Sorted(maps.Keys(fs)))
 	}
 	md := string(fs["report.md"])
-	for _, want := range []string{"# fanin sim report", "| (a) per-job reservation, 1 core(s) per worker |", "| (b) hindsight-tightest static |",
-		"| (c) clairvoyant oracle |", "mean step slowdown", "| job-time stretch (actual / ideal duration) mean / p99 / max |",
-		"| normal | ", "| small models | ", "| large models | ", "Goals of issue 13:",
+	for _, want := range []string{"# fanin sim report", "| (a) per-job reservation, 1 core(s) per worker |", "| (b) hindsight-tightest static, on fanin |",
+		"| (c) realistic oracle, on fanin |", "| (d) per-job parameter server at 0.75 GB/s per core, sized to its peak |",
+		"counted: the runtimes at ", "the NATS broker at ", "core-s per GB summed", "mean step slowdown", "| job-time stretch (actual / ideal duration) mean / p99 / max |",
+		"| normal | ", "| small models | ", "| large models | ", "Goals: ",
 		"## Sweep: target_utilization", "| 0.6 |", "| 1 |", "![pool size against load](pool.svg)",
 		"![cost against slowdown](frontier.svg)", "target_utilization: 0.8", "## Jobs", "| j001 |"} {
 		if !strings.Contains(md, want) {
@@ -149,8 +150,8 @@ func TestSimWritesReportAndPlots(t *testing.T) {
 		}
 	}
 	for name, want := range map[string][]string{
-		"pool.svg":     {"pool (reserved)", "decider demand", "mean load", "static provisioning", "clairvoyant oracle", "time (minutes)", "cores", "<polyline"},
-		"frontier.svg": {"goal", "x the clairvoyant oracle", "mean step slowdown", "<circle", ">0.6<", ">1<"},
+		"pool.svg":     {"pool (reserved)", "decider demand", "mean load", "static provisioning", "realistic oracle", "time (minutes)", "cores", "<polyline"},
+		"frontier.svg": {"goal", "x the realistic oracle", "mean step slowdown", "<circle", ">0.6<", ">1<"},
 	} {
 		svg := string(fs[name])
 		if !strings.HasPrefix(svg, `<svg xmlns="http://www.w3.org/2000/svg"`) || !strings.HasSuffix(svg, "</svg>\n") {
@@ -268,8 +269,7 @@ func TestSimWorkloadFile(t *testing.T) {
 func TestSimModel(t *testing.T) {
 	// One job alone on a big pool: every step runs as on its static cores, so no slowdown; its
 	// static reservation is ceil(work / median spread) cores.
-	c := DefaultConfig()
-	c.Duration, c.SlowFraction = 2*time.Minute, 0
+	c := quiet(2 * time.Minute)
 	p := autoscaler.DefaultPolicy()
 	p.MinRuntimes, p.CoresPerRuntime = 4, 16
 	wl := &Workload{Jobs: []JobSpec{{ID: "a", Arrival: 0, Duration: 120, Params: 25_600_000,

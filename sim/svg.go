@@ -220,21 +220,28 @@ func PoolSVG(r *Result, title string) []byte {
 	p.key("#ef6c00", "", "decider demand", "")
 	p.key("#43a047", "", "mean load", "")
 	p.key("#9e9e9e", "6 4", "static provisioning", "")
-	p.key("#8e24aa", "2 2", "clairvoyant oracle", "")
+	p.key("#8e24aa", "2 2", "realistic oracle (runtimes)", "")
 	return p.bytes()
 }
 
-// FrontierSVG plots cost against mean slowdown, a point per value of the swept knob, with the
-// issue's goal region shaded.
+// FrontierSVG plots cost (the whole service's, per GB summed, against the realistic oracle's)
+// against mean slowdown, a point per value of the swept knob, with the goal region shaded.
 func FrontierSVG(sw *Sweep, title string) []byte {
 	var xs, ys []float64
 	xmax, ymax := 1.5, 2.5
 	for _, pt := range sw.Points {
 		x, y := pt.Result.OracleRatio(), 100*pt.Result.Slowdown.Mean
 		xs, ys = append(xs, x), append(ys, y)
-		xmax, ymax = max(xmax, x), max(ymax, y)
+		if !math.IsInf(x, 0) { // no step completed: drawn at the right edge
+			xmax = max(xmax, x)
+		}
+		ymax = max(ymax, y)
 	}
-	p := newPlot(title, "reserved core-seconds, x the clairvoyant oracle's", "mean step slowdown, %", 0, niceMax(xmax*1.1), 0, niceMax(ymax*1.15))
+	right := niceMax(xmax * 1.1)
+	for i, x := range xs {
+		xs[i] = min(x, right)
+	}
+	p := newPlot(title, "core-seconds per GB summed, x the realistic oracle's", "mean step slowdown, %", 0, right, 0, niceMax(ymax*1.15))
 	p.region(0, GoalOracle, 0, GoalSlowdown*100, "#a5d6a7", "goal")
 	p.line(xs, ys, "#90a4ae", 1.5, "4 3", false)
 	for i, pt := range sw.Points {

@@ -27,8 +27,31 @@ type Config struct {
 	MaxJob, MinJob time.Duration
 	// StepScale is the real time of a normalized PAI batch time of 1000.
 	StepScale  time.Duration
-	ShardBytes int64   // shard size: a job has ceil(params x 4 / ShardBytes) shards
-	Throughput float64 // bytes one core aggregates per second (one rank's gradient into the sum)
+	ShardBytes int64 // shard size: a job has ceil(params x 4 / ShardBytes) shards
+	// Throughput is the bytes of gradient one runtime core sums per second (one rank's gradient
+	// into the sum), everything the runtime process does for them included; 0 takes it from Cost
+	// (1 / RuntimeCPUPerByte). The decider is told a shard's Work at this rate.
+	Throughput float64
+	// Cost is the service's measured CPU per byte (ServiceCost): the broker's, charged to the
+	// elastic pool and to the baselines that run on fanin, and the runtimes' (Throughput 0).
+	Cost ServiceCost
+	// Broker is how the NATS servers are sized: BrokerFixed, a cluster sized at the peak of its
+	// demand over the whole run, as deployed; or BrokerPool, resized every interval to its demand
+	// (a lower bound for a broker that scales with the pool).
+	Broker string
+	// BrokerNodeCores is the cores of a broker node, which has one NIC of NIC bytes per second
+	// each way: with a NIC modelled, the broker needs as many nodes as its bytes fill NICs.
+	BrokerNodeCores int
+	// KernelWork is a what-if: the decider is told a shard's Work as the live runtime reports it,
+	// the time in the aggregation function (Cost.KernelCPUPerByte), not the runtime's whole CPU.
+	KernelWork bool
+	// OraclePeriod is how often the oracle resizes its pool (0: Interval, the decider's period);
+	// OracleStartup is how long before it needs cores it must ask for them (0: StartupDelay, the
+	// pool's start-up; < 0: none, the instant oracle).
+	OraclePeriod, OracleStartup time.Duration
+	// PSRate is the bytes of gradient one core of a parameter server sums per second (baseline
+	// d: a parameter server per job sized to its peak).
+	PSRate float64
 	// Interval is the control loop's decision period; a job's arrival triggers a decision too.
 	Interval       time.Duration
 	StartupDelay   time.Duration // from asking for a runtime to its being ready
@@ -57,24 +80,65 @@ type Config struct {
 	Synth *Synth
 }
 
+// Brokers: how the NATS servers are sized (Config.Broker).
+const (
+	BrokerFixed = "fixed" // a cluster sized at the peak of its demand over the run
+	BrokerPool  = "pool"  // resized every interval to its demand
+)
+
+// BytePSRate is BytePS's published summation rate, about 6 Gbit/s of gradient per CPU core (Jiang
+// et al., OSDI 2020): the bytes of gradient one core of a parameter server receives and sums per
+// second, sending the parameters back included.
+const BytePSRate = 0.75e9
+
+// throughput is Config.Throughput, or the runtimes' rate from the service cost.
+func (c Config) throughput() float64 {
+	if c.Throughput > 0 {
+		return c.Throughput
+	}
+	return 1 / c.Cost.RuntimeCPUPerByte
+}
+
+// oraclePeriod and oracleStartup are the oracle's, in seconds, defaults applied.
+func (c Config) oraclePeriod() float64 {
+	if c.OraclePeriod > 0 {
+		return c.OraclePeriod.Seconds()
+	}
+	return c.Interval.Seconds()
+}
+
+func (c Config) oracleStartup() float64 {
+	switch {
+	case c.OracleStartup < 0:
+		return 0
+	case c.OracleStartup == 0:
+		return c.StartupDelay.Seconds()
+	}
+	return c.OracleStartup.Seconds()
+}
+
 // DefaultConfig is the model documented in docs/lab/autoscaling.md, "The simulator".
 func DefaultConfig() Config {
 	return Config{
-		Seed:           1,
-		Duration:       time.Hour,
-		Rate:           1,
-		MaxJob:         20 * time.Minute,
-		MinJob:         time.Minute,
-		StepScale:      2 * time.Second,
-		ShardBytes:     4 << 20,
-		Throughput:     2e9,
-		Interval:       time.Second,
-		StartupDelay:   time.Second,
-		MigrationPause: 20 * time.Millisecond,
-		SlowFraction:   0.1,
-		SlowSpeed:      0.4,
-		NIC:            25e9 / 8,
-		RuntimeCores:   16,
+		Seed:       1,
+		Duration:   time.Hour,
+		Rate:       1,
+		MaxJob:     20 * time.Minute,
+		MinJob:     time.Minute,
+		StepScale:  2 * time.Second,
+		ShardBytes: 4 << 20,
+		Cost:       DefaultServiceCost(),
+		Broker:     BrokerFixed,
+		// A broker node is a runtime's machine of the default policy: 4 cores and one NIC.
+		BrokerNodeCores: 4,
+		PSRate:          BytePSRate,
+		Interval:        time.Second,
+		StartupDelay:    time.Second,
+		MigrationPause:  20 * time.Millisecond,
+		SlowFraction:    0.1,
+		SlowSpeed:       0.4,
+		NIC:             25e9 / 8,
+		RuntimeCores:    16,
 
 		StaticCoresPerWorker: 1,
 	}
@@ -102,8 +166,29 @@ func (c Config) Validate() error {
 	if c.ShardBytes < 1024 {
 		bad("shard bytes must be >= 1024, got %d", c.ShardBytes)
 	}
-	if !(c.Throughput > 0) {
-		bad("throughput must be > 0 bytes/s per core, got %v", c.Throughput)
+	if !(c.Throughput >= 0) || math.IsInf(c.Throughput, 0) {
+		bad("throughput must be > 0 bytes/s per core (0: from the service cost), got %v", c.Throughput)
+	}
+	if err := c.Cost.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Throughput == 0 && !(c.Cost.RuntimeCPUPerByte > 0) {
+		bad("throughput: neither given nor in the service cost (runtime_cpu_s_per_byte is 0)")
+	}
+	if c.KernelWork && !(c.Cost.KernelCPUPerByte > 0) {
+		bad("kernel work: the service cost has no kernel_cpu_s_per_byte")
+	}
+	if c.Broker != BrokerFixed && c.Broker != BrokerPool {
+		bad("broker must be %q or %q, got %q", BrokerFixed, BrokerPool, c.Broker)
+	}
+	if c.BrokerNodeCores < 1 {
+		bad("broker node cores must be >= 1, got %d", c.BrokerNodeCores)
+	}
+	if c.OraclePeriod < 0 {
+		bad("oracle period must be >= 0 (0: the decision interval), got %v", c.OraclePeriod)
+	}
+	if !(c.PSRate > 0) || math.IsInf(c.PSRate, 0) {
+		bad("parameter server rate must be > 0 bytes/s per core, got %v", c.PSRate)
 	}
 	if c.Interval <= 0 {
 		bad("decision interval must be > 0, got %v", c.Interval)

@@ -16,7 +16,7 @@ import (
 
 func simCmd() *cobra.Command {
 	c := sim.DefaultConfig()
-	var traces, policyFile, sweep, out, workload, saveWorkload, shardSize, synth string
+	var traces, policyFile, sweep, out, workload, saveWorkload, shardSize, synth, costFile string
 	nicGbit := c.NIC * 8 / 1e9
 	cmd := &cobra.Command{
 		Use:   "sim",
@@ -24,8 +24,10 @@ func simCmd() *cobra.Command {
 		Long: `sim draws a multi-job workload from the shared cluster traces (Poisson arrivals, Philly run
 times, PAI per-worker iteration times, well-known model sizes) or reads one from a file, replays it
 against the autoscaler's Decider in simulated time, and writes a markdown report with the cost of
-the elastic pool against static peak provisioning and the step slowdown, and SVG plots: the pool
-against the load over time, and with --sweep the cost/slowdown frontier of one policy knob.
+the whole service (runtimes and NATS broker, from the CPU per byte fanin bench measured: --cost)
+against per-job parameter servers, static provisioning and a realistic oracle, per GB of gradient
+summed in completed steps, and the step slowdown; and SVG plots: the pool against the load over
+time, and with --sweep the cost/slowdown frontier of one policy knob.
 The same inputs and seed give the same bytes.`,
 		Example: `  fanin sim                                              # 1h, 1 job/min, default policy -> fanin-sim/
   fanin sim --duration 2h --seed 7 --sweep target_utilization=0.5,0.6,0.7,0.8,0.9,1
@@ -44,6 +46,13 @@ The same inputs and seed give the same bytes.`,
 				c.ShardBytes = int64(n)
 			}
 			c.NIC = nicGbit * 1e9 / 8
+			if costFile != "" {
+				sc, err := sim.ReadServiceCost(costFile)
+				if err != nil {
+					return fmt.Errorf("--cost: %w", err)
+				}
+				c.Cost = sc
+			}
 			if synth != "" {
 				if workload != "" {
 					return errors.New("--synth and --workload: choose one (a saved synthesized workload is a workload file)")
@@ -98,14 +107,15 @@ The same inputs and seed give the same bytes.`,
 			}
 			w := cmd.OutOrStdout()
 			r := rep.Base
-			fmt.Fprintf(w, "%d jobs, %d steps: elastic %.0f core-s = %.2fx oracle, %.1f%% saved vs per-job reservation, %.1f%% of static; "+
+			fmt.Fprintf(w, "%d jobs, %d of %d steps: %.0f core-s (runtimes %.0f + broker %.0f), per GB %.2fx oracle, %.1f%% saved vs per-job PS, %.1f%% vs 1 core/worker; "+
 				"mean step slowdown %.2f%% (p99 %.2f%%), stretch p99 %.4f; %d migrations\n",
-				r.Jobs, r.Steps, r.ElasticCoreSeconds, r.OracleRatio(), 100*r.Saved(), 100*r.CostRatio(), 100*r.Slowdown.Mean, 100*r.Slowdown.P99, r.Stretch.P99, r.Migrations)
+				r.Jobs, r.Steps, r.IdealSteps, r.Total(), r.ElasticCoreSeconds, r.Broker.CoreSeconds, r.OracleRatio(), 100*r.SavedVsPS(), 100*r.Saved(),
+				100*r.Slowdown.Mean, 100*r.Slowdown.P99, r.Stretch.P99, r.Migrations)
 			if rep.Sweep != nil {
 				for _, pt := range rep.Sweep.Points {
 					x := pt.Result
-					fmt.Fprintf(w, "  %s=%-8s oracle %.2fx  saved %5.1f%%  static %5.1f%%  slowdown %5.2f%%  p99 %6.2f%%  migrations %d\n", rep.Sweep.Knob, pt.Value,
-						x.OracleRatio(), 100*x.Saved(), 100*x.CostRatio(), 100*x.Slowdown.Mean, 100*x.Slowdown.P99, x.Migrations)
+					fmt.Fprintf(w, "  %s=%-8s oracle %.2fx  saved vs PS %5.1f%%  steps %d  slowdown %5.2f%%  p99 %6.2f%%  migrations %d\n", rep.Sweep.Knob, pt.Value,
+						x.OracleRatio(), 100*x.SavedVsPS(), x.Steps, 100*x.Slowdown.Mean, 100*x.Slowdown.P99, x.Migrations)
 				}
 			}
 			fmt.Fprintf(w, "wrote %s\n", filepath.Join(out, "report.md"))
@@ -127,7 +137,14 @@ The same inputs and seed give the same bytes.`,
 	f.DurationVar(&c.MinJob, "min-job", c.MinJob, "raise Philly run times to at least this")
 	f.DurationVar(&c.StepScale, "step-scale", c.StepScale, "real time of a normalized PAI batch time of 1000")
 	f.StringVar(&shardSize, "shard-size", "4MiB", "shard size")
-	f.Float64Var(&c.Throughput, "throughput", c.Throughput, "bytes one core aggregates per second")
+	f.Float64Var(&c.Throughput, "throughput", c.Throughput, "bytes of gradient one runtime core sums per second (default: from the service cost, the runtime process's measured rate)")
+	f.StringVar(&costFile, "cost", "", "service cost file (JSON, as fanin bench --only service-cost writes it): the broker's CPU per byte and the runtimes' (default: the measurement committed with fanin)")
+	f.StringVar(&c.Broker, "broker", c.Broker, "how the NATS broker is sized: fixed (at its peak over the run, as deployed) or pool (resized every interval to its demand)")
+	f.IntVar(&c.BrokerNodeCores, "broker-node-cores", c.BrokerNodeCores, "cores of a broker node, which has one NIC of --nic")
+	f.BoolVar(&c.KernelWork, "kernel-work", false, "what-if: the decider sees a shard's work as the aggregation function's time (as the live runtime reports it), not the runtime's whole CPU")
+	f.DurationVar(&c.OraclePeriod, "oracle-period", 0, "how often the oracle resizes its pool (default: --interval)")
+	f.DurationVar(&c.OracleStartup, "oracle-startup", 0, "how far ahead the oracle asks for cores (default: --startup; negative: none)")
+	f.Float64Var(&c.PSRate, "ps-rate", c.PSRate, "baseline d: bytes of gradient one parameter-server core sums per second (BytePS's published rate)")
 	f.DurationVar(&c.Interval, "interval", c.Interval, "decision interval")
 	f.DurationVar(&c.StartupDelay, "startup", c.StartupDelay, "time for a new runtime to become ready")
 	f.DurationVar(&c.MigrationPause, "migration-pause", c.MigrationPause, "pause of a shard when it moves")

@@ -158,3 +158,59 @@ func TestSimSynth(t *testing.T) {
 		t.Errorf("--synth spread=1.2: %v", err)
 	}
 }
+
+// fanin sim --cost charges the service with the file's figures and the report says so; --broker,
+// --oracle-period and --oracle-startup reach the model; a bad cost file is refused, named.
+func TestSimCostFlags(t *testing.T) {
+	dir := t.TempDir()
+	wl := filepath.Join(dir, "jobs.json")
+	if err := os.WriteFile(wl, []byte(`{"jobs": [{"id": "g", "arrival_s": 0, "duration_s": 30, "params": 1000000, "step_times_s": [[0.5, 0.6]]}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cost := filepath.Join(dir, "cost.json")
+	c := sim.ServiceCost{Date: "2026-11-26 19:00 UTC", Machine: "a test machine", Commit: "0123abc", BrokerCPUPerByteIn: 2e-9,
+		BrokerCPUPerByteOut: 1e-9, RuntimeCPUPerByte: 4e-9, KernelCPUPerByte: 1e-9}
+	if err := os.WriteFile(cost, c.MarshalIndent(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run := func(args ...string) (string, error) {
+		t.Helper()
+		out := t.TempDir()
+		cmd := simCmd()
+		var stdout bytes.Buffer
+		cmd.SetOut(&stdout)
+		cmd.SilenceUsage, cmd.SilenceErrors = true, true
+		cmd.SetArgs(append([]string{"--workload", wl, "--duration", "40s", "--out", out, "--slow-fraction", "0"}, args...))
+		if err := cmd.Execute(); err != nil {
+			return "", err
+		}
+		report, err := os.ReadFile(filepath.Join(out, "report.md"))
+		return string(report), err
+	}
+	report, err := run("--cost", cost, "--broker", "pool", "--oracle-period", "2s", "--oracle-startup", "3s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"the runtimes at 0.25 GB/s of gradient per core-second", "the NATS broker at 2 ns of CPU per byte in and 1 ns per byte out",
+		"resized every interval to its demand", "measured 2026-11-26 19:00 UTC on a test machine at 0123abc", "resized every 2s to the most cores busy within it, asked for 3s ahead"} {
+		if !strings.Contains(report, want) {
+			t.Errorf("the report does not say %q", want)
+		}
+	}
+	report, err = run("--cost", cost, "--throughput", "1e9")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(report, "the runtimes at 1 GB/s of gradient per core-second (as given)") || !strings.Contains(report, "a fixed cluster sized at its peak") {
+		t.Errorf("--throughput does not override the cost file's rate, or the broker is not fixed by default")
+	}
+	if err := os.WriteFile(cost, []byte(`{"broker_cpu_s_per_byte_in": -1}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run("--cost", cost); err == nil || !strings.Contains(err.Error(), "--cost") || !strings.Contains(err.Error(), "broker_cpu_s_per_byte_in") {
+		t.Errorf("a negative broker cost: %v", err)
+	}
+	if _, err := run("--broker", "elastic"); err == nil || !strings.Contains(err.Error(), `broker must be "fixed" or "pool"`) {
+		t.Errorf("--broker elastic: %v", err)
+	}
+}
