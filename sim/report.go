@@ -307,9 +307,12 @@ func (r *Report) Markdown() []byte {
 	if c.NIC > 0 {
 		w(", or the cores of the %d-core nodes (one NIC each) whose NICs carry\n  its bytes, whichever is more", c.BrokerNodeCores)
 	}
-	if c.Broker == BrokerPool {
+	switch c.Broker {
+	case BrokerNone:
+		w("; it is NOT counted here (--broker none).\n")
+	case BrokerPool:
 		w("; it is resized every interval to that (a lower bound).\n")
-	} else {
+	default:
 		w("; it is a fixed cluster sized at the peak of that over the run,\n  in whole cores, as deployed.\n")
 	}
 	if c.KernelWork {
@@ -354,8 +357,12 @@ func (r *Report) Markdown() []byte {
 func (r *Report) Counted() string {
 	c, res := r.Options.Config, r.Base
 	var b strings.Builder
-	fmt.Fprintf(&b, "the runtimes at %s of gradient per core-second (%s); the NATS broker at %.3g ns of CPU per byte in and %.3g ns per byte out",
-		gbps(c.throughput()), throughputWords(c), 1e9*c.Cost.BrokerCPUPerByteIn, 1e9*c.Cost.BrokerCPUPerByteOut)
+	fmt.Fprintf(&b, "the runtimes at %s of gradient per core-second (%s); ", gbps(c.throughput()), throughputWords(c))
+	if c.Broker == BrokerNone {
+		fmt.Fprintf(&b, "the NATS broker is NOT counted (--broker none); measured %s. Not counted either: the workers, the gateway and autoscaler, disks, and the parameter servers' network.", costWords(c.Cost))
+		return b.String()
+	}
+	fmt.Fprintf(&b, "the NATS broker at %.3g ns of CPU per byte in and %.3g ns per byte out", 1e9*c.Cost.BrokerCPUPerByteIn, 1e9*c.Cost.BrokerCPUPerByteOut)
 	if c.NIC > 0 {
 		fmt.Fprintf(&b, ", and its NICs (%s each way per %d-core node)", nicWords(c.NIC), c.BrokerNodeCores)
 	}

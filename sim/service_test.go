@@ -60,6 +60,10 @@ func TestSimBrokerCounted(t *testing.T) {
 	if b := run(c).Broker; !near(b.CoreSeconds, 2, 1e-9) {
 		t.Errorf("a broker that scales: %+v, want 2 core-seconds", b)
 	}
+	c.Broker = BrokerNone // the earlier model: the totals are the runtimes'
+	if r := run(c); r.Broker != (BrokerCost{}) || r.IdealBroker != (BrokerCost{}) || r.Total() != r.ElasticCoreSeconds {
+		t.Errorf("no broker: %+v, %+v", r.Broker, r.IdealBroker)
+	}
 
 	// With NICs of 1 MB/s on 4-core nodes: the runtime's own NIC takes the gradients in over 8 s,
 	// so the parameters leave seconds after them. In the gradients' second 8 MB go in and out: 8
@@ -211,5 +215,9 @@ func TestSimReportCounted(t *testing.T) {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q", want)
 		}
+	}
+	rep.Options.Config.Broker = BrokerNone
+	if md := string(rep.Markdown()); !strings.Contains(md, "the NATS broker is NOT counted (--broker none)") {
+		t.Errorf("a report without the broker does not say so")
 	}
 }

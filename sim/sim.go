@@ -1061,9 +1061,12 @@ func (b *brokerLoad) cost(c Config) BrokerCost {
 		bc.CPUPeak, bc.NICPeak, bc.Peak = max(bc.CPUPeak, cpu), max(bc.NICPeak, nic), max(bc.Peak, need)
 		pooled += need * span
 	}
-	if c.Broker == BrokerPool {
+	switch c.Broker {
+	case BrokerNone:
+		return BrokerCost{}
+	case BrokerPool:
 		bc.CoreSeconds = pooled
-	} else {
+	default:
 		bc.CoreSeconds = math.Ceil(bc.Peak-1e-9) * b.end
 	}
 	return bc

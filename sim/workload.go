@@ -36,8 +36,9 @@ type Config struct {
 	// elastic pool and to the baselines that run on fanin, and the runtimes' (Throughput 0).
 	Cost ServiceCost
 	// Broker is how the NATS servers are sized: BrokerFixed, a cluster sized at the peak of its
-	// demand over the whole run, as deployed; or BrokerPool, resized every interval to its demand
-	// (a lower bound for a broker that scales with the pool).
+	// demand over the whole run, as deployed; BrokerPool, resized every interval to its demand (a
+	// lower bound for a broker that scales with the pool); or BrokerNone, not counted (the earlier
+	// reports' model, for comparison).
 	Broker string
 	// BrokerNodeCores is the cores of a broker node, which has one NIC of NIC bytes per second
 	// each way: with a NIC modelled, the broker needs as many nodes as its bytes fill NICs.
@@ -84,6 +85,7 @@ type Config struct {
 const (
 	BrokerFixed = "fixed" // a cluster sized at the peak of its demand over the run
 	BrokerPool  = "pool"  // resized every interval to its demand
+	BrokerNone  = "none"  // not counted
 )
 
 // BytePSRate is BytePS's published summation rate, about 6 Gbit/s of gradient per CPU core (Jiang
@@ -178,8 +180,8 @@ func (c Config) Validate() error {
 	if c.KernelWork && !(c.Cost.KernelCPUPerByte > 0) {
 		bad("kernel work: the service cost has no kernel_cpu_s_per_byte")
 	}
-	if c.Broker != BrokerFixed && c.Broker != BrokerPool {
-		bad("broker must be %q or %q, got %q", BrokerFixed, BrokerPool, c.Broker)
+	if c.Broker != BrokerFixed && c.Broker != BrokerPool && c.Broker != BrokerNone {
+		bad("broker must be %q, %q or %q, got %q", BrokerFixed, BrokerPool, BrokerNone, c.Broker)
 	}
 	if c.BrokerNodeCores < 1 {
 		bad("broker node cores must be >= 1, got %d", c.BrokerNodeCores)
