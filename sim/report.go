@@ -357,7 +357,7 @@ func (r *Report) Markdown() []byte {
 func (r *Report) Counted() string {
 	c, res := r.Options.Config, r.Base
 	var b strings.Builder
-	fmt.Fprintf(&b, "the runtimes at %s of gradient per core-second (%s); ", gbps(c.throughput()), throughputWords(c))
+	fmt.Fprintf(&b, "the runtimes at %s of gradient per core-second (%s); %s; ", gbps(c.throughput()), throughputWords(c), signalWords(c.Signal))
 	if c.Broker == BrokerNone {
 		fmt.Fprintf(&b, "the NATS broker is NOT counted (--broker none); measured %s. Not counted either: the workers, the gateway and autoscaler, disks, and the parameter servers' network.", costWords(c.Cost))
 		return b.String()
@@ -374,6 +374,14 @@ func (r *Report) Counted() string {
 	fmt.Fprintf(&b, "; measured %s", costWords(c.Cost))
 	b.WriteString(". Not counted: the workers, the gateway and autoscaler at rest, disks, and the parameter servers' network.")
 	return b.String()
+}
+
+// signalWords says which queue wait fed the decider's closed loop.
+func signalWords(signal string) string {
+	if signal == SignalHindsight {
+		return "the decider's queue wait: hindsight (--signal hindsight, a step's time beyond its ideal, not measurable live)"
+	}
+	return "the decider's queue wait: live (the time gradients waited for a core once in, summed over a step's ranks, averaged over steps, as the runtime measures it)"
 }
 
 func costWords(c ServiceCost) string {

@@ -267,9 +267,12 @@ type server struct {
 func classIndex(priority int) int { return min(2, max(0, 1-priority)) }
 
 // serve takes in bytes (one rank's gradients of shards of one job, the largest unit bytes) at t, of
-// the given class index, and returns when their sum is done. start is when the cores start on it.
-func (v *server) serve(t float64, bytes, unit int64, class int) (start, done float64) {
-	ready, in := t, t // the first shard is in; all of it is in
+// the given class index, and returns when their sum is done. ready is when the first shard is in,
+// through the NIC (when the live runtime has it queued for a core); start is when the cores start
+// on it, so start - ready is the time it waited for a core.
+func (v *server) serve(t float64, bytes, unit int64, class int) (ready, start, done float64) {
+	in := t // all of it is in
+	ready = t
 	if v.nic > 0 {
 		s := max(t, v.nicBusy)
 		v.nicBusy = s + float64(bytes)/v.nic
@@ -281,7 +284,7 @@ func (v *server) serve(t float64, bytes, unit int64, class int) (start, done flo
 		v.busy[k] = max(ready, v.busy[k]) + d
 	}
 	u := float64(unit) / v.throughput / v.speed
-	return start, max(v.busy[class], start+u, in+u)
+	return ready, start, max(v.busy[class], start+u, in+u)
 }
 
 // idle is when the server has done all its work.
@@ -341,9 +344,14 @@ type jobSim struct {
 	stepEnd   float64
 
 	starts, bursts, waits []float64 // recent history
-	slow, raw             []float64
-	periodSum             float64
-	idealDone, lastEnd    float64 // ideal time of the steps done within the run, and the end of the last
+	// stepWait is, per runtime, the open step's time its gradients waited from being in (through
+	// the NIC) until the cores started on them, summed over the ranks' serves; queueWait is its
+	// maximum over the runtimes, averaged over steps as the live runtime does (ewma).
+	stepWait           map[*runtimeSim]float64
+	queueWait          float64
+	slow, raw          []float64
+	periodSum          float64
+	idealDone, lastEnd float64 // ideal time of the steps done within the run, and the end of the last
 }
 
 type span struct{ from, to float64 }
@@ -390,6 +398,16 @@ func (s *state) runtimeCores() int {
 // Run simulates the workload under the policy. tr may be nil when every job of the workload carries
 // its own step times. The result depends only on its inputs.
 func Run(c Config, pol autoscaler.Policy, wl *Workload, tr *Traces) (*Result, error) {
+	s, err := newState(c, pol, wl, tr)
+	if err != nil {
+		return nil, err
+	}
+	s.run()
+	return &s.res, nil
+}
+
+// newState sets a simulation up: the pool's first runtimes and the jobs' events.
+func newState(c Config, pol autoscaler.Policy, wl *Workload, tr *Traces) (*state, error) {
 	if err := errors.Join(c.Validate(), pol.Validate()); err != nil {
 		return nil, err
 	}
@@ -417,6 +435,12 @@ func Run(c Config, pol autoscaler.Policy, wl *Workload, tr *Traces) (*Result, er
 		}
 	}
 	s.push(event{t: 0, kind: evDecide})
+	return s, nil
+}
+
+// run runs the events up to the end of the simulated time and closes the results.
+func (s *state) run() {
+	c := s.c
 	end := c.Duration.Seconds()
 	for s.q.Len() > 0 {
 		e := heap.Pop(&s.q).(event)
@@ -438,7 +462,6 @@ func Run(c Config, pol autoscaler.Policy, wl *Workload, tr *Traces) (*Result, er
 		}
 	}
 	s.finish(end)
-	return &s.res, nil
 }
 
 func (s *state) push(e event) {
@@ -544,7 +567,7 @@ func (j *jobSim) idealRun(row []float64, throughput float64) (float64, []span) {
 	done := 0.0
 	var busy []span
 	for _, a := range arr {
-		start, d := v.serve(a, per, j.maxShard, 0)
+		_, start, d := v.serve(a, per, j.maxShard, 0)
 		done = max(done, d)
 		if n := len(busy); n > 0 && start <= busy[n-1].to {
 			busy[n-1].to = max(busy[n-1].to, d)
@@ -616,8 +639,13 @@ func (s *state) groupsOf(j *jobSim) []jobGroup {
 
 // serve queues bytes of a job on a runtime at time t and returns when they are summed and the
 // new parameters are out (bytes/NIC after the sum: the parameters of those shards leave once).
+// The time the bytes waited for a core adds to the step's wait on that runtime.
 func (s *state) serve(j *jobSim, r *runtimeSim, t float64, bytes, unit int64) float64 {
-	_, done := r.serve(t, bytes, unit, j.class)
+	ready, start, done := r.serve(t, bytes, unit, j.class)
+	if j.stepWait == nil {
+		j.stepWait = map[*runtimeSim]float64{}
+	}
+	j.stepWait[r] += max(0, start-ready)
 	r.worked = true
 	work := float64(bytes) / s.thr
 	s.workIn += work
@@ -687,6 +715,12 @@ func (s *state) finishStep(ji int, t float64) {
 	j.starts = keep(j.starts, j.stepStart+cmin)
 	j.bursts = keep(j.bursts, cmax-cmin)
 	j.waits = keep(j.waits, max(0, took-ideal))
+	w := 0.0
+	for _, v := range j.stepWait {
+		w = max(w, v)
+	}
+	clear(j.stepWait)
+	j.queueWait = ewma(j.queueWait, w)
 	j.step++
 	j.pos = (j.pos + 1) % len(j.steps)
 	if j.step < j.nSteps {
@@ -694,6 +728,17 @@ func (s *state) finishStep(ji int, t float64) {
 	} else {
 		s.push(event{t: j.stepEnd, kind: evJobEnd, job: ji})
 	}
+}
+
+// ewmaWeight is the weight of the newest step in the live queue wait, as in the runtime.
+const ewmaWeight = 0.3
+
+// ewma is the runtime's step average: the first step's value, then weighted by ewmaWeight.
+func ewma(avg, v float64) float64 {
+	if avg == 0 {
+		return v
+	}
+	return avg + ewmaWeight*(v-avg)
 }
 
 func mean(x []float64) float64 {
@@ -746,7 +791,10 @@ func (s *state) observe(t float64) autoscaler.Observations {
 		if len(j.bursts) > 0 {
 			burst = time.Duration(mean(j.bursts) * 1e9)
 		}
-		wait := time.Duration(mean(j.waits) * 1e9)
+		wait := time.Duration(j.queueWait * 1e9)
+		if s.c.Signal == SignalHindsight { // the step's excess over its ideal: not measurable live
+			wait = time.Duration(mean(j.waits) * 1e9)
+		}
 		for i, k := range j.keys {
 			id := ""
 			if j.place[i] >= 0 {

@@ -68,6 +68,11 @@ type Config struct {
 	// and its share of a runtime's NIC time in cores (bytes / NIC x runtime cores), as a decider
 	// that planned the network would see it. The live runtime reports CPU time only.
 	NICWork bool
+	// Signal is what the decider is told as a shard's QueueWait: SignalLive (or ""), what the live
+	// runtime measures (the time a step's gradients waited, once in through the NIC, for a core,
+	// summed over the ranks, averaged over steps); or SignalHindsight, the step's time beyond its
+	// ideal, which no live runtime can measure (the earlier reports' signal, for comparison).
+	Signal string
 	// RuntimeCores is the cores of a runtime when the policy's cores_per_runtime is 0 (runtimes
 	// sized to their machine).
 	RuntimeCores int
@@ -86,6 +91,12 @@ const (
 	BrokerFixed = "fixed" // a cluster sized at the peak of its demand over the run
 	BrokerPool  = "pool"  // resized every interval to its demand
 	BrokerNone  = "none"  // not counted
+)
+
+// Signals: what the decider is told as a shard's queue wait (Config.Signal).
+const (
+	SignalLive      = "live"      // the time the gradients waited for a core, as the runtime measures it
+	SignalHindsight = "hindsight" // the step's excess over its ideal
 )
 
 // BytePSRate is BytePS's published summation rate, about 6 Gbit/s of gradient per CPU core (Jiang
@@ -141,6 +152,7 @@ func DefaultConfig() Config {
 		SlowSpeed:       0.4,
 		NIC:             25e9 / 8,
 		RuntimeCores:    16,
+		Signal:          SignalLive,
 
 		StaticCoresPerWorker: 1,
 	}
@@ -182,6 +194,9 @@ func (c Config) Validate() error {
 	}
 	if c.Broker != BrokerFixed && c.Broker != BrokerPool && c.Broker != BrokerNone {
 		bad("broker must be %q, %q or %q, got %q", BrokerFixed, BrokerPool, BrokerNone, c.Broker)
+	}
+	if c.Signal != "" && c.Signal != SignalLive && c.Signal != SignalHindsight {
+		bad("signal must be %q or %q, got %q", SignalLive, SignalHindsight, c.Signal)
 	}
 	if c.BrokerNodeCores < 1 {
 		bad("broker node cores must be >= 1, got %d", c.BrokerNodeCores)
