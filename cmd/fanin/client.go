@@ -79,6 +79,14 @@ func (f *apiFlags) checkOutput() error {
 // devAuthDir is where `fanin dev` keeps its keys and admin token.
 func devAuthDir(dataDir string) string { return filepath.Join(dataDir, "auth") }
 
+// readFileArg reads the file named by a -f flag; "-" reads the command's standard input.
+func readFileArg(cmd *cobra.Command, name string) ([]byte, error) {
+	if name == "-" {
+		return io.ReadAll(cmd.InOrStdin())
+	}
+	return os.ReadFile(name)
+}
+
 func printJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

@@ -30,13 +30,7 @@ credentials; they are shown once. With --creds-dir the credentials are written t
 <dir>/<job>.creds (mode 0600) and the token to <dir>/<job>.token instead of being printed.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var data []byte
-			var err error
-			if file == "-" {
-				data, err = io.ReadAll(cmd.InOrStdin())
-			} else {
-				data, err = os.ReadFile(file)
-			}
+			data, err := readFileArg(cmd, file)
 			if err != nil {
 				return err
 			}

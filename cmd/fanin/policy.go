@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"time"
 
@@ -38,13 +37,7 @@ func policyCmd() *cobra.Command {
 	set := &cobra.Command{
 		Use: "set -f policy.yaml", Short: "Replace the policy (validated; absent knobs take their defaults; '-' reads stdin)", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var data []byte
-			var err error
-			if file == "-" {
-				data, err = io.ReadAll(cmd.InOrStdin())
-			} else {
-				data, err = os.ReadFile(file)
-			}
+			data, err := readFileArg(cmd, file)
 			if err != nil {
 				return err
 			}
