@@ -13,6 +13,7 @@ import (
 
 	"github.com/fanin-ml/fanin/gateway/api"
 	"github.com/fanin-ml/fanin/internal/store"
+	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/wire"
 )
 
@@ -161,6 +162,23 @@ func readRawBody(w http.ResponseWriter, r *http.Request, types []string, bad wir
 		return nil, nil, wire.ReasonTooDeep, fmt.Sprintf("the request body is nested %d levels deep, at most %d are accepted", d, MaxDepth)
 	}
 	return body, js, "", ""
+}
+
+// readJSONRequest reads a JSON request body (readRawBody) and decodes it into v as strictly as a
+// job spec (job.DecodeStrict: no unknown field, no key given twice). When it cannot, it rejects
+// the request, recorded under jobID, with the detail "what: error" followed by hint, and returns
+// false.
+func (s *Server) readJSONRequest(w http.ResponseWriter, r *http.Request, v any, jobID, what, hint string) bool {
+	body, _, reason, detail := readRawBody(w, r, jsonTypes, wire.ReasonBadParameter)
+	if reason != "" {
+		s.reject(w, reason, detail, jobID)
+		return false
+	}
+	if err := job.DecodeStrict(body, v); err != nil {
+		s.reject(w, wire.ReasonBadParameter, what+": "+err.Error()+hint, jobID)
+		return false
+	}
+	return true
 }
 
 // flowDepth is the deepest nesting of [ and { outside quoted strings: exact for JSON, and for the

@@ -15,7 +15,6 @@ import (
 
 	"github.com/fanin-ml/fanin/gateway/api"
 	"github.com/fanin-ml/fanin/internal/auth"
-	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/wire"
 )
 
@@ -107,14 +106,8 @@ func (s *Server) DeleteTeam(ctx context.Context, id string) error {
 }
 
 func (s *Server) createTeam(w http.ResponseWriter, r *http.Request) {
-	body, _, reason, detail := readRawBody(w, r, jsonTypes, wire.ReasonBadParameter)
-	if reason != "" {
-		s.reject(w, reason, detail, NoJob)
-		return
-	}
 	var req api.TeamRequest
-	if err := job.DecodeStrict(body, &req); err != nil {
-		s.reject(w, wire.ReasonBadParameter, "token request: "+err.Error(), NoJob)
+	if !s.readJSONRequest(w, r, &req, NoJob, "token request", "") {
 		return
 	}
 	t, err := s.CreateTeam(r.Context(), req)

@@ -100,14 +100,8 @@ func (s *Server) jobWorkers(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) setJobWorkers(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	body, _, reason, detail := readRawBody(w, r, jsonTypes, wire.ReasonBadParameter)
-	if reason != "" {
-		s.reject(w, reason, detail, id)
-		return
-	}
 	var req api.WorkersRequest
-	if err := job.DecodeStrict(body, &req); err != nil { // as strict as a job spec: no key given twice
-		s.reject(w, wire.ReasonBadParameter, `workers request: `+err.Error()+`: send {"target": n}`, id)
+	if !s.readJSONRequest(w, r, &req, id, "workers request", `: send {"target": n}`) {
 		return
 	}
 	if req.Target == nil {
