@@ -113,13 +113,7 @@ func (r *Runtime) report(ctx context.Context, interval time.Duration) {
 		}
 		lastWork, lastBytes = work, bytes
 		rep := wire.LoadReport{Runtime: r.id, Cores: r.cores, At: r.now().UTC(), NanosPerByte: nsPerByte}
-		r.mu.Lock()
-		execs := make([]*shardExec, 0, len(r.shards))
-		for _, x := range r.shards {
-			execs = append(execs, x)
-		}
-		r.mu.Unlock()
-		for _, x := range execs {
+		for _, x := range r.shardExecs() {
 			rep.Shards = append(rep.Shards, x.loadSignals())
 		}
 		data, _ := json.Marshal(rep)

@@ -509,13 +509,20 @@ func (r *Runtime) retryLater(ctx context.Context, key string) {
 	}()
 }
 
-func (r *Runtime) stopAll() {
+// shardExecs copies the shards served now, under r.mu, so that callers can go through them
+// without holding it.
+func (r *Runtime) shardExecs() []*shardExec {
 	r.mu.Lock()
-	all := make([]*shardExec, 0, len(r.shards))
+	defer r.mu.Unlock()
+	execs := make([]*shardExec, 0, len(r.shards))
 	for _, x := range r.shards {
-		all = append(all, x)
+		execs = append(execs, x)
 	}
-	r.mu.Unlock()
+	return execs
+}
+
+func (r *Runtime) stopAll() {
+	all := r.shardExecs()
 	for _, x := range all {
 		x.cancel()
 	}

@@ -166,13 +166,7 @@ func (d stepDone) acked(ok bool) {
 
 // shardGauges reports every shard's pending messages and step, when metrics are scraped.
 func (r *Runtime) shardGauges(yield func(metrics.ShardGauge)) {
-	r.mu.Lock()
-	execs := make([]*shardExec, 0, len(r.shards))
-	for _, x := range r.shards {
-		execs = append(execs, x)
-	}
-	r.mu.Unlock()
-	for _, x := range execs {
+	for _, x := range r.shardExecs() {
 		x.mu.Lock()
 		g := metrics.ShardGauge{Job: x.ji.rec.Spec.ID, Pending: x.stats.pending, Step: x.step}
 		x.mu.Unlock()
