@@ -10,9 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/lab/testutil"
@@ -45,12 +42,7 @@ func TestBurstGrowsAndShrinksPool(t *testing.T) {
 	as := start(t, "autoscaler", "autoscaler", "--nats", url, "--driver", "process", "--policy", policy,
 		"--runtime-binary", faninBin, "--interval", "250ms")
 
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	_, js := testutil.Connect(t, url)
 	b, err := store.OpenBuckets(context.Background(), js)
 	if err != nil {
 		t.Fatal(err)

@@ -99,12 +99,7 @@ func TestBF16ParamsAcrossKill(t *testing.T) {
 		}
 	}
 
-	nc, err := nats.Connect(c.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	_, js := testutil.Connect(t, c.url)
 	streams := map[*trainer]jetstream.Stream{}
 	for tr, rec := range jobs {
 		ps, err := js.Stream(context.Background(), wire.ParamsStream(rec.Spec.ID))

@@ -31,12 +31,7 @@ func TestBadInputRejected(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nc, err := nats.Connect(st.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	nc, js := testutil.Connect(t, st.URL)
 	ps, _ := js.Stream(ctx, wire.ParamsStream(rec.Spec.ID))
 	inbox := wire.InboxPrefix(rec.Spec.ID) + ".reports" // rejections are sent only inside the job's reply namespace
 	reports, err := nc.SubscribeSync(inbox)

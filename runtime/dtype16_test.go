@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanin-ml/fanin/functions"
 	"github.com/fanin-ml/fanin/job"
@@ -24,12 +23,7 @@ import (
 func TestSixteenBitGradientsBitExact(t *testing.T) {
 	st := testutil.Stack(t, 2)
 	ctx := context.Background()
-	nc, err := nats.Connect(st.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	_, js := testutil.Connect(t, st.URL)
 	dtypes := []wire.Dtype{wire.F32, wire.BF16, wire.F16}
 	for ci, fn := range []string{"sgd", "fedavg"} {
 		t.Run(fn, func(t *testing.T) {
@@ -100,12 +94,7 @@ func TestSixteenBitSSPHeldAndASP(t *testing.T) {
 	st := testutil.Stack(t, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	nc, err := nats.Connect(st.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	_, js := testutil.Connect(t, st.URL)
 	mk := func(id, mode string, s int) *job.Record {
 		spec := job.Spec{ID: id, Ranks: 2, Tensors: []job.Tensor{{Name: "w", Shape: []int{1000}}},
 			Function: job.Function{Name: "adam", Hyper: map[string]float64{"lr": 0.01}}, Sync: mode, Staleness: s,

@@ -10,9 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/fanin-ml/fanin/functions"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/lab/devstack"
@@ -54,12 +51,7 @@ func invocations(st *devstack.Stack) int64 {
 func TestShuffledResentBitExact(t *testing.T) {
 	st := testutil.Stack(t, 3)
 	ctx := context.Background()
-	nc, err := nats.Connect(st.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	_, js := testutil.Connect(t, st.URL)
 
 	const steps = 50
 	cases := []struct {

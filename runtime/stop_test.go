@@ -21,12 +21,7 @@ import (
 // shards, deregisters and returns from Run. It refuses a request without a term, and one of a
 // term older than the one holding the placement's fence (a deposed leader's).
 func TestRuntimeStopsAtTheLeadersRequest(t *testing.T) {
-	nc, err := nats.Connect(testutil.NATS(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	nc, js := testutil.Connect(t, testutil.NATS(t))
 	ctx := context.Background()
 	b, err := store.OpenBuckets(ctx, js)
 	if err != nil {

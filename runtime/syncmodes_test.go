@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/lab/testutil"
@@ -21,12 +20,7 @@ func TestSyncModeRejections(t *testing.T) {
 	st := testutil.Stack(t, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	nc, err := nats.Connect(st.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	nc, js := testutil.Connect(t, st.URL)
 	mk := func(id, mode string, s int) *job.Record {
 		spec := job.Spec{ID: id, Ranks: 2, Tensors: []job.Tensor{{Name: "w", Shape: []int{1000}}},
 			Function: job.Function{Name: "sgd", Hyper: map[string]float64{"lr": 0.1}}, Sync: mode, Staleness: s}

@@ -44,12 +44,7 @@ func TestRefusedGradientsDoNotWedgeTheJob(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nc, err := nats.Connect(st.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	_, js := testutil.Connect(t, st.URL)
 	ps, _ := js.Stream(ctx, wire.ParamsStream(rec.Spec.ID))
 	gs, _ := js.Stream(ctx, wire.GradStream(rec.Spec.ID))
 	bound := int64(rec.Spec.Ranks*rec.Layout.NumShards()) * store.GradWindow(&rec.Spec)
@@ -173,12 +168,7 @@ func TestUploadToUnknownShardIsRefused(t *testing.T) {
 	if n != 2 {
 		t.Fatalf("%d shards, want 2", n)
 	}
-	nc, err := nats.Connect(st.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	nc, js := testutil.Connect(t, st.URL)
 	for _, shard := range []int{n, 99} {
 		_, err := js.PublishMsg(ctx, wire.InitMsg(rec.Spec.ID, shard, make([]byte, rec.Layout.Shards[0].Bytes())))
 		if !errors.Is(err, jetstream.ErrNoStreamResponse) && !errors.Is(err, nats.ErrNoResponders) {

@@ -22,12 +22,7 @@ import (
 // On one server every bucket is one file-storage replica; a runtime registry an older fanin made in
 // memory is recreated on file, and a job bucket's data is never dropped to change its storage.
 func TestBucketsOnOneServer(t *testing.T) {
-	nc, err := nats.Connect(testutil.NATS(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	_, js := testutil.Connect(t, testutil.NATS(t))
 	ctx := context.Background()
 	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: wire.RuntimesBucket, Storage: jetstream.MemoryStorage, TTL: store.RuntimeTTL}); err != nil {
 		t.Fatal(err)
@@ -146,12 +141,7 @@ func TestWatcherHeals(t *testing.T) {
 		return ns
 	}
 	ns := start()
-	nc, err := nats.Connect(ns.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	_, js := testutil.Connect(t, ns.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	ctx := context.Background()
 	cfg := jetstream.KeyValueConfig{Bucket: "b", Storage: jetstream.FileStorage}
 	kv, err := js.CreateKeyValue(ctx, cfg)
@@ -226,12 +216,7 @@ func TestBucketsWaitedForAtStart(t *testing.T) {
 		t.Skip("starts a 3-node cluster")
 	}
 	c := testutil.StartCluster(t, 3)
-	nc, err := nats.Connect(c.URLs())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	_, js := testutil.Connect(t, c.URLs())
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var mu sync.Mutex

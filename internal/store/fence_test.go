@@ -6,7 +6,6 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanin-ml/fanin/internal/store"
@@ -17,12 +16,7 @@ import (
 // term's writes, an earlier term cannot claim it back, and a fence lost with its bucket is claimed
 // again by the term that held it.
 func TestFenceAdmitsOneTerm(t *testing.T) {
-	nc, err := nats.Connect(testutil.NATS(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	_, js := testutil.Connect(t, testutil.NATS(t))
 	ctx := context.Background()
 	cfg := jetstream.KeyValueConfig{Bucket: "fenced", History: 4}
 	kv, err := js.CreateKeyValue(ctx, cfg)

@@ -62,6 +62,22 @@ func NATS(t testing.TB) string {
 	return ns.ClientURL()
 }
 
+// Connect connects to the NATS server at url with opts, closed when the test ends, and returns the
+// connection and its JetStream context.
+func Connect(t testing.TB, url string, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js
+}
+
 // Logger logs warnings and errors to stderr when FANIN_TEST_LOG is set, otherwise nothing.
 func Logger() *slog.Logger {
 	if os.Getenv("FANIN_TEST_LOG") != "" {
