@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/fanin-ml/fanin/internal/httpstatus"
 )
 
 // HTTP counts the requests h serves and their latency by route (the ServeMux pattern that matched,
@@ -14,7 +16,7 @@ func (m *Metrics) HTTP(h http.Handler) http.Handler {
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		rec := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+		rec := httpstatus.NewRecorder(w)
 		r2 := r.WithContext(r.Context()) // the mux records the pattern in the request it is given
 		h.ServeHTTP(rec, r2)
 		r.Pattern = r2.Pattern // for a middleware around this one
@@ -22,20 +24,7 @@ func (m *Metrics) HTTP(h http.Handler) http.Handler {
 		if route == "" {
 			route = "unmatched"
 		}
-		m.httpRequests.WithLabelValues(route, strconv.Itoa(rec.status)).Inc()
+		m.httpRequests.WithLabelValues(route, strconv.Itoa(rec.Status)).Inc()
 		m.httpDuration.WithLabelValues(route).Observe(time.Since(start).Seconds())
 	})
 }
-
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (s *statusWriter) WriteHeader(code int) {
-	s.status = code
-	s.ResponseWriter.WriteHeader(code)
-}
-
-// Unwrap lets http.ResponseController reach the underlying writer.
-func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }

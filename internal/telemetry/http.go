@@ -8,6 +8,8 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/fanin-ml/fanin/internal/httpstatus"
 )
 
 // HTTPHandler traces the requests h serves with p: a server span per request, named after the
@@ -28,7 +30,7 @@ func HTTPHandler(h http.Handler, p *Provider) http.Handler {
 		ctx, span := p.Tracer().Start(ctx, "HTTP "+r.Method, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(
 			attribute.String("http.request.method", r.Method), attribute.String("url.path", r.URL.Path)))
 		defer span.End()
-		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+		rec := httpstatus.NewRecorder(w)
 		r2 := r.WithContext(ctx)
 		h.ServeHTTP(rec, r2)   // a ServeMux records the pattern in the request it is given
 		r.Pattern = r2.Pattern // for a middleware around this one
@@ -36,22 +38,9 @@ func HTTPHandler(h http.Handler, p *Provider) http.Handler {
 			span.SetName(r2.Pattern)
 			span.SetAttributes(attribute.String("http.route", r2.Pattern))
 		}
-		span.SetAttributes(attribute.Int("http.response.status_code", rec.status))
-		if rec.status >= 500 {
-			span.SetStatus(codes.Error, http.StatusText(rec.status))
+		span.SetAttributes(attribute.Int("http.response.status_code", rec.Status))
+		if rec.Status >= 500 {
+			span.SetStatus(codes.Error, http.StatusText(rec.Status))
 		}
 	})
 }
-
-type statusRecorder struct {
-	http.ResponseWriter
-	status int
-}
-
-func (s *statusRecorder) WriteHeader(code int) {
-	s.status = code
-	s.ResponseWriter.WriteHeader(code)
-}
-
-// Unwrap lets http.ResponseController reach the underlying writer (flushes, deadlines).
-func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
