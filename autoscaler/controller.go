@@ -301,7 +301,7 @@ func (c *Controller) Step(ctx context.Context) (Decision, error) {
 	c.observeDecision(obs, d)
 	ctx, span := c.traceDecision(ctx, obs, d)
 	err = c.apply(ctx, f, obs, d)
-	endSpan(span, err)
+	telemetry.EndSpan(span, err)
 	if err != nil {
 		c.met.Error()
 		return d, err

@@ -5,7 +5,6 @@ import (
 	"strings"
 
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -44,15 +43,4 @@ func (c *Controller) traceDecision(ctx context.Context, obs Observations, d Deci
 			attribute.String("from", m.From), attribute.String("to", m.To), attribute.String("reason", m.Reason)))
 	}
 	return ctx, span
-}
-
-func endSpan(s trace.Span, err error) {
-	if s == nil {
-		return
-	}
-	if err != nil {
-		s.RecordError(err)
-		s.SetStatus(codes.Error, err.Error())
-	}
-	s.End()
 }

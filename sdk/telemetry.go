@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fanin-ml/fanin/internal/telemetry"
@@ -93,7 +92,7 @@ func (st *stepTrace) published(err error) {
 	if st == nil {
 		return
 	}
-	endSpan(st.publish, err)
+	telemetry.EndSpan(st.publish, err)
 }
 
 // done ends the step's spans.
@@ -101,9 +100,9 @@ func (st *stepTrace) done(err error) {
 	if st == nil {
 		return
 	}
-	endSpan(st.step, err)
+	telemetry.EndSpan(st.step, err)
 	if st.root != nil {
-		endSpan(st.root, err)
+		telemetry.EndSpan(st.root, err)
 	}
 }
 
@@ -114,17 +113,6 @@ func (st *stepTrace) fetch(shard int) trace.Span {
 	}
 	_, s := st.tr.Start(st.ctx, telemetry.SpanWorkerFetch, trace.WithAttributes(telemetry.AttrShard.Int(shard)))
 	return s
-}
-
-func endSpan(s trace.Span, err error) {
-	if s == nil {
-		return
-	}
-	if err != nil {
-		s.RecordError(err)
-		s.SetStatus(codes.Error, err.Error())
-	}
-	s.End()
 }
 
 // traceReceive records the receipt of a shard's parameters pushed by a runtime whose publish span is

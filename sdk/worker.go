@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 
+	"github.com/fanin-ml/fanin/internal/telemetry"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/wire"
 )
@@ -702,7 +703,7 @@ func (w *Worker) await(ctx context.Context, t int64) error {
 					span := w.trace.fetch(s.ID)
 					w.met.fetched()
 					_, err := w.fetchShard(ctx, s, t)
-					endSpan(span, err)
+					telemetry.EndSpan(span, err)
 					if err != nil {
 						return err
 					}
