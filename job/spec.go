@@ -1,7 +1,6 @@
 package job
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -139,14 +138,8 @@ func (e *SpecError) Unwrap() error { return ErrInvalidSpec }
 // It is strict: one document only (no trailing data, no second YAML document), no key given twice
 // (JSON and YAML would silently keep the last), no unknown field.
 func Parse(data []byte) (*Spec, error) {
-	js, err := toJSON(data)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidSpec, err)
-	}
-	dec := json.NewDecoder(bytes.NewReader(js))
-	dec.DisallowUnknownFields()
 	var s Spec
-	if err := dec.Decode(&s); err != nil {
+	if err := DecodeStrict(data, &s); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidSpec, err)
 	}
 	s.Normalize()
