@@ -31,15 +31,7 @@ type fakeJob struct {
 func newFakeJob(t *testing.T, s job.Spec) *fakeJob {
 	t.Helper()
 	url := testutil.NATS(t)
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, js := testutil.Connect(t, url)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s.Normalize()

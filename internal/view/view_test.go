@@ -31,15 +31,7 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	nc, err := nats.Connect(testutil.NATS(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, js := testutil.Connect(t, testutil.NATS(t))
 	b, err := store.OpenBuckets(context.Background(), js)
 	if err != nil {
 		t.Fatal(err)
