@@ -20,6 +20,7 @@ import (
 
 	"github.com/fanin-ml/fanin/gateway"
 	"github.com/fanin-ml/fanin/internal/telemetry"
+	"github.com/fanin-ml/fanin/internal/telemetry/otlp"
 	"github.com/fanin-ml/fanin/internal/telemetry/traceshape"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/lab/testutil"
@@ -56,7 +57,7 @@ func TestTraceInJaeger(t *testing.T) {
 	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", fmt.Sprintf("http://127.0.0.1:%d", httpPort))
 	ctx := context.Background()
-	tp, err := telemetry.New(ctx, telemetry.WithService("fanin-e2e-worker"), telemetry.WithStepSampler(sdktrace.AlwaysSample()))
+	tp, err := otlp.New(ctx, otlp.WithService("fanin-e2e-worker"), otlp.WithStepSampler(sdktrace.AlwaysSample()))
 	if err != nil {
 		t.Fatal(err)
 	}

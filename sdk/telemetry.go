@@ -2,6 +2,7 @@ package sdk
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"time"
 
@@ -16,19 +17,27 @@ import (
 // and the runtimes (docs/TELEMETRY.md). Which steps are traced is decided as fanin's processes
 // decide, from OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG (default: one step in ten), so that
 // a step is traced whole; tp's own sampler should follow the parent (the default ParentBased).
+//
+// The SDK links the OpenTelemetry API only: the program sets up tp, with the exporter it wants
+// (go.opentelemetry.io/otel/sdk/trace and an OTLP exporter, say), or passes the global one,
+// otel.GetTracerProvider(), once it has called otel.SetTracerProvider. Without this option (or
+// WithTracing) a worker traces nothing.
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(c *Client) error {
-		root, _, err := telemetry.SamplerFromEnv()
+		if tp == nil {
+			return errors.New("WithTracerProvider: nil tracer provider (use WithTracing(nil) to turn tracing off)")
+		}
+		s, err := telemetry.SamplingFromEnv()
 		if err != nil {
 			return err
 		}
-		c.tracing = telemetry.Wrap(tp, root)
+		c.tracing = telemetry.Wrap(tp, s)
 		return nil
 	}
 }
 
 // WithTracing sets fanin's tracer provider (default telemetry.Default(), which the fanin binary
-// sets up from the OTEL_* variables); nil turns tracing off.
+// sets up from the OTEL_* variables with package otlp); nil turns tracing off.
 func WithTracing(p *telemetry.Provider) Option {
 	return func(c *Client) error { c.tracing = p; return nil }
 }

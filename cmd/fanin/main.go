@@ -15,7 +15,7 @@ import (
 	"github.com/spf13/cobra"
 	"go.opentelemetry.io/otel/attribute"
 
-	"github.com/fanin-ml/fanin/internal/telemetry"
+	"github.com/fanin-ml/fanin/internal/telemetry/otlp"
 )
 
 // version is stamped at build time: -ldflags "-X main.version=v0.1.0".
@@ -64,8 +64,8 @@ func rootCmd() (_ *cobra.Command, stopTracing *func(context.Context) error) {
 		}
 		slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})))
 		// Tracing as the OTEL_* variables say (docs/TELEMETRY.md); off without them.
-		stop, err := telemetry.Setup(cmd.Context(), telemetry.WithService("fanin-"+cmd.Name()),
-			telemetry.WithAttributes(attribute.String("service.version", version)))
+		stop, err := otlp.Setup(cmd.Context(), otlp.WithService("fanin-"+cmd.Name()),
+			otlp.WithAttributes(attribute.String("service.version", version)))
 		if err != nil {
 			return err
 		}

@@ -19,7 +19,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/fanin-ml/fanin/internal/metrics"
-	"github.com/fanin-ml/fanin/internal/telemetry"
+	"github.com/fanin-ml/fanin/internal/telemetry/otlp"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/lab/devstack"
 	"github.com/fanin-ml/fanin/lab/testutil"
@@ -139,11 +139,11 @@ func measure(t *testing.T, mode string, ranks, elements, shard, runtimes, warmup
 		cfg.NoTelemetry = true
 		clientOpts = append(clientOpts, sdk.WithTracing(nil))
 	default:
-		var opts []telemetry.Option
+		var opts []otlp.Option
 		if mode == "on (every step traced)" {
-			opts = append(opts, telemetry.WithStepSampler(sdktrace.AlwaysSample()))
+			opts = append(opts, otlp.WithStepSampler(sdktrace.AlwaysSample()))
 		}
-		p, err := telemetry.New(ctx, append(opts, telemetry.WithService("fanin-overhead"))...)
+		p, err := otlp.New(ctx, append(opts, otlp.WithService("fanin-overhead"))...)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"context"
+	"encoding/binary"
 
 	"go.opentelemetry.io/otel/trace"
 )
@@ -22,9 +23,9 @@ func StepIDs(job string, created, step int64) (trace.TraceID, trace.SpanID) {
 	c := mix64(b ^ 0x8cb92ba72f3d8dd7)
 	var t trace.TraceID
 	var s trace.SpanID
-	putUint64(t[:8], a)
-	putUint64(t[8:], b)
-	putUint64(s[:], c)
+	binary.BigEndian.PutUint64(t[:8], a)
+	binary.BigEndian.PutUint64(t[8:], b)
+	binary.BigEndian.PutUint64(s[:], c)
 	if !t.IsValid() {
 		t[15] = 1
 	}
@@ -53,8 +54,22 @@ func StepParent(job string, created, step int64, sampled bool) trace.SpanContext
 }
 
 // WithStepRoot makes the next root span started from ctx (trace.WithNewRoot) take the step's trace
-// and span ids, with a provider made by New (see Provider.OwnsStepRoot).
+// and span ids, with a provider whose id generator reads StepRootIDs (Provider.OwnsStepRoot).
 func WithStepRoot(ctx context.Context, job string, created, step int64) context.Context {
 	t, s := StepIDs(job, created, step)
 	return context.WithValue(ctx, stepRootKey{}, stepRoot{trace: t, span: s})
+}
+
+// StepRootIDs are the ids WithStepRoot put in ctx, for a tracer provider's id generator; ok is false
+// when ctx holds none.
+func StepRootIDs(ctx context.Context) (t trace.TraceID, s trace.SpanID, ok bool) {
+	r, ok := ctx.Value(stepRootKey{}).(stepRoot)
+	return r.trace, r.span, ok
+}
+
+type stepRootKey struct{}
+
+type stepRoot struct {
+	trace trace.TraceID
+	span  trace.SpanID
 }

@@ -4,14 +4,17 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/nats-io/nats.go"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/fanin-ml/fanin/internal/telemetry"
+	"github.com/fanin-ml/fanin/internal/telemetry/otlp"
 	"github.com/fanin-ml/fanin/wire"
 )
 
@@ -79,7 +82,7 @@ func TestStepIDs(t *testing.T) {
 		}
 		seen[id] = true
 	}
-	p := telemetry.Wrap(sdktrace.NewTracerProvider(), sdktrace.TraceIDRatioBased(0.1))
+	p := telemetry.Wrap(noop.NewTracerProvider(), telemetry.Sampling{Ratio: 0.1})
 	kept := 0
 	const n = 20000
 	for step := int64(1); step <= n; step++ {
@@ -93,72 +96,30 @@ func TestStepIDs(t *testing.T) {
 	}
 }
 
-// A root span started with WithStepRoot takes the step's ids; others get random ones.
-func TestStepRoot(t *testing.T) {
-	exp := tracetest.NewInMemoryExporter()
-	p, err := telemetry.New(context.Background(), telemetry.WithExporter(exp), telemetry.WithSyncExport(),
-		telemetry.WithStepSampler(sdktrace.AlwaysSample()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Shutdown(context.Background())
-	ctx := telemetry.WithStepRoot(context.Background(), "j", 5, 3)
-	_, root := p.Tracer().Start(ctx, "root", trace.WithNewRoot())
-	root.End()
-	_, other := p.Tracer().Start(context.Background(), "other")
-	other.End()
-	tid, sid := telemetry.StepIDs("j", 5, 3)
-	if sc := root.SpanContext(); sc.TraceID() != tid || sc.SpanID() != sid {
-		t.Errorf("step root has ids %s/%s, want %s/%s", sc.TraceID(), sc.SpanID(), tid, sid)
-	}
-	if other.SpanContext().TraceID() == tid {
-		t.Error("a plain root took the step's trace id")
-	}
-	if !p.OwnsStepRoot() {
-		t.Error("a provider made by New does not own step roots")
-	}
-}
-
-func TestSamplerFromEnv(t *testing.T) {
+func TestSamplingFromEnv(t *testing.T) {
 	for _, c := range []struct {
 		name, arg string
-		root      string // the root sampler's description
+		want      telemetry.Sampling
 		ok        bool
 	}{
-		{"", "", "TraceIDRatioBased{0.1}", true},
-		{"always_on", "", "AlwaysOnSampler", true},
-		{"parentbased_always_off", "", "AlwaysOffSampler", true},
-		{"traceidratio", "0.25", "TraceIDRatioBased{0.25}", true},
-		{"parentbased_traceidratio", "", "AlwaysOnSampler", true},
-		{"traceidratio", "2", "", false},
-		{"jaeger_remote", "", "", false},
+		{"", "", telemetry.Sampling{Ratio: 0.1, ParentBased: true}, true},
+		{"always_on", "", telemetry.Sampling{Ratio: 1}, true},
+		{"parentbased_always_off", "", telemetry.Sampling{Ratio: 0, ParentBased: true}, true},
+		{"traceidratio", "0.25", telemetry.Sampling{Ratio: 0.25}, true},
+		{"parentbased_traceidratio", "", telemetry.Sampling{Ratio: 1, ParentBased: true}, true},
+		{"traceidratio", "2", telemetry.Sampling{}, false},
+		{"traceidratio", "NaN", telemetry.Sampling{}, false},
+		{"traceidratio", "-0.5", telemetry.Sampling{}, false},
+		{"jaeger_remote", "", telemetry.Sampling{}, false},
 	} {
 		t.Setenv("OTEL_TRACES_SAMPLER", c.name)
 		t.Setenv("OTEL_TRACES_SAMPLER_ARG", c.arg)
-		root, _, err := telemetry.SamplerFromEnv()
-		if (err == nil) != c.ok || (c.ok && root.Description() != c.root) {
-			t.Errorf("OTEL_TRACES_SAMPLER=%q ARG=%q: %v, %v; want %s (ok %v)", c.name, c.arg, root, err, c.root, c.ok)
+		got, err := telemetry.SamplingFromEnv()
+		if (err == nil) != c.ok || got != c.want {
+			t.Errorf("OTEL_TRACES_SAMPLER=%q ARG=%q: %+v, %v; want %+v (ok %v)", c.name, c.arg, got, err, c.want, c.ok)
 		}
-	}
-}
-
-func TestEnvEnabled(t *testing.T) {
-	for _, c := range []struct {
-		env  map[string]string
-		want bool
-	}{
-		{map[string]string{}, false},
-		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}, true},
-		{map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4318/v1/traces"}, true},
-		{map[string]string{"OTEL_TRACES_EXPORTER": "otlp"}, true},
-		{map[string]string{"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x"}, false},
-		{map[string]string{"OTEL_SDK_DISABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x"}, false},
-	} {
-		for _, k := range []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_TRACES_EXPORTER", "OTEL_SDK_DISABLED"} {
-			t.Setenv(k, c.env[k])
-		}
-		if got := telemetry.EnvEnabled(); got != c.want {
-			t.Errorf("EnvEnabled with %v = %v", c.env, got)
+		if err != nil && !strings.Contains(err.Error(), "OTEL_TRACES_SAMPLER") {
+			t.Errorf("OTEL_TRACES_SAMPLER=%q ARG=%q: the error %q names no variable", c.name, c.arg, err)
 		}
 	}
 }
@@ -166,8 +127,8 @@ func TestEnvEnabled(t *testing.T) {
 // The HTTP middleware names a request's span after its route and continues the caller's trace.
 func TestHTTPHandler(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
-	p, err := telemetry.New(context.Background(), telemetry.WithExporter(exp), telemetry.WithSyncExport(),
-		telemetry.WithStepSampler(sdktrace.AlwaysSample()))
+	p, err := otlp.New(context.Background(), otlp.WithExporter(exp), otlp.WithSyncExport(),
+		otlp.WithStepSampler(sdktrace.AlwaysSample()))
 	if err != nil {
 		t.Fatal(err)
 	}

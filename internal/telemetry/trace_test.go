@@ -12,6 +12,7 @@ import (
 
 	"github.com/fanin-ml/fanin/internal/metrics"
 	"github.com/fanin-ml/fanin/internal/telemetry"
+	"github.com/fanin-ml/fanin/internal/telemetry/otlp"
 	"github.com/fanin-ml/fanin/internal/telemetry/traceshape"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/lab/devstack"
@@ -24,8 +25,8 @@ import (
 func TestOneTracePerStep(t *testing.T) {
 	ctx := context.Background()
 	exp := tracetest.NewInMemoryExporter()
-	p, err := telemetry.New(ctx, telemetry.WithService("fanin-test"), telemetry.WithExporter(exp), telemetry.WithSyncExport(),
-		telemetry.WithStepSampler(sdktrace.TraceIDRatioBased(0.5)))
+	p, err := otlp.New(ctx, otlp.WithService("fanin-test"), otlp.WithExporter(exp), otlp.WithSyncExport(),
+		otlp.WithStepSampler(sdktrace.TraceIDRatioBased(0.5)))
 	if err != nil {
 		t.Fatal(err)
 	}
