@@ -17,7 +17,7 @@ var floors = []struct {
 }{
 	{"contracts", []string{"wire", "functions", "job", "gateway/api"}},
 	{"foundations", []string{"internal/..."}},
-	{"parts", []string{"runtime", "autoscaler", "sdk"}},
+	{"parts", []string{"runtime", "autoscaler", "sdk", "sdk/prom"}},
 	{"fronts", []string{"gateway", "dashboard", "sim"}},
 	{"lab", []string{"lab/..."}},
 	{"programs", []string{"cmd/...", "e2e", "deploy/...", "sdk/libfanin", "sdk/python/...", "."}},

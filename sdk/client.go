@@ -30,7 +30,7 @@ type Client struct {
 	natsOpt []nats.Option
 	credJob string              // the job the connection's credentials are for; "" when not a job's
 	tracing *telemetry.Provider // nil: tracing off
-	met     *workerMetrics      // nil: metrics off (WithMetrics)
+	meter   Meter               // nil: metrics off (WithMeter)
 }
 
 // Option configures a Client.
@@ -42,7 +42,7 @@ func WithNATSOptions(opts ...nats.Option) Option {
 }
 
 // Connect dials the NATS server at url. Options: WithNATSOptions, WithJobCredentials,
-// WithCredentialsFile, WithTracerProvider, WithTracing, WithMetrics.
+// WithCredentialsFile, WithTracerProvider, WithTracing, WithMeter (prom.WithMetrics).
 func Connect(ctx context.Context, url string, opts ...Option) (*Client, error) {
 	c := &Client{ownConn: true, tracing: telemetry.Default()}
 	for _, o := range opts {

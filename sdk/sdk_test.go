@@ -21,6 +21,7 @@ import (
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/lab/testutil"
 	"github.com/fanin-ml/fanin/sdk"
+	"github.com/fanin-ml/fanin/sdk/prom"
 	"github.com/fanin-ml/fanin/wire"
 )
 
@@ -52,7 +53,7 @@ func TestStepReportsRejectionThenRetrySucceeds(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	c, err := sdk.Connect(ctx, st.URL, sdk.WithMetrics(reg))
+	c, err := sdk.Connect(ctx, st.URL, prom.WithMetrics(reg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,13 +101,13 @@ func TestStepReportsRejectionThenRetrySucceeds(t *testing.T) {
 		labels map[string]string
 		want   float64
 	}{
-		{sdk.WorkerSteps, map[string]string{"fanin_job": "nan", "rank": "0"}, 1},
-		{sdk.WorkerSteps, map[string]string{"fanin_job": "nan", "rank": "1"}, 1},
-		{sdk.WorkerStepErrors, map[string]string{"fanin_job": "nan", "rank": "1", "reason": "non_finite"}, 1},
-		{sdk.WorkerGradientBytes, map[string]string{"fanin_job": "nan", "rank": "1"}, 2 * grad}, // the bad one and its retry
-		{sdk.WorkerGradientBytes, map[string]string{"fanin_job": "nan", "rank": "0"}, grad},
-		{sdk.WorkerStepSeconds, map[string]string{"fanin_job": "nan", "rank": "1"}, 1}, // observations
-		{sdk.WorkerPublishSeconds, map[string]string{"fanin_job": "nan", "rank": "1"}, 2},
+		{prom.WorkerSteps, map[string]string{"fanin_job": "nan", "rank": "0"}, 1},
+		{prom.WorkerSteps, map[string]string{"fanin_job": "nan", "rank": "1"}, 1},
+		{prom.WorkerStepErrors, map[string]string{"fanin_job": "nan", "rank": "1", "reason": "non_finite"}, 1},
+		{prom.WorkerGradientBytes, map[string]string{"fanin_job": "nan", "rank": "1"}, 2 * grad}, // the bad one and its retry
+		{prom.WorkerGradientBytes, map[string]string{"fanin_job": "nan", "rank": "0"}, grad},
+		{prom.WorkerStepSeconds, map[string]string{"fanin_job": "nan", "rank": "1"}, 1}, // observations
+		{prom.WorkerPublishSeconds, map[string]string{"fanin_job": "nan", "rank": "1"}, 2},
 	} {
 		if got := gathered(t, reg, c.name, c.labels); got != c.want {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)

@@ -201,7 +201,7 @@ func (c *Client) workerRanks(ctx context.Context, id string, ranks []int, opts .
 		msgs:    make([]*nats.Msg, len(ranks)*n),
 		inbox:   wire.InboxPrefix(id) + "." + nuid.Next(), // rejections are sent only inside the job's reply namespace
 		rejects: make(chan *wire.Reject, 64),
-		met:     c.met.worker(id, ranks[0]),
+		met:     meterOf(c.meter, id, ranks[0]),
 	}
 	for _, o := range opts {
 		if err := o(w); err != nil {

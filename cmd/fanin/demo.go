@@ -16,6 +16,7 @@ import (
 	"github.com/fanin-ml/fanin/lab/demo"
 	"github.com/fanin-ml/fanin/lab/devstack"
 	"github.com/fanin-ml/fanin/sdk"
+	"github.com/fanin-ml/fanin/sdk/prom"
 )
 
 type demoConfig struct {
@@ -105,7 +106,7 @@ func runDemo(ctx context.Context, st *devstack.Stack, cfg demoConfig, out io.Wri
 	for r := range cfg.ranks {
 		g.Go(func() error {
 			// The workers' metrics join fanin's at the dev stack's /metrics (fanin_worker_*).
-			wc, err := sdk.Connect(gctx, st.URL, append(creds[:len(creds):len(creds)], sdk.WithMetrics(metrics.Default().Registry()))...)
+			wc, err := sdk.Connect(gctx, st.URL, append(creds[:len(creds):len(creds)], prom.WithMetrics(metrics.Default().Registry()))...)
 			if err != nil {
 				return err
 			}

@@ -12,7 +12,7 @@ import (
 	"testing"
 
 	"github.com/fanin-ml/fanin/internal/metrics"
-	"github.com/fanin-ml/fanin/sdk"
+	"github.com/fanin-ml/fanin/sdk/prom"
 )
 
 type panel struct {
@@ -78,7 +78,7 @@ func metricNames(expr string) []string {
 func exported() map[string]bool {
 	out := map[string]bool{"up": true}
 	all := metrics.Names()
-	maps.Copy(all, sdk.MetricNames())
+	maps.Copy(all, prom.MetricNames())
 	for name, typ := range all {
 		out[name] = true
 		if typ == "histogram" {

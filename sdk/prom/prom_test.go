@@ -1,4 +1,4 @@
-package sdk_test
+package prom_test
 
 import (
 	"testing"
@@ -8,10 +8,11 @@ import (
 
 	"github.com/fanin-ml/fanin/lab/testutil"
 	"github.com/fanin-ml/fanin/sdk"
+	"github.com/fanin-ml/fanin/sdk/prom"
 )
 
 // Clients may share a registry: the second finds the first's collectors. A name another kind of
-// metric already holds is an error.
+// metric already holds is an error, and so is no registry.
 func TestWithMetricsSharedRegistry(t *testing.T) {
 	nc, err := nats.Connect(testutil.NATS(t))
 	if err != nil {
@@ -20,13 +21,16 @@ func TestWithMetricsSharedRegistry(t *testing.T) {
 	defer nc.Close()
 	reg := prometheus.NewRegistry()
 	for i := range 2 {
-		if _, err := sdk.New(nc, sdk.WithMetrics(reg)); err != nil {
+		if _, err := sdk.New(nc, prom.WithMetrics(reg)); err != nil {
 			t.Fatalf("client %d with a shared registry: %v", i, err)
 		}
 	}
 	clash := prometheus.NewRegistry()
-	clash.MustRegister(prometheus.NewGauge(prometheus.GaugeOpts{Name: sdk.WorkerSteps, Help: "not the SDK's"}))
-	if _, err := sdk.New(nc, sdk.WithMetrics(clash)); err == nil {
+	clash.MustRegister(prometheus.NewGauge(prometheus.GaugeOpts{Name: prom.WorkerSteps, Help: "not the SDK's"}))
+	if _, err := sdk.New(nc, prom.WithMetrics(clash)); err == nil {
 		t.Fatal("WithMetrics over a clashing metric succeeded, want an error")
+	}
+	if _, err := sdk.New(nc, prom.WithMetrics(nil)); err == nil {
+		t.Fatal("WithMetrics(nil) succeeded, want an error")
 	}
 }

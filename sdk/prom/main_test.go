@@ -1,0 +1,9 @@
+package prom_test
+
+import (
+	"testing"
+
+	"github.com/fanin-ml/fanin/lab/testutil"
+)
+
+func TestMain(m *testing.M) { testutil.VerifyNoLeaks(m) }
