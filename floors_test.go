@@ -15,7 +15,7 @@ var floors = []struct {
 	name  string
 	paths []string
 }{
-	{"contracts", []string{"wire", "functions", "job", "gateway/api"}},
+	{"contracts", []string{"wire", "functions", "job", "job/jobyaml", "gateway/api"}},
 	{"foundations", []string{"internal/..."}},
 	{"parts", []string{"runtime", "autoscaler", "sdk", "sdk/prom"}},
 	{"fronts", []string{"gateway", "dashboard", "sim"}},

@@ -10,6 +10,7 @@ import (
 	"github.com/fanin-ml/fanin/gateway/api"
 	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/job/jobyaml"
 	"github.com/fanin-ml/fanin/wire"
 )
 
@@ -36,12 +37,12 @@ func (s *Server) createJob(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if n := minShards(&loose); n > job.MaxShards {
-		// Refused before job.Parse: validating builds the layout, shard by shard, and a spec of a
+		// Refused before jobyaml.Parse: validating builds the layout, shard by shard, and a spec of a
 		// hundred bytes would make the gateway allocate a gigabyte to learn it has too many.
 		s.reject(w, wire.ReasonInvalidSpec, fmt.Sprintf("invalid job spec: shard_size: gives at least %d shards, more than %d: use larger shards", n, job.MaxShards), recordAs)
 		return
 	}
-	spec, err := job.Parse(raw)
+	spec, err := jobyaml.Parse(raw)
 	if err != nil {
 		s.reject(w, specReason(&loose, err), err.Error(), recordAs)
 		return

@@ -13,7 +13,7 @@ import (
 
 	"github.com/fanin-ml/fanin/gateway/api"
 	"github.com/fanin-ml/fanin/internal/store"
-	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/job/jobyaml"
 	"github.com/fanin-ml/fanin/wire"
 )
 
@@ -127,7 +127,7 @@ var (
 // body that is neither JSON nor YAML is rejected with reason bad.
 //
 // It returns the body converted to JSON (YAML's block style included); readRawBody also returns
-// the body as sent, for parsers stricter than the conversion (job.Parse).
+// the body as sent, for parsers stricter than the conversion (jobyaml.Parse).
 func readBody(w http.ResponseWriter, r *http.Request, types []string, bad wire.Reason) ([]byte, wire.Reason, string) {
 	_, js, reason, detail := readRawBody(w, r, types, bad)
 	return js, reason, detail
@@ -165,7 +165,7 @@ func readRawBody(w http.ResponseWriter, r *http.Request, types []string, bad wir
 }
 
 // readJSONRequest reads a JSON request body (readRawBody) and decodes it into v as strictly as a
-// job spec (job.DecodeStrict: no unknown field, no key given twice). When it cannot, it rejects
+// job spec (jobyaml.DecodeStrict: no unknown field, no key given twice). When it cannot, it rejects
 // the request, recorded under jobID, with the detail "what: error" followed by hint, and returns
 // false.
 func (s *Server) readJSONRequest(w http.ResponseWriter, r *http.Request, v any, jobID, what, hint string) bool {
@@ -174,7 +174,7 @@ func (s *Server) readJSONRequest(w http.ResponseWriter, r *http.Request, v any, 
 		s.reject(w, reason, detail, jobID)
 		return false
 	}
-	if err := job.DecodeStrict(body, v); err != nil {
+	if err := jobyaml.DecodeStrict(body, v); err != nil {
 		s.reject(w, wire.ReasonBadParameter, what+": "+err.Error()+hint, jobID)
 		return false
 	}

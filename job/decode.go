@@ -7,52 +7,54 @@ import (
 	"fmt"
 	"io"
 	"math"
-
-	yaml3 "go.yaml.in/yaml/v3"
-	"sigs.k8s.io/yaml"
 )
 
 // MaxInitScale bounds init.scale: uniform values lie within ±scale and normal ones within about
 // ±8.6 scale (the largest Box-Muller deviate of 53-bit uniforms), and all must be finite float32.
 const MaxInitScale = math.MaxFloat32 / 9
 
-// DecodeStrict decodes one JSON or YAML document into v as strictly as Parse decodes a spec: no
-// key given twice in one object, no unknown field, nothing after the document. The gateway decodes
-// every request body with it.
-func DecodeStrict(data []byte, v any) error {
-	js, err := toJSON(data)
-	if err != nil {
-		return err
+// ParseJSON decodes a spec from JSON, rejecting unknown fields, then normalizes and validates it.
+//
+// It is strict: one JSON object only (no trailing data), no key given twice in one object
+// (encoding/json would silently keep the last), no unknown field. Package job/jobyaml parses a
+// spec written in JSON or YAML (the gateway takes both) and keeps the YAML parser out of this
+// package, which every worker links.
+func ParseJSON(data []byte) (*Spec, error) {
+	var s Spec
+	if err := DecodeStrictJSON(data, &s); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidSpec, err)
 	}
-	dec := json.NewDecoder(bytes.NewReader(js))
-	dec.DisallowUnknownFields()
-	return dec.Decode(v)
+	s.Normalize()
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	return &s, nil
 }
 
-// toJSON turns a spec in JSON or YAML into JSON, refusing what a lenient decoder would accept
-// silently: an empty document, data after the first document, and keys given twice.
-func toJSON(data []byte) ([]byte, error) {
+// DecodeStrictJSON decodes one JSON value, an object, into v as strictly as ParseJSON decodes a
+// spec: no key given twice in one object, no unknown field, nothing after the value.
+func DecodeStrictJSON(data []byte, v any) error {
 	trimmed := bytes.TrimSpace(data)
 	if len(trimmed) == 0 {
-		return nil, errors.New("the spec is empty: send a job spec in JSON or YAML")
+		return errors.New("the document is empty: send one JSON object")
 	}
 	if trimmed[0] == '{' {
-		return trimmed, checkJSON(trimmed)
+		if err := checkJSON(trimmed); err != nil {
+			return err
+		}
 	}
-	dec := yaml3.NewDecoder(bytes.NewReader(data))
-	var doc yaml3.Node
-	if err := dec.Decode(&doc); err != nil {
-		return nil, fmt.Errorf("not JSON or YAML: %v", err)
+	dec := json.NewDecoder(bytes.NewReader(trimmed))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		if _, ok := errors.AsType[*json.SyntaxError](err); ok {
+			return fmt.Errorf("not JSON: %v", err)
+		}
+		return err
 	}
-	var next yaml3.Node
-	if err := dec.Decode(&next); !errors.Is(err, io.EOF) {
-		return nil, errors.New("trailing data after the spec: one YAML document only")
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return errors.New("trailing data after the document: one JSON value only")
 	}
-	js, err := yaml.YAMLToJSONStrict(data) // strict: a mapping key given twice is an error
-	if err != nil {
-		return nil, fmt.Errorf("not JSON or YAML: %v", err)
-	}
-	return js, nil
+	return nil
 }
 
 // checkJSON refuses a JSON document with a key given twice in one object, or anything after it.

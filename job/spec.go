@@ -133,22 +133,6 @@ func (e *SpecError) Error() string {
 }
 func (e *SpecError) Unwrap() error { return ErrInvalidSpec }
 
-// Parse decodes a spec from JSON or YAML, rejecting unknown fields, then normalizes and validates it.
-//
-// It is strict: one document only (no trailing data, no second YAML document), no key given twice
-// (JSON and YAML would silently keep the last), no unknown field.
-func Parse(data []byte) (*Spec, error) {
-	var s Spec
-	if err := DecodeStrict(data, &s); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidSpec, err)
-	}
-	s.Normalize()
-	if err := s.Validate(); err != nil {
-		return nil, err
-	}
-	return &s, nil
-}
-
 // Normalize fills defaults in place.
 func (s *Spec) Normalize() {
 	if s.Sync == "" {

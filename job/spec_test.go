@@ -79,16 +79,9 @@ func TestValidateSpecificErrors(t *testing.T) {
 	}
 }
 
-func TestParseYAMLAndUnits(t *testing.T) {
-	s, err := Parse([]byte(`
-id: mlp
-tensors:
-  - {name: w, shape: [784, 128]}
-ranks: 4
-function: {name: adam, hyper: {lr: 0.001}}
-shard_size: 256KiB
-storage: file
-`))
+func TestParseJSONAndUnits(t *testing.T) {
+	s, err := ParseJSON([]byte(`{"id":"mlp","tensors":[{"name":"w","shape":[784,128]}],"ranks":4,
+		"function":{"name":"adam","hyper":{"lr":0.001}},"shard_size":"256KiB","storage":"file"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +92,7 @@ storage: file
 		priority string
 		class    int
 	}{{"high", 1}, {"normal", 0}, {"low", -1}} {
-		s, err := Parse([]byte(`{"id":"x","tensors":[{"name":"w","shape":[4]}],"ranks":1,"function":{"name":"sum"},"priority":"` + c.priority + `"}`))
+		s, err := ParseJSON([]byte(`{"id":"x","tensors":[{"name":"w","shape":[4]}],"ranks":1,"function":{"name":"sum"},"priority":"` + c.priority + `"}`))
 		if err != nil || s.Priority != c.priority || s.PriorityClass() != c.class {
 			t.Fatalf("priority %s: got %+v, %v", c.priority, s, err)
 		}
@@ -111,7 +104,7 @@ storage: file
 		field string // the param_dtype key, or "" for none
 		want  wire.Dtype
 	}{{"", wire.F32}, {`,"param_dtype":"f32"`, wire.F32}, {`,"param_dtype":"bf16"`, wire.BF16}} {
-		s, err := Parse([]byte(`{"id":"x","tensors":[{"name":"w","shape":[4]}],"ranks":1,"function":{"name":"sum"}` + c.field + `}`))
+		s, err := ParseJSON([]byte(`{"id":"x","tensors":[{"name":"w","shape":[4]}],"ranks":1,"function":{"name":"sum"}` + c.field + `}`))
 		if err != nil || s.ParamsDtype() != c.want {
 			t.Fatalf("param_dtype %q: got %+v, %v", c.field, s, err)
 		}
@@ -121,10 +114,10 @@ storage: file
 			t.Fatalf("an f32 spec's JSON names param_dtype: %s", js)
 		}
 	}
-	if _, err := Parse([]byte(`{"id":"x","tensors":[{"name":"w","shape":[4]}],"ranks":1,"function":{"name":"sum"},"colour":"red"}`)); err == nil || !strings.Contains(err.Error(), "colour") {
+	if _, err := ParseJSON([]byte(`{"id":"x","tensors":[{"name":"w","shape":[4]}],"ranks":1,"function":{"name":"sum"},"colour":"red"}`)); err == nil || !strings.Contains(err.Error(), "colour") {
 		t.Fatalf("unknown field: got %v", err)
 	}
-	if _, err := Parse([]byte(`{"id":"x","shard_size":"lots"}`)); err == nil || !strings.Contains(err.Error(), "shard_size") {
+	if _, err := ParseJSON([]byte(`{"id":"x","shard_size":"lots"}`)); err == nil || !strings.Contains(err.Error(), "shard_size") {
 		t.Fatalf("bad size: got %v", err)
 	}
 }
@@ -267,35 +260,34 @@ func TestValidateManyShardsCheaply(t *testing.T) {
 	}
 }
 
-// Parse refuses what a lenient decoder would accept silently, each with a specific error.
-func TestParseStrict(t *testing.T) {
+// ParseJSON refuses what a lenient decoder would accept silently, each with a specific error.
+func TestParseJSONStrict(t *testing.T) {
 	const base = `{"id":"a","tensors":[{"name":"w","shape":[4]}],"ranks":1,"function":{"name":"sgd","hyper":{"lr":0.1}}}`
-	const yamlBase = "id: a\ntensors: [{name: w, shape: [4]}]\nranks: 1\nfunction: {name: sgd, hyper: {lr: 0.1}}\n"
-	if _, err := Parse([]byte(base)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := Parse([]byte(yamlBase)); err != nil {
+	if _, err := ParseJSON([]byte(base)); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct{ name, spec, want string }{
-		{"empty", "  \n", "the spec is empty"},
+		{"empty", "  \n", "the document is empty"},
+		{"YAML", "id: a\ntensors: [{name: w, shape: [4]}]\nranks: 1\nfunction: {name: sgd, hyper: {lr: 0.1}}\n", "not JSON"},
+		{"a JSON list", "[" + base + "]", "cannot unmarshal array"},
+		{"a JSON list then garbage", "[" + base + "] x", "cannot unmarshal array"},
+		{"a JSON string then more", `"a" "b"`, "cannot unmarshal string"},
+		{"null then more", "null 1", "trailing data"},
 		{"JSON then another object", base + ` {"id":"b"}`, "trailing data"},
 		{"JSON then garbage", base + "garbage", "trailing data"},
 		{"JSON then a YAML document", base + "\n---\nid: b\n", "trailing data"},
-		{"two YAML documents", yamlBase + "---\nid: b\n", "one YAML document only"},
 		{"duplicate JSON key", `{"id":"a","id":"b","tensors":[{"name":"w","shape":[4]}],"ranks":1,"function":{"name":"sgd","hyper":{"lr":0.1}}}`, `"id" is given twice`},
 		{"duplicate nested JSON key", `{"id":"a","tensors":[{"name":"w","shape":[4],"name":"v"}],"ranks":1,"function":{"name":"sgd","hyper":{"lr":0.1}}}`, `"name" is given twice`},
-		{"duplicate YAML key", "id: a\nid: b\n" + yamlBase[6:], `key "id" already set`},
 		{"overflowing hyper-parameter", `{"id":"a","tensors":[{"name":"w","shape":[4]}],"ranks":1,"function":{"name":"sgd","hyper":{"lr":1e300}}}`, "(float32)"},
 		{"initial parameters overflow", `{"id":"a","tensors":[{"name":"w","shape":[4]}],"ranks":1,"function":{"name":"sgd","hyper":{"lr":0.1}},"init":{"kind":"normal","scale":1e39}}`, "init.scale"},
 	} {
-		_, err := Parse([]byte(c.spec))
+		_, err := ParseJSON([]byte(c.spec))
 		if err == nil || !errors.Is(err, ErrInvalidSpec) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want an invalid spec error containing %q", c.name, err, c.want)
 		}
 	}
 	// The largest scale allowed gives finite initial parameters.
-	s, err := Parse([]byte(`{"id":"a","tensors":[{"name":"w","shape":[4096]}],"ranks":1,"function":{"name":"sgd","hyper":{"lr":0.1}},"init":{"kind":"normal","scale":3.78e37}}`))
+	s, err := ParseJSON([]byte(`{"id":"a","tensors":[{"name":"w","shape":[4096]}],"ranks":1,"function":{"name":"sgd","hyper":{"lr":0.1}},"init":{"kind":"normal","scale":3.78e37}}`))
 	if err != nil {
 		t.Fatal(err)
 	}

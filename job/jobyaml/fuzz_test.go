@@ -1,4 +1,4 @@
-package job
+package jobyaml_test
 
 import (
 	"encoding/json"
@@ -7,13 +7,16 @@ import (
 	"testing"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/job/jobyaml"
 )
 
 // FuzzParse feeds the spec parser arbitrary bytes (JSON, YAML, or neither). Nothing panics; a
 // refusal wraps ErrInvalidSpec; an accepted spec validates, its layout covers every element once
 // in contiguous shards no larger than shard_size, and it survives a round trip through JSON.
 //
-//	go test -run '^$' -fuzz FuzzParse -fuzztime 30s ./job
+//	go test -run '^$' -fuzz FuzzParse -fuzztime 30s ./job/jobyaml
 func FuzzParse(f *testing.F) {
 	for _, seed := range []string{
 		"id: tiny\ntensors: [{name: w, shape: [4]}]\nranks: 2\nfunction: {name: sgd, hyper: {lr: 0.5}}\nshard_size: 4KiB\n",
@@ -38,10 +41,10 @@ func FuzzParse(f *testing.F) {
 		if len(data) > 64<<10 || hugeLayout(data) {
 			t.Skip() // see hugeLayout
 		}
-		s, err := Parse(data)
+		s, err := jobyaml.Parse(data)
 		if err != nil {
-			if !errors.Is(err, ErrInvalidSpec) {
-				t.Fatalf("error %v does not wrap ErrInvalidSpec", err)
+			if !errors.Is(err, job.ErrInvalidSpec) {
+				t.Fatalf("error %v does not wrap job.ErrInvalidSpec", err)
 			}
 			return
 		}
@@ -70,7 +73,7 @@ func FuzzParse(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		again, err := Parse(js)
+		again, err := jobyaml.Parse(js)
 		if err != nil {
 			t.Fatalf("round trip of %s: %v", js, err)
 		}
@@ -84,20 +87,20 @@ func FuzzParse(f *testing.F) {
 // builds the layout before it counts the shards, so such a spec costs seconds and a gigabyte each
 // (the gateway refuses them before parsing; see gateway.minShards).
 func hugeLayout(data []byte) bool {
-	var s Spec
+	var s job.Spec
 	js, err := yaml.YAMLToJSON(data)
 	if err != nil || json.Unmarshal(js, &s) != nil {
 		return false
 	}
 	target := int64(s.ShardSize) / 4
 	if target <= 0 {
-		target = DefaultShardSize / 4
+		target = job.DefaultShardSize / 4
 	}
 	var n int64
 	for _, t := range s.Tensors {
 		e := int64(1)
 		for _, d := range t.Shape {
-			if d < 1 || e > MaxElements/int64(d) {
+			if d < 1 || e > job.MaxElements/int64(d) {
 				e = 0
 				break
 			}
@@ -108,7 +111,7 @@ func hugeLayout(data []byte) bool {
 	return n > 1<<16
 }
 
-func normalHyper(s *Spec) *Spec {
+func normalHyper(s *job.Spec) *job.Spec {
 	c := *s
 	if len(c.Function.Hyper) == 0 {
 		c.Function.Hyper = nil
