@@ -20,7 +20,7 @@ var floors = []struct {
 	{"parts", []string{"runtime", "autoscaler", "sdk", "sdk/prom"}},
 	{"fronts", []string{"gateway", "dashboard", "sim"}},
 	{"lab", []string{"lab/..."}},
-	{"programs", []string{"cmd/...", "e2e", "deploy/...", "sdk/libfanin", "sdk/python/...", "."}},
+	{"programs", []string{"cmd/...", "e2e", "deploy/...", "examples/...", "sdk/libfanin", "sdk/python/...", "."}},
 }
 
 // floorOf returns the floor of a package path relative to the module ("." for its root), or -1.

@@ -1,6 +1,15 @@
 // Package sdk is the Go client of fanin: workers publish gradients and receive parameters over NATS;
 // operators create and delete jobs through the gateway's HTTP API.
 //
+// # Tracing and metrics
+//
+// The SDK links the OpenTelemetry API and no exporter, and no metrics library, so that a worker is
+// about nats.go's size (docs/BENCHMARKS.md, "Binary sizes"). A program traces its workers with a
+// tracer provider it sets up itself and passes to Connect (WithTracerProvider: the OpenTelemetry
+// SDK with an OTLP exporter, say, or otel.GetTracerProvider() after otel.SetTracerProvider), and
+// exports their metrics with package sdk/prom (prom.WithMetrics) or a Meter of its own
+// (WithMeter).
+//
 // # Parameters and their dtype
 //
 // A worker's parameters are always a []float32 (Step, StepRanks, Params, WithParamsBuffer). On the

@@ -20,8 +20,8 @@ import (
 //
 // The SDK links the OpenTelemetry API only: the program sets up tp, with the exporter it wants
 // (go.opentelemetry.io/otel/sdk/trace and an OTLP exporter, say), or passes the global one,
-// otel.GetTracerProvider(), once it has called otel.SetTracerProvider. Without this option (or
-// WithTracing) a worker traces nothing.
+// otel.GetTracerProvider(), once it has called otel.SetTracerProvider. Without this option a
+// worker traces nothing, except in fanin's own processes (WithTracing).
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(c *Client) error {
 		if tp == nil {
