@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"errors"
 	"math"
 	"os"
 	"path/filepath"
@@ -119,17 +120,26 @@ func TestRunUnknownScenario(t *testing.T) {
 	}
 }
 
+// Without redis-server, or in a binary built without -tags redis, e2e-redis is skipped, and the
+// report says why and how to run it.
 func TestRedisMissingIsSkipped(t *testing.T) {
 	res, err := Run(context.Background(), Config{Quick: true, Only: []string{"e2e-redis"}, Redis: "/nonexistent/redis-server"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res) != 1 || res[0].Skipped == "" || !strings.Contains(res[0].Skipped, "/nonexistent/redis-server") {
-		t.Fatalf("results %+v, want one skipped e2e-redis naming the binary", res)
+	want := "/nonexistent/redis-server" // the binary
+	if !RedisBuiltIn {
+		want = "go run -tags redis ./cmd/fanin bench --only e2e-redis"
+	}
+	if len(res) != 1 || res[0].Skipped == "" || !strings.Contains(res[0].Skipped, want) {
+		t.Fatalf("results %+v, want one skipped e2e-redis saying %q", res, want)
 	}
 	md := Markdown(res, "cmd", "env")
-	if !strings.Contains(md, "skipped") {
-		t.Errorf("Markdown does not say the scenario was skipped:\n%s", md)
+	if !strings.Contains(md, "skipped") || !strings.Contains(md, want) {
+		t.Errorf("Markdown does not say the scenario was skipped, and why (%q):\n%s", want, md)
+	}
+	if env := Environment(Config{}); RedisBuiltIn == strings.Contains(env, "-tags redis") {
+		t.Errorf("with the Redis baseline built in %v, the environment says:\n%s", RedisBuiltIn, env)
 	}
 }
 
@@ -288,7 +298,7 @@ func benchSystem(b *testing.B, start starter, w workload) {
 	defer cancel()
 	sys, err := start(ctx, rs, w, dir)
 	if err != nil {
-		if strings.Contains(err.Error(), "redis-server is not in PATH") {
+		if strings.Contains(err.Error(), "redis-server is not in PATH") || errors.Is(err, ErrRedisNotBuilt) {
 			b.Skip(err)
 		}
 		b.Fatal(err)

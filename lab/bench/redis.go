@@ -1,3 +1,5 @@
+//go:build redis
+
 package bench
 
 import (
@@ -17,6 +19,10 @@ import (
 	"github.com/fanin-ml/fanin/functions"
 	"github.com/fanin-ml/fanin/job"
 )
+
+// RedisBuiltIn reports whether the Redis baseline (e2e-redis) is built into this binary: it is
+// with -tags redis, so that the fanin binary links no Redis client (redisbin.go).
+const RedisBuiltIn = true
 
 // The Redis baseline exchanges shards through keys, as serverless training systems do with a
 // managed Redis: every rank SETs its gradient shards, one aggregator GETs them in rank order
@@ -39,21 +45,6 @@ const (
 	pollMin = 50 * time.Microsecond
 	pollMax = time.Millisecond
 )
-
-// findRedis returns the redis-server binary to use, or an error saying why there is none.
-func findRedis(cfg Config) (string, error) {
-	if cfg.Redis != "" {
-		if _, err := os.Stat(cfg.Redis); err != nil {
-			return "", fmt.Errorf("redis-server %s: %w", cfg.Redis, err)
-		}
-		return cfg.Redis, nil
-	}
-	p, err := exec.LookPath("redis-server")
-	if err != nil {
-		return "", errors.New("redis-server is not in PATH (Debian: apt-get install redis-server)")
-	}
-	return p, nil
-}
 
 // redisServer is a redis-server child process on a loopback port, without persistence.
 type redisServer struct {
@@ -102,13 +93,6 @@ func startRedisServer(ctx context.Context, bin, dir string) (*redisServer, error
 			return nil, fmt.Errorf("redis-server on %s did not answer PING in 10s: %v", s.addr, err)
 		}
 	}
-}
-
-func tail(b []byte, n int) string {
-	if len(b) > n {
-		b = b[len(b)-n:]
-	}
-	return string(b)
 }
 
 // stop terminates the server and waits for it.

@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	_ "embed"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -295,6 +296,8 @@ func Environment(cfg Config) string {
 	if bin, err := findRedis(cfg); err == nil {
 		out, _ := exec.Command(bin, "--version").Output()
 		fmt.Fprintf(&b, "- %s\n", strings.TrimSpace(string(out)))
+	} else if errors.Is(err, ErrRedisNotBuilt) {
+		fmt.Fprintf(&b, "- no Redis baseline: %v\n", err)
 	} else {
 		fmt.Fprintf(&b, "- no redis-server: %v\n", err)
 	}

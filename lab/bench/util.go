@@ -107,3 +107,11 @@ func (t *tripwire) failed() error {
 		return nil
 	}
 }
+
+// tail is the last n bytes of b, for an error that quotes a process's output.
+func tail(b []byte, n int) string {
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
