@@ -25,6 +25,7 @@ import (
 // with its specific reason, reported to the sender's Fanin-Reply-To, counted, and the job's
 // parameters still equal the reference byte for byte.
 func TestBadInputRejected(t *testing.T) {
+	t.Parallel()
 	st := testutil.Stack(t, 2)
 	ctx := context.Background()
 	rec, err := st.Gateway.CreateJob(ctx, testSpec("bad", "sgd", map[string]float64{"lr": 0.1}))

@@ -14,6 +14,7 @@ import (
 // The cores are one pool shared by all the runtime's work: any class takes any free core without
 // waiting, up to the number of cores.
 func TestCPUPoolIsShared(t *testing.T) {
+	t.Parallel()
 	p := newCPUPool(3)
 	for _, cls := range []int{-1, 0, 1} { // three shards of three classes: none waits
 		p.acquire(cls)
@@ -38,6 +39,7 @@ func TestCPUPoolIsShared(t *testing.T) {
 // class: with the one core held, work queues as low1, normal1, high1, low2, high2, normal2 and runs
 // as high1, high2, normal1, normal2, low1, low2.
 func TestCPUPoolOrdersByClassThenArrival(t *testing.T) {
+	t.Parallel()
 	p := newCPUPool(1)
 	p.acquire(0)
 	var mu sync.Mutex
@@ -72,6 +74,7 @@ func TestCPUPoolOrdersByClassThenArrival(t *testing.T) {
 
 // Waiting reuses its waiters: in the steady state a contended acquire allocates nothing.
 func TestCPUPoolWaitsWithoutAllocating(t *testing.T) {
+	t.Parallel()
 	p := newCPUPool(1)
 	handoff := func() {
 		p.acquire(0)
@@ -103,6 +106,7 @@ func waitQueued(t *testing.T, p *cpuPool, n int) {
 // A shard's work takes its cores at its job's class, read from the job record the runtime holds:
 // with the one core busy, a low job's shard that asked first runs after a high job's.
 func TestShardTakesCoresAtItsJobsPriority(t *testing.T) {
+	t.Parallel()
 	log := slog.New(slog.DiscardHandler)
 	r := &Runtime{cpu: newCPUPool(1), log: log, rejects: newRejectLog(log, time.Now)}
 	execOf := func(id, priority string) *shardExec {
@@ -143,6 +147,7 @@ func TestShardTakesCoresAtItsJobsPriority(t *testing.T) {
 // A wait queue that never empties (waiters always behind the one served) keeps its array bounded
 // by the waiters it holds, not by how many have ever waited.
 func TestWaitQueueStaysBounded(t *testing.T) {
+	t.Parallel()
 	var q waitQueue
 	ws := []*cpuWaiter{{}, {}, {}}
 	for _, w := range ws[:2] {
@@ -165,6 +170,7 @@ func TestWaitQueueStaysBounded(t *testing.T) {
 // Higher classes go first, but a lower class does not starve: work that has seen maxBypass cores
 // go to higher-class work since it began to wait takes the next core.
 func TestCPUPoolLowerClassesDoNotStarve(t *testing.T) {
+	t.Parallel()
 	p := newCPUPool(1)
 	p.acquire(0) // the one core is held
 	queue := func(cls int) *cpuWaiter {

@@ -21,6 +21,7 @@ import (
 // step, the reference fed each rank's gradient rounded to its dtype (wire.Round), for an unweighted
 // function (sgd: CopyLE16/AddLE16) and a weighted one (fedavg: ScaleLE16/AxpyLE16).
 func TestSixteenBitGradientsBitExact(t *testing.T) {
+	t.Parallel()
 	st := testutil.Stack(t, 2)
 	ctx := context.Background()
 	_, js := testutil.Connect(t, st.URL)
@@ -91,6 +92,7 @@ func TestSixteenBitGradientsBitExact(t *testing.T) {
 // it when the step opens; an asp job applies bf16 and f16 gradients one by one. Both end byte for
 // byte at the reference fed the rounded gradients.
 func TestSixteenBitSSPHeldAndASP(t *testing.T) {
+	t.Parallel()
 	st := testutil.Stack(t, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

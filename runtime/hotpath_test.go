@@ -23,7 +23,8 @@ func (m *fakeMsg) Data() []byte         { return m.data }
 func (m *fakeMsg) Headers() nats.Header { return m.hdr }
 
 // The per-message path (parse headers, check, fold into the running sum, buffer an early rank)
-// allocates nothing. Applying and publishing, once per step, are not part of it.
+// allocates nothing. Applying and publishing, once per step, are not part of it. Not parallel:
+// testing.AllocsPerRun counts the whole process's allocations (and panics beside a parallel test).
 func TestHandleDoesNotAllocate(t *testing.T) {
 	spec := job.Spec{ID: "j", Tensors: []job.Tensor{{Name: "w", Shape: []int{4096}}}, Ranks: 8,
 		Function: job.Function{Name: "adam"}, ShardSize: 16 << 10}
@@ -60,7 +61,8 @@ func TestHandleDoesNotAllocate(t *testing.T) {
 }
 
 // The same for an ssp job (s = 2): gradients of the next step fold, those of the two steps
-// beyond it are held (admission, version check and hold allocate nothing either).
+// beyond it are held (admission, version check and hold allocate nothing either). Not parallel,
+// as above.
 func TestHandleDoesNotAllocateSSP(t *testing.T) {
 	spec := job.Spec{ID: "j", Tensors: []job.Tensor{{Name: "w", Shape: []int{4096}}}, Ranks: 8,
 		Function: job.Function{Name: "adam"}, ShardSize: 16 << 10, Sync: "ssp", Staleness: 2}

@@ -17,7 +17,8 @@ import (
 // another function and layout, over and over, with a gateway that does not wait for the runtime to
 // let the deleted job go (as when the drain times out on a loaded node): every incarnation must be
 // served with its own spec and streams, bit-exact to its own reference from its first step, and
-// nothing of the incarnation before it (its executor, its pending purges) may touch it.
+// nothing of the incarnation before it (its executor, its pending purges) may touch it. Not
+// parallel: it burns every core (burnCPU).
 func TestRecreatedJobIsServedAsItself(t *testing.T) {
 	st, err := devstack.Start(context.Background(), devstack.Config{
 		DataDir: t.TempDir(), NATSPort: -1, HTTPAddr: "127.0.0.1:0", Runtimes: 1, Logger: testutil.Logger(),

@@ -49,6 +49,7 @@ func invocations(st *devstack.Stack) int64 {
 // a new id (the runtime refuses them): the parameters equal the reference byte for byte at every
 // step, and the runtimes applied exactly steps x shards updates.
 func TestShuffledResentBitExact(t *testing.T) {
+	t.Parallel()
 	st := testutil.Stack(t, 3)
 	ctx := context.Background()
 	_, js := testutil.Connect(t, st.URL)
@@ -198,6 +199,7 @@ func trainWithWorkers(t *testing.T, workers []*sdk.Worker, ref *functions.Refere
 // TestLateWorkerGetsCurrentParams: four SDK workers train 20 steps; rank 3's worker leaves and a new
 // one joins: it fetches the step-20 parameters, and training continues bit-exact to step 30.
 func TestLateWorkerGetsCurrentParams(t *testing.T) {
+	t.Parallel()
 	st := testutil.Stack(t, 3)
 	ctx := context.Background()
 	rec, err := st.Gateway.CreateJob(ctx, testSpec("late", "adam", map[string]float64{"lr": 0.01}))
@@ -257,6 +259,7 @@ func TestLateWorkerGetsCurrentParams(t *testing.T) {
 // parameters are byte-identical to the reference's, as on 4 fixed workers (who publishes which
 // rank changes nothing), and the runtimes applied exactly one update per shard and step.
 func TestLogicalRanksOverChangingWorkers(t *testing.T) {
+	t.Parallel()
 	st := testutil.Stack(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -23,6 +23,7 @@ import (
 // lastFromLeader reads what a direct get reads: subject, sequence, headers and payload, and
 // ErrMsgNotFound for a subject without messages.
 func TestRestoreReadsSnapshotsFromTheLeader(t *testing.T) {
+	t.Parallel()
 	h := newShardHarness(t)
 	ctx, js, nc := h.ctx, h.js, h.nc
 	spec := job.Spec{ID: "leader", Tensors: []job.Tensor{{Name: "w", Shape: []int{1000}}}, Ranks: 2,

@@ -19,7 +19,7 @@ import (
 // A gradient the stream holds but the shard's consumer never delivered (lost on its way as the
 // stream's leader died; the consumer's state on the servers moved past it, and no later message
 // shows a gap) is noticed by the idle check and fetched again: the step is applied, bit-exact,
-// without a restart.
+// without a restart. Not parallel: SetConsumerFaults changes every runtime in the process.
 func TestShardNoticesALostGradient(t *testing.T) {
 	var armed atomic.Bool
 	var lost atomic.Int32

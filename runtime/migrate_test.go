@@ -107,8 +107,9 @@ func placeableStack(tb testing.TB) (*devstack.Stack, jetstream.JetStream, placer
 // random moments inside steps. Every step's parameters equal the reference byte for byte, the
 // runtimes together apply exactly steps x shards updates, and every move is a measured handover.
 func TestMigrationsDuringTraining(t *testing.T) {
+	t.Parallel()
 	for _, fn := range []string{"sgd", "adam"} {
-		t.Run(fn, func(t *testing.T) { testMigrations(t, fn) })
+		t.Run(fn, func(t *testing.T) { t.Parallel(); testMigrations(t, fn) }) // a stack each
 	}
 }
 
@@ -266,6 +267,7 @@ func benchMigration(b *testing.B, fn string) {
 // runtime that fell behind saw only the newest entry, never started the shard placed on it, and so
 // never released it (about one run in five stalled).
 func TestRapidMovesKeepTheChain(t *testing.T) {
+	t.Parallel()
 	spec := testSpec("chain", "adam", map[string]float64{"lr": 0.01})
 	spec.Ranks = 2
 	spec.Tensors = []job.Tensor{{Name: "w", Shape: []int{1 << 14}}}
@@ -295,6 +297,7 @@ func TestRapidMovesKeepTheChain(t *testing.T) {
 // served the shard (here it restarts under the same id after the shard was placed on it and moved
 // on), writes the handover its successor waits for instead of leaving it waiting forever.
 func TestUnservedPlacementIsReleased(t *testing.T) {
+	t.Parallel()
 	spec := testSpec("unserved", "adam", map[string]float64{"lr": 0.01})
 	spec.Ranks = 2
 	spec.Tensors = []job.Tensor{{Name: "w", Shape: []int{1 << 12}}}
@@ -361,6 +364,7 @@ func TestUnservedPlacementIsReleased(t *testing.T) {
 // TestFailedStartIsRetried: a shard placed on a runtime that cannot start it yet (here its job's
 // streams do not exist for a moment) is started once it can, without another placement change.
 func TestFailedStartIsRetried(t *testing.T) {
+	t.Parallel()
 	st, err := devstack.Start(context.Background(), devstack.Config{
 		DataDir: t.TempDir(), NATSPort: -1, Runtimes: 1, NoAutoscaler: true, Logger: testutil.Logger(),
 	})

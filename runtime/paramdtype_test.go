@@ -29,9 +29,10 @@ import (
 // no final checkpoint, no handover) and restarts in the middle of a step: the f32 master
 // parameters go on exactly, so no gradient was lost or applied twice.
 func TestBF16ParamsBitExact(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"bsp", "ssp", "asp"} {
 		for _, fn := range []string{"sgd", "adam"} {
-			t.Run(mode+"/"+fn, func(t *testing.T) { testBF16Params(t, mode, fn) })
+			t.Run(mode+"/"+fn, func(t *testing.T) { t.Parallel(); testBF16Params(t, mode, fn) }) // a stack each
 		}
 	}
 }
@@ -384,8 +385,10 @@ func (c *crashableRuntime) crash() {
 // one rank checkpoints every 3 steps) left parameters newer than step 0 and no checkpoint, and
 // the shard could never be restored.
 func TestUploadedStepZeroIsCheckpointed(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct{ fn, dtype string }{{"adam", wire.DtypeF32}, {"sgd", wire.DtypeBF16}} {
 		t.Run(c.fn+"-"+c.dtype, func(t *testing.T) {
+			t.Parallel() // a stack each
 			x := newBF16Run(t, job.Spec{
 				ID: "up-" + c.fn + "-" + c.dtype, Ranks: 1, ParamDtype: c.dtype,
 				Tensors:  []job.Tensor{{Name: "w", Shape: []int{1500}}},

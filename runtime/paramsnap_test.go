@@ -21,6 +21,7 @@ import (
 // acknowledgements one by one, in order, checking after each what the purger was asked to do
 // against the snapshots acknowledged so far.
 func TestPurgeOnlyBehindSnapshots(t *testing.T) {
+	t.Parallel()
 	h := newShardHarness(t)
 	ctx, js := h.ctx, h.js
 	for _, c := range []struct{ fn, dtype string }{{"sgd", "f32"}, {"sgd", "bf16"}, {"adam", "bf16"}} {
@@ -99,6 +100,7 @@ func TestPurgeOnlyBehindSnapshots(t *testing.T) {
 // parameters message is never taken as a snapshot, and a stateful function still needs its
 // checkpoint.
 func TestRestoreFromAnOlderRuntimesParameters(t *testing.T) {
+	t.Parallel()
 	h := newShardHarness(t)
 	ctx, js := h.ctx, h.js
 	for _, c := range []struct {

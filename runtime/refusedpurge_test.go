@@ -19,6 +19,7 @@ import (
 // and the gathered ones stay. A restore then replays the stream without the refused messages
 // and reaches the same state bit for bit: same step, parameters and held gradients.
 func TestRefusedGradientsAreDeletedAlone(t *testing.T) {
+	t.Parallel()
 	h := newShardHarness(t)
 	ctx, js := h.ctx, h.js
 	spec := job.Spec{ID: "refused", Tensors: []job.Tensor{{Name: "w", Shape: []int{1000}}}, Ranks: 2,

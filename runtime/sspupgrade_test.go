@@ -19,6 +19,7 @@ import (
 // nothing at or above it: it said Fanin-Seq+1 (the held gathers are empty until the replay) and
 // purged the held gradient, which no restore could then apply.
 func TestRestoreFromOlderParametersKeepsHeldGradients(t *testing.T) {
+	t.Parallel()
 	h := newShardHarness(t)
 	ctx, js := h.ctx, h.js
 

@@ -21,6 +21,7 @@ import (
 // shards, deregisters and returns from Run. It refuses a request without a term, and one of a
 // term older than the one holding the placement's fence (a deposed leader's).
 func TestRuntimeStopsAtTheLeadersRequest(t *testing.T) {
+	t.Parallel()
 	nc, js := testutil.Connect(t, testutil.NATS(t))
 	ctx := context.Background()
 	b, err := store.OpenBuckets(ctx, js)

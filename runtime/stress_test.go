@@ -45,7 +45,7 @@ func stressSteps(t *testing.T) int64 {
 }
 
 // burnCPU keeps every core busy with other processes (shell busy loops), as on a loaded node, until
-// the test ends.
+// the test ends. A test that burns does not run in parallel: the load is for it alone to run under.
 func burnCPU(t *testing.T) {
 	t.Helper()
 	for range 2 * goruntime.NumCPU() {

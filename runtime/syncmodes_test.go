@@ -17,6 +17,7 @@ import (
 // TestSyncModeRejections sends an ssp job (s = 2) and an asp job the gradients their modes refuse,
 // between good ones, and checks each report's reason and words.
 func TestSyncModeRejections(t *testing.T) {
+	t.Parallel()
 	st := testutil.Stack(t, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

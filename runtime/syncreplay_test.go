@@ -157,8 +157,10 @@ func (x *syncReplay) reference() *functions.Reference { return testutil.Referenc
 // it) without reporting it a second time, and accept the same claim sent once version 1 exists.
 // Stateless (sgd: the parameters are the snapshot) and stateful (adam: the checkpoint is).
 func TestSSPReplayAfterHandover(t *testing.T) {
+	t.Parallel()
 	for _, fn := range []string{"sgd", "adam"} {
 		t.Run(fn, func(t *testing.T) {
+			t.Parallel() // a stack each
 			x := newSyncReplay(t, "ssp-replay-"+fn, "ssp", 2, fn)
 			ref := x.reference()
 			g := func(step int64, rank int) []float32 { return x.grad(step, rank, 0) }
@@ -219,8 +221,10 @@ func TestSSPReplayAfterHandover(t *testing.T) {
 // report it again (Handover.Decided). The same happens, depending on timing, to a message sent just
 // after the move: the old owner may still be consuming when the test sees it gone from Shards().
 func TestASPReplayAfterHandover(t *testing.T) {
+	t.Parallel()
 	for _, fn := range []string{"sgd", "adam"} {
 		t.Run(fn, func(t *testing.T) {
+			t.Parallel() // a stack each
 			x := newSyncReplay(t, "asp-replay-"+fn, "asp", 0, fn)
 			ref := x.reference()
 			var order []string
@@ -261,6 +265,7 @@ func TestASPReplayAfterHandover(t *testing.T) {
 // gradients would fill it and the slow rank could never publish the step that unblocks them),
 // and the runtime must hold and then apply every step in order.
 func TestSSPHoldsTheWholeStalenessWindow(t *testing.T) {
+	t.Parallel()
 	x := newSyncReplay(t, "ssp-window", "ssp", job.MaxStaleness, "sgd")
 	ref := x.reference()
 	g := func(step int64, rank int) []float32 { return x.grad(step, rank, 0) }

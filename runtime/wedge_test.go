@@ -30,6 +30,7 @@ import (
 // Before the fix the refused messages stayed until a purge that never came (the open step could
 // not complete): the stream refused the valid gradient that would complete it, for good.
 func TestRefusedGradientsDoNotWedgeTheJob(t *testing.T) {
+	t.Parallel()
 	st := testutil.Stack(t, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -150,6 +151,7 @@ func TestRefusedGradientsDoNotWedgeTheJob(t *testing.T) {
 // Before the fix the stream bound every subject: the stray upload was stored, the stream was full
 // with one shard still to upload, and that shard's upload was refused for good.
 func TestUploadToUnknownShardIsRefused(t *testing.T) {
+	t.Parallel()
 	st := testutil.Stack(t, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
