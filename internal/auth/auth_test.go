@@ -15,6 +15,7 @@ import (
 
 	"github.com/fanin-ml/fanin/internal/auth"
 	"github.com/fanin-ml/fanin/internal/embed"
+	"github.com/fanin-ml/fanin/lab/testutil"
 	"github.com/fanin-ml/fanin/wire"
 )
 
@@ -95,6 +96,7 @@ func jobStreams(t *testing.T, a *auth.Authority, js jetstream.JetStream, kv jets
 // parameters and record, and nothing else: not another job's, not the JetStream API, not fanin's
 // state, whatever reply subject a request names. A user not signed by the authority cannot connect.
 func TestJobAccountIsolation(t *testing.T) {
+	t.Parallel()
 	a, err := auth.New()
 	if err != nil {
 		t.Fatal(err)
@@ -259,6 +261,7 @@ func TestJobAccountIsolation(t *testing.T) {
 // A job account with an activation token for another job's subjects is refused: the activation
 // names both the account and the subject, and only the authority signs it.
 func TestActivationIsPerJob(t *testing.T) {
+	t.Parallel()
 	a, _ := auth.New()
 	accA := auth.JobAccount{Job: "a", Created: time.Now()}
 	accB := auth.JobAccount{Job: "b", Created: time.Now()}
@@ -296,6 +299,7 @@ func TestActivationIsPerJob(t *testing.T) {
 
 // Deleting a job closes its account: its workers are disconnected and cannot connect again.
 func TestClosedJobAccount(t *testing.T) {
+	t.Parallel()
 	a, _ := auth.New()
 	ns := startServer(t, a, nil)
 	sysCreds, _ := a.SystemCredentials("test-sys")
@@ -314,7 +318,7 @@ func TestClosedJobAccount(t *testing.T) {
 	if err := auth.PushAccountJWT(context.Background(), sys, closed); err != nil {
 		t.Fatal(err)
 	}
-	testCheck(t, func() error {
+	testutil.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
 		if nc.IsConnected() {
 			return errors.New("a deleted job's worker is still connected")
 		}
@@ -328,6 +332,7 @@ func TestClosedJobAccount(t *testing.T) {
 
 // Revoking a component user of the fanin account, pushed over the system account, disconnects it.
 func TestRevoke(t *testing.T) {
+	t.Parallel()
 	a, _ := auth.New()
 	ns := startServer(t, a, nil)
 	creds, _ := a.ComponentCredentials("a-component")
@@ -344,7 +349,7 @@ func TestRevoke(t *testing.T) {
 	if err := a.PushAccount(context.Background(), sys, accJWT); err != nil {
 		t.Fatal(err)
 	}
-	testCheck(t, func() error {
+	testutil.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
 		if nc.IsConnected() {
 			return errors.New("a revoked user is still connected")
 		}
@@ -361,6 +366,7 @@ func TestRevoke(t *testing.T) {
 
 // Load keeps the keys and the admin token: the same directory gives the same account.
 func TestLoadPersists(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	a, err := auth.Load(dir)
 	if err != nil {
@@ -378,20 +384,5 @@ func TestLoadPersists(t *testing.T) {
 	}
 	if r := auth.Redact(a.AdminToken()); strings.Contains(r, a.AdminToken()[16:]) {
 		t.Fatalf("Redact leaks the token: %s", r)
-	}
-}
-
-func testCheck(t *testing.T, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }

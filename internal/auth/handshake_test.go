@@ -17,6 +17,7 @@ import (
 // client took that long under CPU load, several connections at once) is waited for, not cut off
 // in the handshake.
 func TestSlowHandshakeIsWaitedFor(t *testing.T) {
+	t.Parallel()
 	a, err := auth.New()
 	if err != nil {
 		t.Fatal(err)
@@ -45,6 +46,7 @@ func TestSlowHandshakeIsWaitedFor(t *testing.T) {
 // The configuration `fanin auth init` writes for external servers gives clients HandshakeTimeout
 // too, and nats-server takes it in operator mode.
 func TestServerConfigHandshakeTimeout(t *testing.T) {
+	t.Parallel()
 	a, err := auth.New()
 	if err != nil {
 		t.Fatal(err)

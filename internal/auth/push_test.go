@@ -22,7 +22,8 @@ import (
 // LoadAccount returns every one has loaded it, so that clients that do not retry (one written from
 // docs/PROTOCOL.md in another language), connecting at once to any server, reach the job's
 // subjects the first time: nothing is left for their handshakes to fetch from a peer or to load
-// concurrently.
+// concurrently. Not parallel: its servers listen on ports FreePort found free, which a test
+// beside it could take first.
 func TestPushedAccountIsLiveOnEveryServer(t *testing.T) {
 	a, err := auth.New()
 	if err != nil {
