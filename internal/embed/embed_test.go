@@ -5,6 +5,7 @@ import "testing"
 // The violation parser reads the server's log lines for JWT and nkey clients alike (nats.js
 // clients are named by their nkey) and for anonymous ones.
 func TestViolationLogger(t *testing.T) {
+	t.Parallel()
 	const user = "UAAXYV2L5JDPZKSAA3QY6K7N5MG3S3VJCUZWD3NWAKI6LSSNTKQQM46H"
 	for line, want := range map[string]Violation{
 		`127.0.0.1:5 - cid:9 - "v1.55.0:go" - "AB/jwt:` + user + `" - Publish Violation - Subject "fanin.v1.b.grad.0"`:            {User: user, Kind: "Publish", Subject: "fanin.v1.b.grad.0"},
