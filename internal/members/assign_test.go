@@ -26,6 +26,7 @@ func owners(a *wire.Assignment) map[string][]int {
 }
 
 func TestAssignSpreadsEvenlyAndSticks(t *testing.T) {
+	t.Parallel()
 	a := Assign("j", 4, 0, []Member{member("x", 1), member("y", 2), member("z", 3)}, nil, t0)
 	if got := fmt.Sprint(owners(a)); got != "map[x:[0 1] y:[2] z:[3]]" {
 		t.Fatalf("first assignment %s", got)
@@ -64,6 +65,7 @@ func TestAssignSpreadsEvenlyAndSticks(t *testing.T) {
 }
 
 func TestAssignTargetAndStandby(t *testing.T) {
+	t.Parallel()
 	live := []Member{member("x", 1), member("y", 2), member("z", 3)}
 	a := Assign("j", 4, 2, live, nil, t0)
 	if got := fmt.Sprint(owners(a)); got != "map[x:[0 1] y:[2 3] z:[]]" {
@@ -91,6 +93,7 @@ func TestAssignTargetAndStandby(t *testing.T) {
 }
 
 func TestObserveRefusesBadBeats(t *testing.T) {
+	t.Parallel()
 	now := t0
 	jobs := func() map[string]job.Record {
 		return map[string]job.Record{"j": {Spec: job.Spec{ID: "j", Ranks: 2}}, "flood": {Spec: job.Spec{ID: "flood", Ranks: job.MaxRanks}}}

@@ -24,6 +24,7 @@ import (
 // and once the flood stops the flooding job's own worker gets its ranks. The clock is the test's:
 // every beat and Tick happens at a time it sets.
 func TestBeatFloodOfOneJob(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	nc, b := natsBuckets(t, ctx)
@@ -181,6 +182,7 @@ func (k *slowKV) Update(ctx context.Context, key string, value []byte, rev uint6
 
 // While one job's assignment write hangs, the other job's is written, and beats are taken.
 func TestSlowWriteOfOneJobHoldsNoOther(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	nc, b := natsBuckets(t, ctx)
@@ -219,6 +221,7 @@ func TestSlowWriteOfOneJobHoldsNoOther(t *testing.T) {
 // A beat of a job created since the last Tick is taken: the Assigner looks at the jobs again
 // (at most every 100 ms), instead of refusing the new job's first beats as unknown.
 func TestBeatOfANewJob(t *testing.T) {
+	t.Parallel()
 	var jobs atomic.Value
 	jobs.Store(map[string]job.Record{})
 	now := time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -34,42 +36,91 @@ func natsBuckets(t *testing.T, ctx context.Context) (*nats.Conn, *store.Buckets)
 	return nc, b
 }
 
+// testClock is a clock that moves only when the test moves it, read by the Assigners' goroutines.
+type testClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *testClock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
 // Two replicas follow the beats; the leader writes. When the leadership moves, the new leader
 // carries on from the stored assignment: same owners, same epoch; a worker that stops beating
-// loses its ranks to the other after the lapse, and a deleted job's assignment is deleted.
+// loses its ranks to the other after the lapse, and a deleted job's assignment is deleted. The
+// replicas' clock is the test's: each time the test looks, half a beat interval has passed and
+// the beating workers beat.
 func TestLeaderHandoverKeepsTheAssignment(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	nc, b := natsBuckets(t, ctx)
 	var jobs atomic.Value
 	jobs.Store(map[string]job.Record{"j": {Spec: job.Spec{ID: "j", Ranks: 4}}})
 	list := func() map[string]job.Record { return jobs.Load().(map[string]job.Record) }
+	clock := &testClock{now: time.Now()} // not before the stamps of the bucket's entries, which a new leader reads
 	var leaderA, leaderB atomic.Bool
 	leaderA.Store(true)
-	a := members.New(nc, b.Assign, list, leaderA.Load, testutil.Logger())
-	bb := members.New(nc, b.Assign, list, leaderB.Load, testutil.Logger())
+	a := members.New(nc, b.Assign, list, leaderA.Load, testutil.Logger()).WithClock(clock.Now)
+	bb := members.New(nc, b.Assign, list, leaderB.Load, testutil.Logger()).WithClock(clock.Now)
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{}, 2)
 	for _, x := range []*members.Assigner{a, bb} {
 		go func() { _ = x.Run(rctx); done <- struct{}{} }()
 	}
 	defer func() { stop(); <-done; <-done }()
+	// Both replicas follow the beats before the first one is sent, so that none is lost: each has
+	// refused a malformed beat.
+	testutil.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if err := nc.Publish(wire.WorkersSubject("j"), []byte("not a beat")); err != nil {
+			return err
+		}
+		for i, x := range []*members.Assigner{a, bb} {
+			if len(x.Refused("j")) == 0 {
+				return fmt.Errorf("replica %d does not follow the beats yet", i)
+			}
+		}
+		return nil
+	})
 
 	var w1Beats atomic.Bool
 	w1Beats.Store(true)
-	go func() {
-		for rctx.Err() == nil {
-			for _, id := range []string{"w0", "w1"} {
-				if id == "w1" && !w1Beats.Load() {
-					continue
-				}
-				data, _ := json.Marshal(wire.WorkerBeat{ID: id})
-				_ = nc.Publish(wire.WorkersSubject("j"), data)
-				time.Sleep(10 * time.Millisecond) // w0 joins first
+	later := func() { // half a beat interval passes, and the workers that beat, beat
+		t.Helper()
+		clock.Add(wire.BeatInterval / 2)
+		now := clock.Now()
+		var beating []string
+		for _, id := range []string{"w0", "w1"} {
+			if id == "w1" && !w1Beats.Load() {
+				continue
 			}
-			time.Sleep(200 * time.Millisecond)
+			beating = append(beating, id)
+			data, _ := json.Marshal(wire.WorkerBeat{ID: id})
+			if err := nc.Publish(wire.WorkersSubject("j"), data); err != nil {
+				t.Fatal(err)
+			}
 		}
-	}()
+		// Both replicas take the beats before the clock moves on.
+		testutil.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
+			for i, x := range []*members.Assigner{a, bb} {
+				for _, id := range beating {
+					if !slices.ContainsFunc(x.Live("j"), func(m members.Member) bool { return m.Beat.ID == id && !m.Last.Before(now) }) {
+						return fmt.Errorf("replica %d has not taken %s's beat at %v", i, id, now)
+					}
+				}
+			}
+			return nil
+		})
+	}
 	read := func() (wire.Assignment, uint64) {
 		e, err := b.Assign.Get(ctx, "j")
 		if err != nil {
@@ -83,6 +134,7 @@ func TestLeaderHandoverKeepsTheAssignment(t *testing.T) {
 		t.Helper()
 		var as wire.Assignment
 		testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+			later()
 			as, _ = read()
 			got := map[string][]int{}
 			for _, w := range as.Workers {
@@ -99,6 +151,7 @@ func TestLeaderHandoverKeepsTheAssignment(t *testing.T) {
 	// first beat): wait for two workers of two ranks each, whichever holds which.
 	var first wire.Assignment
 	testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		later()
 		first, _ = read()
 		if len(first.Workers) != 2 || len(first.Workers[0].Ranks) != 2 || len(first.Workers[1].Ranks) != 2 {
 			return fmt.Errorf("assignment %+v", first.Workers)
@@ -113,7 +166,8 @@ func TestLeaderHandoverKeepsTheAssignment(t *testing.T) {
 	leaderA.Store(false)
 	leaderB.Store(true)
 	// The new leader refreshes the stored value (Refresh) without changing owners or epoch.
-	testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+	testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		later()
 		if as, _ := read(); !as.Updated.After(first.Updated.Add(members.Refresh)) {
 			return fmt.Errorf("not refreshed by the new leader yet")
 		}
@@ -125,7 +179,7 @@ func TestLeaderHandoverKeepsTheAssignment(t *testing.T) {
 	expect("map[w0:[0 1 2 3]]", first.Epoch+1)
 
 	jobs.Store(map[string]job.Record{})
-	testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+	testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		if _, rev := read(); rev != 0 {
 			return fmt.Errorf("the deleted job's assignment is still there")
 		}
@@ -137,6 +191,7 @@ func TestLeaderHandoverKeepsTheAssignment(t *testing.T) {
 // from yet (they may be alive), but not one that said goodbye: its ranks move at once. The clock is
 // frozen at the start, so the grace never ends and nothing lapses.
 func TestNewLeaderLetsALeaverGo(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	nc, b := natsBuckets(t, ctx)
