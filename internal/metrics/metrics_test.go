@@ -18,6 +18,7 @@ import (
 // Every metric in Names is produced once its component reports, with the type Names gives, and
 // nothing fanin_* is produced that Names does not list.
 func TestNamesAreWhatIsExported(t *testing.T) {
+	t.Parallel()
 	m := metrics.New()
 	rt := m.Runtime("rt-0")
 	j := rt.Job("job-a")
@@ -103,6 +104,7 @@ func TestNamesAreWhatIsExported(t *testing.T) {
 
 // Handles of a nil registry do nothing: instrumented code needs no checks when metrics are off.
 func TestNilIsOff(t *testing.T) {
+	t.Parallel()
 	var m *metrics.Metrics
 	rt := m.Runtime("x")
 	rt.Job("j").Invocation(time.Second, time.Second, time.Second)
