@@ -32,6 +32,7 @@ func connect(t *testing.T) *nats.Conn {
 // dies before it answers) is asked for again: the request returns the second attempt's reply, with
 // a caller's context that has no deadline.
 func TestLostReplyIsAskedAgain(t *testing.T) {
+	t.Parallel()
 	nc := connect(t)
 	var seen atomic.Int32
 	sub, err := nc.Subscribe("svc", func(m *nats.Msg) {
@@ -58,6 +59,7 @@ func TestLostReplyIsAskedAgain(t *testing.T) {
 
 // The retries end with the caller's context, with the last attempt's error.
 func TestRetriesEndWithTheContext(t *testing.T) {
+	t.Parallel()
 	nc := connect(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	var seen atomic.Int32
@@ -82,6 +84,7 @@ func TestRetriesEndWithTheContext(t *testing.T) {
 // "No responders" is returned at once, unless the caller allows a patience; then it is retried,
 // and returned once the patience is over.
 func TestNoResponders(t *testing.T) {
+	t.Parallel()
 	nc := connect(t)
 	if _, err := natsreq.Request(context.Background(), nc, "nobody", nil); !errors.Is(err, nats.ErrNoResponders) {
 		t.Fatalf("no responders: %v", err)
