@@ -7,6 +7,7 @@ import (
 
 // A debt is bounded by the floor, so the wait it means is too, however much is charged.
 func TestBucketFloor(t *testing.T) {
+	t.Parallel()
 	t0 := time.Unix(1000, 0)
 	b := NewBucket(100, 500, 500, t0)
 	if got := b.Charge(t0, 300); got != 200 {
@@ -30,6 +31,7 @@ func TestBucketFloor(t *testing.T) {
 }
 
 func TestBucketAllow(t *testing.T) {
+	t.Parallel()
 	t0 := time.Unix(1000, 0)
 	b := NewBucket(2, 3, 0, t0)
 	n := 0
@@ -52,6 +54,7 @@ func TestBucketAllow(t *testing.T) {
 // A source first seen is a baseline, however large its counter and whether or not an earlier
 // sample was empty; a source missing from a sample keeps its count; a restarted one counts from 0.
 func TestCountersDelta(t *testing.T) {
+	t.Parallel()
 	var c Counters
 	for i, tc := range []struct {
 		sample map[string]uint64

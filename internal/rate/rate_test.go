@@ -6,6 +6,7 @@ import (
 )
 
 func TestSteps(t *testing.T) {
+	t.Parallel()
 	t0 := time.Unix(1000, 0)
 	var s Steps
 	if s.Rate() != 0 || !s.LastAdvance().IsZero() {
