@@ -22,6 +22,7 @@ import (
 // On one server every bucket is one file-storage replica; a runtime registry an older fanin made in
 // memory is recreated on file, and a job bucket's data is never dropped to change its storage.
 func TestBucketsOnOneServer(t *testing.T) {
+	t.Parallel()
 	_, js := testutil.Connect(t, testutil.NATS(t))
 	ctx := context.Background()
 	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: wire.RuntimesBucket, Storage: jetstream.MemoryStorage, TTL: store.RuntimeTTL}); err != nil {
@@ -55,7 +56,8 @@ func TestBucketsOnOneServer(t *testing.T) {
 }
 
 // In a 3-node cluster every bucket and stream of fanin's has 3 replicas, buckets made with one are
-// raised to three, and the state stays readable and writable with any one node down.
+// raised to three, and the state stays readable and writable with any one node down. Not
+// parallel: its servers listen on ports FreePort found free, which a test beside it could take.
 func TestBucketsSurviveANode(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-node cluster")
@@ -129,7 +131,8 @@ func TestBucketsSurviveANode(t *testing.T) {
 
 // A Watcher keeps following its bucket across a server restart (nats.go's watch goes silent for
 // good) and across the bucket being deleted and recreated, and its follower ends up with exactly
-// the bucket's keys: the ones deleted while it was blind are deleted for it.
+// the bucket's keys: the ones deleted while it was blind are deleted for it. Not parallel: the
+// server comes back on the port FreePort found free, which a test beside it could take meanwhile.
 func TestWatcherHeals(t *testing.T) {
 	store.CheckInterval = 200 * time.Millisecond
 	dir, port := t.TempDir(), testutil.FreePort(t)
@@ -210,7 +213,8 @@ func TestWatcherHeals(t *testing.T) {
 // On a fresh 3-node cluster, a bucket that another component has just created, or that is deleted
 // between being opened and being used, is waited for (and created again), not an error: the gateway
 // used to exit with "open bucket fanin-handover: stream not found" and the runtimes on fanin-jobs.
-// A watch of a bucket deleted meanwhile waits until the bucket is back.
+// A watch of a bucket deleted meanwhile waits until the bucket is back. Not parallel: it listens
+// to the process's default logger, and its servers' ports are FreePort's.
 func TestBucketsWaitedForAtStart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-node cluster")

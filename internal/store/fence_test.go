@@ -16,6 +16,7 @@ import (
 // term's writes, an earlier term cannot claim it back, and a fence lost with its bucket is claimed
 // again by the term that held it.
 func TestFenceAdmitsOneTerm(t *testing.T) {
+	t.Parallel()
 	_, js := testutil.Connect(t, testutil.NATS(t))
 	ctx := context.Background()
 	cfg := jetstream.KeyValueConfig{Bucket: "fenced", History: 4}

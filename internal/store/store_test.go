@@ -11,6 +11,7 @@ import (
 
 // A job whose shard checkpoint does not fit the server's max_payload is refused with the numbers.
 func TestCheckFits(t *testing.T) {
+	t.Parallel()
 	spec := job.Spec{ID: "j", Tensors: []job.Tensor{{Name: "w", Shape: []int{1 << 20}}}, Ranks: 2,
 		Function: job.Function{Name: "adam"}, ShardSize: 1 << 20}
 	spec.Normalize()
