@@ -18,6 +18,7 @@ import (
 	"github.com/fanin-ml/fanin/wire"
 )
 
+// Not parallel: testing.AllocsPerRun counts the whole process's allocations.
 func TestTraceparentRoundTrip(t *testing.T) {
 	for _, s := range []string{
 		"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
@@ -66,6 +67,7 @@ func TestTraceparentRoundTrip(t *testing.T) {
 // Step ids are the same for every process, differ between steps and between jobs (and re-created
 // jobs), and a ratio sampler keeps about its ratio of steps.
 func TestStepIDs(t *testing.T) {
+	t.Parallel()
 	t1, s1 := telemetry.StepIDs("job", 42, 7)
 	t2, s2 := telemetry.StepIDs("job", 42, 7)
 	if t1 != t2 || s1 != s2 || !t1.IsValid() || !s1.IsValid() {
@@ -126,6 +128,7 @@ func TestSamplingFromEnv(t *testing.T) {
 
 // The HTTP middleware names a request's span after its route and continues the caller's trace.
 func TestHTTPHandler(t *testing.T) {
+	t.Parallel()
 	exp := tracetest.NewInMemoryExporter()
 	p, err := otlp.New(context.Background(), otlp.WithExporter(exp), otlp.WithSyncExport(),
 		otlp.WithStepSampler(sdktrace.AlwaysSample()))

@@ -23,6 +23,7 @@ import (
 // A job of 3 ranks and 2 shards runs 16 steps on 2 runtimes with half the steps sampled: every
 // sampled step is one whole trace of the promised shape, and an unsampled step leaves no span.
 func TestOneTracePerStep(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	exp := tracetest.NewInMemoryExporter()
 	p, err := otlp.New(ctx, otlp.WithService("fanin-test"), otlp.WithExporter(exp), otlp.WithSyncExport(),
