@@ -109,6 +109,7 @@ func (c *clock) add(d time.Duration) { c.set(c.now().Add(d)) }
 // Open returns with the current values of every bucket in: jobs (a paused one too, marked),
 // placement with its revisions, and registrations with the entry's time as heartbeat.
 func TestOpenHasTheWholeState(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	running, paused := record("a"), record("b")
 	paused.Paused = true
@@ -134,6 +135,7 @@ func TestOpenHasTheWholeState(t *testing.T) {
 // After the placement bucket's stream is deleted and created again, the view re-syncs: keys that
 // vanished are deleted, the new values are in.
 func TestHealsAfterStreamRecreated(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	v := e.open()
 	e.put(e.b.Placement, "x.0", wire.Placement{Runtime: "rt-1", Epoch: 1})
@@ -174,6 +176,7 @@ func TestHealsAfterStreamRecreated(t *testing.T) {
 // store.RuntimeLapse after its last heartbeat, expired from the bucket after store.RuntimeTTL;
 // a deleted registration takes its load report with it.
 func TestLivenessLapses(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := &clock{t: time.Now()}
 	v := e.open(view.WithClock(c.now))
@@ -184,6 +187,9 @@ func TestLivenessLapses(t *testing.T) {
 		var ok bool
 		if r, ok = v.Runtime("rt-1"); !ok {
 			return fmt.Errorf("rt-1 not registered")
+		}
+		if _, ok := v.Job("j"); !ok { // each bucket has a watch of its own: they arrive in any order
+			return fmt.Errorf("no job")
 		}
 		return nil
 	})
@@ -231,6 +237,7 @@ func TestLivenessLapses(t *testing.T) {
 // arrives; a heartbeat brings a runtime back. (The server stamps the entries' times, so both
 // registrations here are as old by the view's fake clock.)
 func TestForgetsLongExpiredRuntimes(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := &clock{t: time.Now()}
 	v := e.open(view.WithClock(c.now))
@@ -286,6 +293,7 @@ func TestForgetsLongExpiredRuntimes(t *testing.T) {
 // A job's steps/s is its slowest shard's, each from the steps of the reports as received; a
 // shard not measured yet counts one step per period while it has gradients pending.
 func TestJobRateIsTheSlowestShards(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := &clock{t: time.Now()}
 	v := e.open(view.WithClock(c.now))
@@ -328,6 +336,7 @@ func mustShard(t *testing.T, v *view.View, key string) view.Shard {
 // A placement write remembered before the watch delivers it is kept: older revisions of the key,
 // puts or deletes, delivered after it do not replace it; a newer one does.
 func TestRememberKeepsTheNewestRevision(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	v := e.open()
 	ctx := context.Background()
@@ -383,7 +392,8 @@ func TestRememberKeepsTheNewestRevision(t *testing.T) {
 }
 
 // Close stops every goroutine the view started (its watches and its load reader) before it
-// returns, and the view keeps answering with its last state.
+// returns, and the view keeps answering with its last state. Not parallel: it counts the
+// process's goroutines, which a view of a test beside it would add to.
 func TestCloseLeavesNoGoroutines(t *testing.T) {
 	e := newEnv(t)
 	e.put(e.b.Jobs, "j", record("j"))
@@ -425,7 +435,7 @@ func ours() int {
 }
 
 // Open gives up when its context ends before the current values are in, and leaves nothing
-// running.
+// running. Not parallel, as above.
 func TestOpenBoundedByItsContext(t *testing.T) {
 	e := newEnv(t)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -444,6 +454,7 @@ func TestOpenBoundedByItsContext(t *testing.T) {
 // The elastic workers' assignments follow their bucket: the current ones are in at Open, later
 // writes and deletes follow, and what Assignment returns is the caller's to change.
 func TestAssignmentsFollowTheBucket(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	at := time.Now().UTC().Truncate(time.Millisecond)
 	e.put(e.b.Assign, "a", wire.Assignment{Job: "a", Epoch: 3, Updated: at,
@@ -489,6 +500,7 @@ func TestAssignmentsFollowTheBucket(t *testing.T) {
 // what it answers from the view next includes its own write): once WaitSeen returns, the record
 // is there, changed or gone.
 func TestWaitSeenJobs(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	v := e.open()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -526,6 +538,7 @@ func TestWaitSeenJobs(t *testing.T) {
 // heartbeats later and whatever the runtime's own clock says; one without Started (written by an
 // older runtime) counts from the first write the view saw, not from its last heartbeat.
 func TestRegisteredIsWhenTheRuntimeStarted(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	v := e.open()
 	skew := 10 * time.Minute // the runtime's clock is ahead of the server's
@@ -535,7 +548,6 @@ func TestRegisteredIsWhenTheRuntimeStarted(t *testing.T) {
 	// Two heartbeats each.
 	for i := range 2 {
 		e.put(e.b.Runtimes, "rt-1", wire.RuntimeInfo{ID: "rt-1", Cores: 1, Started: started.Add(skew), Beat: time.Now().Add(skew)})
-		time.Sleep(20 * time.Millisecond)
 		e.put(e.b.Runtimes, "rt-old", wire.RuntimeInfo{ID: "rt-old", Cores: 1})
 		if i == 0 {
 			en, err := e.b.Runtimes.Get(context.Background(), "rt-old")
@@ -543,7 +555,6 @@ func TestRegisteredIsWhenTheRuntimeStarted(t *testing.T) {
 				t.Fatal(err)
 			}
 			firstOld = en.Created()
-			time.Sleep(20 * time.Millisecond)
 		}
 	}
 	testutil.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
