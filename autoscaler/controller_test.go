@@ -148,6 +148,35 @@ func (e *ctlEnv) stepUntil(c *autoscaler.Controller, ok func(map[string]string) 
 	return got
 }
 
+// beatSeen registers runtime id (again) and waits until the view of c, which has run a step,
+// holds the new registration; it returns the heartbeat's time as the view has it (the NATS
+// server's stamp), which the liveness rule reads.
+func (e *ctlEnv) beatSeen(c *autoscaler.Controller, id string) time.Time {
+	e.t.Helper()
+	before := autoscaler.Snapshot(c).Runtimes[id].Beat
+	e.beat(id)
+	var beat time.Time
+	testutil.CheckFor(e.t, 10*time.Second, 5*time.Millisecond, func() error {
+		if beat = autoscaler.Snapshot(c).Runtimes[id].Beat; !beat.After(before) {
+			return fmt.Errorf("the controller's view has no heartbeat of %s after %v", id, before)
+		}
+		return nil
+	})
+	return beat
+}
+
+// advance moves clock, c's, to t, stepping c at least every second of it as its loop would, so
+// that each step renews its lease on the leader lock (store.LeaderTTL) before the clock runs past it.
+func (e *ctlEnv) advance(c *autoscaler.Controller, clock *manualClock, t time.Time) {
+	e.t.Helper()
+	for now := clock.Now(); now.Before(t); now = clock.Now() {
+		clock.Add(min(time.Second, t.Sub(now)))
+		if _, err := c.Step(context.Background()); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+}
+
 func allOn(allowed ...string) func(map[string]string) error {
 	return func(p map[string]string) error {
 		if len(p) != 8 {
@@ -170,6 +199,7 @@ func allOn(allowed ...string) func(map[string]string) error {
 // takes at once, without waiting for its tick); its registration is removed, and a late heartbeat
 // does not bring it back.
 func TestControllerVanishedRuntimeReplacedAtOnce(t *testing.T) {
+	t.Parallel()
 	e := newCtlEnv(t)
 	e.beat("rt-a")
 	e.beat("rt-b")
@@ -196,8 +226,7 @@ func TestControllerVanishedRuntimeReplacedAtOnce(t *testing.T) {
 	if _, err := e.b.Runtimes.Get(context.Background(), victim); !errors.Is(err, jetstream.ErrKeyNotFound) {
 		t.Fatalf("the vanished runtime is still registered: %v", err)
 	}
-	e.beat(victim) // a heartbeat sent just before it died, delivered late
-	time.Sleep(100 * time.Millisecond)
+	e.beatSeen(c, victim) // a heartbeat sent just before it died, delivered late
 	if d, err := c.Step(context.Background()); err != nil || len(d.Moves) != 0 {
 		t.Fatalf("a decision after recovery: %v, moves %v", err, d.Moves)
 	}
@@ -208,6 +237,7 @@ func TestControllerVanishedRuntimeReplacedAtOnce(t *testing.T) {
 // removed. (The controller used to give the decider the last heartbeat as the registration time,
 // so a runtime that kept beating stayed in its grace for good and was never judged.)
 func TestControllerJudgesALongRunningStraggler(t *testing.T) {
+	t.Parallel()
 	e := newCtlEnv(t)
 	started := time.Now().Add(-time.Hour)
 	for _, id := range []string{"rt-a", "rt-b", "rt-c"} {
@@ -249,6 +279,7 @@ func TestControllerJudgesALongRunningStraggler(t *testing.T) {
 // A paused job is placed nowhere: the controller purges its placement, and places it again once
 // it is resumed.
 func TestControllerPausedJobUnplaced(t *testing.T) {
+	t.Parallel()
 	e := newCtlEnv(t)
 	e.beat("rt-a")
 	c := e.controller(&fakePool{size: 1})
@@ -275,61 +306,41 @@ func TestControllerPausedJobUnplaced(t *testing.T) {
 }
 
 // A runtime whose heartbeat lapsed (store.RuntimeLapse) is dead to the controller: its shards move
-// in the first decision after the lapse.
+// in the first decision after the lapse. The controller's clock moves by hand: the lapse takes no
+// time.
 func TestControllerLapsedRuntime(t *testing.T) {
-	if testing.Short() {
-		t.Skip("waits for a heartbeat to lapse")
-	}
+	t.Parallel()
 	e := newCtlEnv(t)
+	clock := newManualClock()
+	c := e.controller(&fakePool{size: 1}, autoscaler.WithClock(clock.Now))
 	e.beat("rt-a")
-	c := e.controller(&fakePool{size: 1})
 	e.stepUntil(c, allOn("rt-a"))
-	e.beat("rt-b")
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() { // rt-b heart-beats, rt-a has stopped
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(store.RuntimeHeartbeat):
-				e.beat("rt-b")
-			}
-		}
-	})
-	defer func() { close(stop); wg.Wait() }()
-	time.Sleep(store.RuntimeLapse)
+	a := autoscaler.Snapshot(c).Runtimes["rt-a"].Beat // as the server stamped it
+	e.beatSeen(c, "rt-b")                             // rt-a has stopped: rt-b's heartbeat is the later one
+	e.advance(c, clock, a.Add(store.RuntimeLapse))
 	e.stepUntil(c, allOn("rt-b"))
 }
 
 // While the runtime registry cannot take heartbeats (its stream has no leader: a server restarts,
 // a node was lost), a runtime whose heartbeat lapses is not taken for dead; once the registry has
-// been back for a whole lapse, it is.
+// been back for a whole lapse, it is. The controller's clock moves by hand, but the heartbeats are
+// stamped by the NATS server's: rt-b can beat a lapse after rt-a only once that much real time has
+// passed (about 5 s).
 func TestControllerLapseWaitsForTheRegistry(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
-		t.Skip("waits for heartbeats to lapse")
+		t.Skip("waits for a heartbeat to lapse")
 	}
 	e := newCtlEnv(t)
+	clock := newManualClock()
+	c := e.controller(&fakePool{size: 1}, autoscaler.WithClock(clock.Now))
 	e.beat("rt-a")
-	c := e.controller(&fakePool{size: 1})
 	e.stepUntil(c, allOn("rt-a"))
+	a := autoscaler.Snapshot(c).Runtimes["rt-a"].Beat // as the server stamped it
 	var healthy atomic.Bool
 	autoscaler.SetRegistryCheck(c, func(context.Context) bool { return healthy.Load() })
-	e.beat("rt-b")
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() { // rt-b heart-beats, rt-a has stopped
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(store.RuntimeHeartbeat):
-				e.beat("rt-b")
-			}
-		}
-	})
-	defer func() { close(stop); wg.Wait() }()
-	time.Sleep(store.RuntimeLapse + store.RuntimeHeartbeat)
+	e.beatSeen(c, "rt-b") // rt-a has stopped
+	e.advance(c, clock, a.Add(store.RuntimeLapse))
 	for range 3 {
 		if _, err := c.Step(context.Background()); err != nil {
 			t.Fatal(err)
@@ -339,12 +350,30 @@ func TestControllerLapseWaitsForTheRegistry(t *testing.T) {
 		}
 	}
 	healthy.Store(true)
+	if _, err := c.Step(context.Background()); err != nil { // the registry is back from now
+		t.Fatal(err)
+	}
+	back := clock.Now()
+	// rt-b beats on, so that it is alive a lapse from now, when rt-a is judged: a beat stamped
+	// after a.Add(RuntimeLapse) by the server's clock. The controller steps meanwhile, as its loop
+	// would, renewing its lock before the server's TTL ends it.
+	testutil.CheckFor(t, 2*store.RuntimeLapse, store.RuntimeHeartbeat/5, func() error {
+		if _, err := c.Step(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if b := e.beatSeen(c, "rt-b"); !b.After(a.Add(store.RuntimeLapse)) {
+			return fmt.Errorf("rt-b's heartbeat at %v, not a lapse after rt-a's at %v", b, a)
+		}
+		return nil
+	})
+	e.advance(c, clock, back.Add(store.RuntimeLapse))
 	e.stepUntil(c, allOn("rt-b"))
 }
 
 // Two controllers: one leads and decides, the other refuses to; when the leader stops renewing
 // the lock (it died), the other takes over within the lock's TTL and keeps the placement as it was.
 func TestControllerTakesOverFromDeadLeader(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("waits for the leader lock's TTL")
 	}
@@ -378,6 +407,7 @@ func TestControllerTakesOverFromDeadLeader(t *testing.T) {
 
 // The decision interval must leave the leader time to renew its lock.
 func TestControllerIntervalWithinLockTTL(t *testing.T) {
+	t.Parallel()
 	nc, err := nats.Connect(testutil.NATS(t))
 	if err != nil {
 		t.Fatal(err)

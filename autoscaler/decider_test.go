@@ -88,6 +88,7 @@ func checkPlacement(t *testing.T, obs Observations, d Decision) {
 }
 
 func TestDecideScaling(t *testing.T) {
+	t.Parallel()
 	p := DefaultPolicy() // 4 cores at 0.8: 3.2 cores per runtime
 	type step struct {
 		after   time.Duration
@@ -193,6 +194,7 @@ func TestDecideScaling(t *testing.T) {
 }
 
 func TestDecidePackingOfBursts(t *testing.T) {
+	t.Parallel()
 	// Two jobs of 10 shards, 0.03 core-seconds each per step: 0.3 core-seconds in a 100ms burst is
 	// 3 cores at the peak. One 4-core runtime at 80% (3.2 cores) holds one burst at a time.
 	const period, burst = time.Second, 100 * time.Millisecond
@@ -236,6 +238,7 @@ func TestDecidePackingOfBursts(t *testing.T) {
 }
 
 func TestDecidePhaseIsAbsolute(t *testing.T) {
+	t.Parallel()
 	// The same jobs seen at any later time make the same placement: phases are offsets from the
 	// Unix epoch, not from now.
 	p := DefaultPolicy()
@@ -251,6 +254,7 @@ func TestDecidePhaseIsAbsolute(t *testing.T) {
 }
 
 func TestDecideDelayBudget(t *testing.T) {
+	t.Parallel()
 	// 0.3 core-seconds per 1s step in a 100ms burst: 3 cores; allowed to take 2% of the step
 	// longer, 0.3/0.12s = 2.5 cores.
 	for _, tc := range []struct{ budget, demand float64 }{{0, 3}, {0.02, 2.5}, {1, 0.3}} {
@@ -264,6 +268,7 @@ func TestDecideDelayBudget(t *testing.T) {
 }
 
 func TestDecideUnknownPeriodIsConservative(t *testing.T) {
+	t.Parallel()
 	p := DefaultPolicy()
 	p.UnknownBurst = 100 * time.Millisecond
 	p.DelayBudget = 0
@@ -282,6 +287,7 @@ func TestDecideUnknownPeriodIsConservative(t *testing.T) {
 }
 
 func TestDecidePlacesUnplacedAndOrphans(t *testing.T) {
+	t.Parallel()
 	p := DefaultPolicy()
 	p.MigrationBudget = 0 // none of these moves is voluntary
 	rs := runtimes(3)
@@ -320,6 +326,7 @@ func TestDecidePlacesUnplacedAndOrphans(t *testing.T) {
 }
 
 func TestDecideKeepsShardsThatFit(t *testing.T) {
+	t.Parallel()
 	p := DefaultPolicy()
 	rs := runtimes(4)
 	// Spread thinly, but the pool is the right size (4 runtimes wanted): nothing moves.
@@ -334,6 +341,7 @@ func TestDecideKeepsShardsThatFit(t *testing.T) {
 }
 
 func TestDecideMovesOffOverloadedRuntime(t *testing.T) {
+	t.Parallel()
 	p := DefaultPolicy()
 	// rt-1 holds 6 cores of steady load on 4 cores (moves start above 3.6, midway from the 80%
 	// target to full); rt-2 is empty.
@@ -354,6 +362,7 @@ func TestDecideMovesOffOverloadedRuntime(t *testing.T) {
 }
 
 func TestDecideMigrationBudget(t *testing.T) {
+	t.Parallel()
 	p := DefaultPolicy()
 	p.StragglerSpeed = 0.6 // off by default (policy.go): these tests turn it on
 	p.MigrationBudget = 3
@@ -410,6 +419,7 @@ func apply(obs *Observations, d Decision) {
 }
 
 func TestDecideStragglers(t *testing.T) {
+	t.Parallel()
 	p := DefaultPolicy()
 	p.StragglerSpeed = 0.6 // off by default (policy.go): these tests turn it on
 	p.MinRuntimes = 2      // no consolidation in this test
@@ -476,6 +486,7 @@ func TestDecideStragglers(t *testing.T) {
 }
 
 func TestDecideScaleDownDrainsEmptiest(t *testing.T) {
+	t.Parallel()
 	p := DefaultPolicy()
 	p.StableWindow = time.Second
 	p.MaxScaleDownFraction = 1
@@ -504,6 +515,7 @@ func TestDecideScaleDownDrainsEmptiest(t *testing.T) {
 }
 
 func TestDecideDeterministic(t *testing.T) {
+	t.Parallel()
 	p := DefaultPolicy()
 	obs := bigObservations(2000, 40, 7)
 	want := NewDecider().Decide(p, obs, at(0))
@@ -599,6 +611,7 @@ func BenchmarkDecide(b *testing.B) {
 }
 
 func TestDecideIndependentJobsShareButRuntimesHoldTheirPeaks(t *testing.T) {
+	t.Parallel()
 	// Three jobs with periods of 1, 1.3 and 1.7s (their bursts drift against each other), each 0.3
 	// core-s in a 100ms burst: 3 cores at the peak. As independent loads the pool needs mean + 2 sd
 	// = 0.71 + 2 x 1.40 = 3.5 cores, not the 9 of their peaks: 2 runtimes. But each sits on a runtime
@@ -624,6 +637,7 @@ func TestDecideIndependentJobsShareButRuntimesHoldTheirPeaks(t *testing.T) {
 }
 
 func TestDecideAsksForRuntimesForShardsThatFitNowhere(t *testing.T) {
+	t.Parallel()
 	p := DefaultPolicy()
 	rs := runtimes(2)
 	rs[0].Cores, rs[1].Cores = 1, 1 // smaller than the policy's runtimes
@@ -642,6 +656,7 @@ func TestDecideAsksForRuntimesForShardsThatFitNowhere(t *testing.T) {
 // the budget gets more headroom, at most once per headroom_period; one well inside it (below half)
 // gets less; one in between keeps its headroom; the bounds hold; the planned demand follows.
 func TestDecideFeedbackKeepsJobsWithinTheirBudget(t *testing.T) {
+	t.Parallel()
 	p := DefaultPolicy()
 	p.SlowdownBudget = 0.02
 	p.HeadroomPeriod = 10 * time.Second
@@ -698,6 +713,7 @@ func TestDecideFeedbackKeepsJobsWithinTheirBudget(t *testing.T) {
 // well inside, it shrinks to the lower bound and the pool follows it down. A job no longer observed
 // is forgotten; one whose period is unknown keeps its headroom.
 func TestDecideFeedbackMovesThePool(t *testing.T) {
+	t.Parallel()
 	p := DefaultPolicy()
 	p.SlowdownBudget = 0.02
 	p.HeadroomPeriod = 0

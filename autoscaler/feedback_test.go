@@ -12,6 +12,7 @@ import (
 // move to the idle runtime. Open loop, the runtime looks fine (2.9 of its 3.2 cores) and nothing
 // moves.
 func TestDecideFeedbackMovesAJobThatQueues(t *testing.T) {
+	t.Parallel()
 	build := func() Observations {
 		big := steady("big", 8, 2.5, "rt-1")
 		for i := range big {

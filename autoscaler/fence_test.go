@@ -77,6 +77,7 @@ func (e *ctlEnv) placementOf(rec job.Record) map[string]wire.Placement {
 // server, the placement is written only by b's term, and a steps down at its next step. Without
 // the fence, a's compare-and-set on keys b had not touched went through: a second writer.
 func TestControllerDeposedLeaderWritesAreRefused(t *testing.T) {
+	t.Parallel()
 	e := newCtlEnv(t)
 	e.beat("rt-a")
 	e.beat("rt-b")
@@ -156,6 +157,7 @@ func jetstreamOf(t *testing.T, nc *nats.Conn) jetstream.JetStream {
 // TTL has passed (so before another can take the lock): it was leader as long as it held the lock,
 // renewed or not.
 func TestControllerStopsLeadingWhenItCannotRenew(t *testing.T) {
+	t.Parallel()
 	if autoscaler.LeaseFor >= store.LeaderTTL {
 		t.Fatalf("lease %v not shorter than the lock's TTL %v", autoscaler.LeaseFor, store.LeaderTTL)
 	}
@@ -203,6 +205,7 @@ func (p *blockingPool) Scale(ctx context.Context, n int) error {
 // The leader lock is renewed from a goroutine of its own: a decision stuck in the pool driver does
 // not let it lapse. (It used to be renewed by each decision.)
 func TestControllerRenewsWhileADecisionIsSlow(t *testing.T) {
+	t.Parallel()
 	e := newCtlEnv(t)
 	e.beat("rt-a")
 	pool := &blockingPool{entered: make(chan struct{}), release: make(chan struct{})}
@@ -288,6 +291,7 @@ func (p *ownPool) Owns(id string) bool {
 // the leader asked its own driver to remove it (a no-op), and started its own runtimes beside the
 // others, then drained and stopped those, and started them again: one a second, for good.
 func TestControllerAdoptsAndStopsForeignRuntimes(t *testing.T) {
+	t.Parallel()
 	e := newCtlEnv(t)
 	e.beat("rt-x")
 	e.beat("rt-y")

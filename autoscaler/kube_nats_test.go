@@ -137,6 +137,7 @@ func natsServerVersion(t *testing.T) string {
 // servers with JetStream, named after their pods, routed to each other through the headless
 // Service, with fanin's payload limits, storage on the volume, the readiness probe on the
 // monitoring port, a disruption budget of one, and the nats-server version fanin is built with.
+// Not parallel: it reads nats.conf with the pod's name in the environment (options).
 func TestKubernetesNATSManifest(t *testing.T) {
 	objs := loadManifests(t)
 	m := loadNATSManifest(t, objs)
@@ -222,7 +223,8 @@ func TestKubernetesNATSManifest(t *testing.T) {
 // the three pods, moved to loopback ports and temporary stores (each route to the port of the pod
 // it names), started as three servers of the nats-server fanin is built with. They form one
 // JetStream cluster with a meta leader, the readiness probe's URL answers 200, and fanin's buckets
-// get 3 replicas through a connection to one server (as through the client Service).
+// get 3 replicas through a connection to one server (as through the client Service). Not
+// parallel: the pod's name is in the environment (options).
 func TestKubernetesNATSCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-node NATS cluster")

@@ -138,6 +138,7 @@ func find[T runtime.Object](t *testing.T, objs []runtime.Object, name string) T 
 // itself after its pod, the autoscaler runs twice, and its Role grants exactly the driver's calls.
 // (kube_nats_test.go checks the NATS cluster.)
 func TestKubernetesManifests(t *testing.T) {
+	t.Parallel()
 	objs := loadManifests(t)
 
 	var deployments []string
@@ -427,7 +428,9 @@ func without(names []string, name string) []string {
 // TestKubernetesDriver runs KubernetesDriver against a real kube-apiserver, etcd and
 // kube-controller-manager (its deployment and replicaset controllers create and delete the pods;
 // there is no scheduler or kubelet, so pods stay Pending). The manifests of deploy/kubernetes are
-// applied first, and the driver runs as the autoscaler's ServiceAccount under its Role.
+// applied first, and the driver runs as the autoscaler's ServiceAccount under its Role. Not
+// parallel: the control plane listens on ports FreePort found free, which a test beside it could
+// take in the seconds before they are bound.
 func TestKubernetesDriver(t *testing.T) {
 	bins := kubetest.BinDir(t)
 	objs := loadManifests(t)

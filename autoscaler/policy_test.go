@@ -9,12 +9,14 @@ import (
 )
 
 func TestDefaultPolicyIsValid(t *testing.T) {
+	t.Parallel()
 	if err := DefaultPolicy().Validate(); err != nil {
 		t.Fatal(err)
 	}
 }
 
 func TestParsePolicy(t *testing.T) {
+	t.Parallel()
 	p, err := ParsePolicy([]byte(`
 # only what differs from the defaults
 target_utilization: 0.6
@@ -44,6 +46,7 @@ packing: false
 }
 
 func TestParsePolicyErrors(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ doc, want string }{
 		{`target_utilization: 1.5`, "target_utilization: must be in (0, 1], got 1.5"},
 		{`target_utilization: 0`, "target_utilization: must be in (0, 1], got 0"},
@@ -90,6 +93,7 @@ func TestParsePolicyErrors(t *testing.T) {
 }
 
 func TestPolicySetGet(t *testing.T) {
+	t.Parallel()
 	p := DefaultPolicy()
 	for _, tc := range []struct{ knob, value, back string }{
 		{"target_utilization", "0.55", "0.55"},
@@ -123,6 +127,7 @@ func TestPolicySetGet(t *testing.T) {
 }
 
 func TestPolicyJSONRoundTrip(t *testing.T) {
+	t.Parallel()
 	p := DefaultPolicy()
 	p.PanicWindow = 1500 * time.Millisecond
 	p.Packing = false

@@ -44,6 +44,7 @@ func classLoadOn(obs Observations, pl map[string]string) map[string][3]float64 {
 // are spread over both runtimes: rt-1's high load is 4 cores, no headroom. Below max_runtimes the
 // classes change nothing.
 func TestDecidePrioritiesAtMaxRuntimes(t *testing.T) {
+	t.Parallel()
 	build := func(prio bool) Observations {
 		h1 := jobShards("h1", 6, 0.5, time.Second, 0, time.Second, "rt-1")
 		lo := jobShards("lo", 6, 0.5, time.Second, 0, time.Second, "rt-2")
@@ -130,6 +131,7 @@ func TestDecidePrioritiesAtMaxRuntimes(t *testing.T) {
 // the pool is short the high job's headroom grows and the low one's is held; once the pool is no
 // longer short (a higher max_runtimes) both grow. A low job well inside the budget still shrinks.
 func TestDecideFeedbackHoldsLowJobsWhilePoolIsShort(t *testing.T) {
+	t.Parallel()
 	p := DefaultPolicy()
 	p.SlowdownBudget = 0.02
 	p.HeadroomPeriod = 0
@@ -172,6 +174,7 @@ func TestDecideFeedbackHoldsLowJobsWhilePoolIsShort(t *testing.T) {
 // The control loop gives every shard its job's class from the job's record; a record stored before
 // priorities existed reads as normal.
 func TestObserveTakesPriorityFromTheRecord(t *testing.T) {
+	t.Parallel()
 	snap := view.Snapshot{Jobs: map[string]job.Record{}}
 	for id, prio := range map[string]string{"hi": job.PriorityHigh, "lo": job.PriorityLow, "old": ""} {
 		s := job.Spec{ID: id, Tensors: []job.Tensor{{Name: "w", Shape: []int{4096}}}, Ranks: 2,
@@ -192,6 +195,7 @@ func TestObserveTakesPriorityFromTheRecord(t *testing.T) {
 
 // With priorities in force the decisions still depend only on the observations, not their order.
 func TestDecidePrioritiesDeterministic(t *testing.T) {
+	t.Parallel()
 	p := DefaultPolicy()
 	obs := bigObservations(2000, 40, 7)
 	p.MaxRuntimes = 40
@@ -221,6 +225,7 @@ func TestDecidePrioritiesDeterministic(t *testing.T) {
 // rt-2 a normal job of 3, and the pool is short (it wants 3 runtimes, max_runtimes is 2). The low
 // shards are the ones to move; the high job keeps its runtime and pays no migration pause.
 func TestDecideOverloadByLowClassMovesLowShards(t *testing.T) {
+	t.Parallel()
 	p := DefaultPolicy()
 	p.MaxRuntimes = 2
 	hi := withPriority(jobShards("hi", 7, 0.5, time.Second, 0, time.Second, "rt-1"), PriorityHigh)
@@ -250,6 +255,7 @@ func TestDecideOverloadByLowClassMovesLowShards(t *testing.T) {
 // in force) for the stable window, instead of turning them off at the next decision, finding the
 // low shard homeless again and moving it back and forth.
 func TestDecideShortPoolIsHeld(t *testing.T) {
+	t.Parallel()
 	p := DefaultPolicy()
 	p.MaxRuntimes = 2
 	hi := withPriority(jobShards("hi", 2, 2.6, time.Second, 0, time.Second, "rt-1", "rt-2"), PriorityHigh)

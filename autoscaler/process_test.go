@@ -55,6 +55,7 @@ func readPids(t *testing.T, path string, n int) []int {
 
 // Runtime ids are unique and never reused, across drivers too.
 func TestProcessDriverIDsUnique(t *testing.T) {
+	t.Parallel()
 	bin, _ := fakeRuntime(t)
 	seen := map[string]bool{}
 	for range 2 {
@@ -78,6 +79,7 @@ func TestProcessDriverIDsUnique(t *testing.T) {
 // A driver given the Dir of one that died stops the runtimes that one left, and only them: a pid
 // recorded there that now runs something else is left alone.
 func TestProcessDriverStopsLeftovers(t *testing.T) {
+	t.Parallel()
 	bin, pids := fakeRuntime(t)
 	dir := t.TempDir()
 	old := &autoscaler.ProcessDriver{Binary: bin, Prefix: "rt", Log: testutil.Logger(), Dir: dir, Grace: 5 * time.Second}
@@ -122,6 +124,7 @@ func TestProcessDriverStopsLeftovers(t *testing.T) {
 // A runtime does not outlive its driver's process, however that dies: here a driver process is
 // SIGKILLed and the kernel stops its runtimes (PR_SET_PDEATHSIG).
 func TestProcessDriverRuntimesDieWithIt(t *testing.T) {
+	t.Parallel()
 	if os.Getenv("FANIN_TEST_DRIVER_BIN") != "" {
 		d := &autoscaler.ProcessDriver{Binary: os.Getenv("FANIN_TEST_DRIVER_BIN"), Prefix: "rt", Log: testutil.Logger()}
 		if err := d.Scale(context.Background(), 2); err != nil {
@@ -151,7 +154,8 @@ func TestProcessDriverRuntimesDieWithIt(t *testing.T) {
 }
 
 // A runtime is started at the size the driver's Cores says (the policy's cores_per_runtime), as
-// --cores and GOMAXPROCS; without it, at the runtime's default.
+// --cores and GOMAXPROCS; without it, at the runtime's default. Not parallel: it clears
+// GOMAXPROCS in the environment the runtimes inherit.
 func TestProcessDriverSizesRuntimes(t *testing.T) {
 	dir := t.TempDir()
 	bin, out := filepath.Join(dir, "fanin"), filepath.Join(dir, "started")

@@ -27,6 +27,7 @@ func loadOn(obs Observations, pl map[string]string) map[string]float64 {
 // overloaded runtime's shards that fit within target nowhere spill to runtimes that stay within
 // the threshold. Short of capacity the pool grows, by its demand.
 func TestDecideFragmentsDoNotScaleUpAPoolWithCapacity(t *testing.T) {
+	t.Parallel()
 	on := []string{"rt-1", "rt-2", "rt-3"}
 	for _, tc := range []struct {
 		name        string
@@ -66,6 +67,7 @@ func TestDecideFragmentsDoNotScaleUpAPoolWithCapacity(t *testing.T) {
 // (a slice of its peak on each) rather than filling the first runtime with room; and a burst of
 // steady work on an unevenly loaded pool evens the runtimes out.
 func TestDecideSpreadsABurstOverRuntimes(t *testing.T) {
+	t.Parallel()
 	// Four shards of 0.1 core-s in a 100 ms burst every second: 0.83 cores each at the peak with
 	// the 2% delay budget; first-fit would put three on one runtime.
 	// (min_runtimes 4: the pool does not shrink under the test.)
@@ -99,6 +101,7 @@ func TestDecideSpreadsABurstOverRuntimes(t *testing.T) {
 // report (the median of the healthy ones), so 30 cores of work on 16-core runtimes want 3 of them
 // (30 / 12.8), not the 10 of 4 cores; with no runtime reporting yet the pool grows one at a time.
 func TestDecideRuntimesSizedToTheirMachine(t *testing.T) {
+	t.Parallel()
 	p := DefaultPolicy()
 	p.CoresPerRuntime = 0
 	if err := p.Validate(); err != nil {
@@ -140,6 +143,7 @@ func TestDecideRuntimesSizedToTheirMachine(t *testing.T) {
 // Before its first load report a runtime counts with the cores of its registration, not as one
 // core (which, with cores_per_runtime 0, would size the pool in 1-core runtimes).
 func TestObserveTakesCoresFromTheRegistration(t *testing.T) {
+	t.Parallel()
 	snap := view.Snapshot{Runtimes: map[string]view.Runtime{
 		"rt-a": {RuntimeInfo: wire.RuntimeInfo{ID: "rt-a", Cores: 16}, Beat: t0, Registered: t0},
 	}}
