@@ -121,7 +121,8 @@ func BenchmarkAggregate(b *testing.B) {
 	}
 }
 
-// setSIMD sets useSIMD to on and returns the function that restores it.
+// setSIMD sets useSIMD to on and returns the function that restores it. A test that calls it does
+// not run in parallel: every test's kernels read useSIMD.
 func setSIMD(on bool) func() {
 	old := useSIMD
 	useSIMD = on

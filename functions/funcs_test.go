@@ -82,6 +82,7 @@ func checkSteps(t *testing.T, fn Func, k int, w []float64, want [][]float32) {
 
 // Hand-computed, exact (dyadic) expectations on the first three elements.
 func TestHandComputed(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name  string
 		hyper map[string]float64
@@ -129,6 +130,7 @@ func TestHandComputed(t *testing.T) {
 // float32 arithmetic for + - * / sqrt), in an independent program written from the package doc;
 // printed as the shortest decimal that rounds to the same float32.
 func TestRounded(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name    string
 		hyper   map[string]float64
@@ -190,6 +192,7 @@ func TestRounded(t *testing.T) {
 // m = 0.5*2 = 1, v = 0.25*4 = 1, bc1 = 0.5, bc2 = 0.25, lr/bc1 = 1, sqrt(bc2) = 0.5,
 // denom = 1/0.5 + 2 = 4, p = 1 - 1*(1/4) = 0.75; with g = 0: m = 0, p = -2.
 func TestAdamExactStep(t *testing.T) {
+	t.Parallel()
 	fn := mustNew(t, "adam", map[string]float64{"lr": 0.5, "beta1": 0.5, "beta2": 0.75, "eps": 2})
 	p := []float32{1, -2}
 	m, v := make([]float32, 2), make([]float32, 2)
@@ -226,6 +229,7 @@ func mirrorAdam(p, g, m, v []float32, t int, lr, b1, b2, eps, wd float64, decoup
 }
 
 func TestAdamMirror(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name                string
 		lr, b1, b2, eps, wd float64
@@ -252,6 +256,7 @@ func TestAdamMirror(t *testing.T) {
 
 // Clipping: Grad [3, 4] has norm 5; clip_norm 2.5 scales by float32(2.5/5) = 0.5.
 func TestClip(t *testing.T) {
+	t.Parallel()
 	apply := func(name string, hyper map[string]float64, grad []float32, ws float64) []float32 {
 		fn := mustNew(t, name, hyper)
 		p := []float32{10, 20}
@@ -277,6 +282,7 @@ func TestClip(t *testing.T) {
 }
 
 func TestInitState(t *testing.T) {
+	t.Parallel()
 	fn := mustNew(t, "adagrad", map[string]float64{"initial_accumulator": 0.25})
 	s := [][]float32{{1, 2, 3}}
 	fn.InitState(s)
@@ -289,6 +295,7 @@ func TestInitState(t *testing.T) {
 }
 
 func TestSlots(t *testing.T) {
+	t.Parallel()
 	want := map[string]int{"sum": 0, "mean": 0, "fedavg": 0, "sgd": 0, "momentum": 1, "nesterov": 1, "adagrad": 1, "adam": 2, "adamw": 2}
 	for _, fi := range Describe() {
 		fn := mustNew(t, fi.Name, withLR(fi, map[string]float64{}))
@@ -299,6 +306,7 @@ func TestSlots(t *testing.T) {
 }
 
 func TestPowInt(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		x    float64
 		n    int64
@@ -311,6 +319,7 @@ func TestPowInt(t *testing.T) {
 }
 
 func TestApplyPanicsOnMalformedUpdate(t *testing.T) {
+	t.Parallel()
 	fn := mustNew(t, "adam", nil)
 	ok := func() *Update {
 		return &Update{Params: make([]float32, 2), Grad: make([]float32, 2),
@@ -338,6 +347,7 @@ func TestApplyPanicsOnMalformedUpdate(t *testing.T) {
 	fn.Apply(ok()) // and the unmodified one is fine
 }
 
+// Not parallel: testing.AllocsPerRun counts the whole process's allocations.
 func TestApplyDoesNotAllocate(t *testing.T) {
 	for _, fi := range Describe() {
 		for _, clip := range []float64{0, 1} {

@@ -37,6 +37,7 @@ func same32(a, b float32) bool {
 // The 16-bit kernels give the bits of scalar float32 arithmetic on the exactly converted
 // elements, for random lengths and alignments, every dtype, and every bit pattern.
 func TestKernels16AgainstScalar(t *testing.T) {
+	t.Parallel()
 	for _, simd := range []bool{true, false} {
 		t.Run(map[bool]string{true: "simd", false: "go"}[simd], func(t *testing.T) {
 			defer func(old bool) { use16SIMD = old }(use16SIMD)
@@ -50,6 +51,7 @@ func TestKernels16AgainstScalar(t *testing.T) {
 // subnormal, Inf, NaN), by AddLE16 (the assembly where the CPU has it) and by the scalar
 // definition: the same bits.
 func TestAddLE16EveryPattern(t *testing.T) {
+	t.Parallel()
 	src := make([]byte, 2<<16)
 	for i := range 1 << 16 {
 		binary.LittleEndian.PutUint16(src[2*i:], uint16(i))
@@ -127,6 +129,7 @@ func kernels16AgainstScalar(t *testing.T) {
 
 // SumLE16 over mixed dtypes equals CopyLE16 + AddLE16 in rank order, bit for bit.
 func TestSumLE16MixedRanks(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(1, 16))
 	dtypes := []wire.Dtype{wire.F32, wire.BF16, wire.F16}
 	for range 100 {
@@ -150,6 +153,7 @@ func TestSumLE16MixedRanks(t *testing.T) {
 	}
 }
 
+// Not parallel: testing.AllocsPerRun counts the whole process's allocations.
 func TestKernels16DoNotAllocate(t *testing.T) {
 	dst := make([]float32, 5000)
 	src := make([]byte, 2*len(dst))
@@ -168,6 +172,7 @@ func TestKernels16DoNotAllocate(t *testing.T) {
 }
 
 func TestKernels16RefuseWrongLength(t *testing.T) {
+	t.Parallel()
 	defer func() {
 		if recover() == nil {
 			t.Fatal("AddLE16 took 8 bytes of bf16 for 3 elements")

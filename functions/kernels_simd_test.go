@@ -247,6 +247,7 @@ func sameVec(t *testing.T, what string, got, want []float32) {
 }
 
 func TestFoldApplyPanics(t *testing.T) {
+	t.Parallel()
 	fn := mustNew(t, "sgd", map[string]float64{"lr": 0.1})
 	u := &Update{Params: make([]float32, 4), Grad: make([]float32, 4), Step: 1, Ranks: 1, WeightSum: 1}
 	for name, srcs := range map[string][][]byte{
@@ -275,6 +276,7 @@ func TestFoldApplyPanics(t *testing.T) {
 	}
 }
 
+// Not parallel: testing.AllocsPerRun counts the whole process's allocations.
 func TestFoldApplyDoesNotAllocate(t *testing.T) {
 	for _, c := range foldApplyConfigs {
 		fn := mustNew(t, c.name, c.hyper)

@@ -63,6 +63,7 @@ func naiveEncode(x []float32) []byte {
 var testLengths = []int{0, 1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 1000, 1027, 2*chunk + 3}
 
 func TestKernelsMatchFloatVersions(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(1, 2))
 	for _, n := range testLengths {
 		x := randomFloats(rng, n)
@@ -135,6 +136,7 @@ func TestKernelsMatchFloatVersions(t *testing.T) {
 // The runtime sums encoded bytes with CopyLE + AddLE; the reference sums floats with copy + Add.
 // Same bits, whatever the alignment of each rank's payload.
 func TestByteSumEqualsFloatSum(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(3, 4))
 	const n, ranks = 257, 5
 	var floatSum, byteSum []float32
@@ -161,6 +163,7 @@ func TestByteSumEqualsFloatSum(t *testing.T) {
 // SumLE gives the bits of CopyLE + AddLE in rank order, for every number of ranks (the fused
 // path groups them by four), across blocks, with aligned, unaligned and mixed payloads.
 func TestSumLE(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(13, 14))
 	const n = 2*sumBlock + 5
 	for ranks := 1; ranks <= 10; ranks++ {
@@ -207,6 +210,7 @@ func TestSumLE(t *testing.T) {
 }
 
 func TestNonFinite(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(5, 6))
 	bad := []float32{float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1)),
 		math.Float32frombits(0x7f800001), math.Float32frombits(0xffc00000)}
@@ -242,6 +246,7 @@ func TestNonFinite(t *testing.T) {
 }
 
 func TestKernelLengthPanics(t *testing.T) {
+	t.Parallel()
 	for name, f := range map[string]func(){
 		"CopyLE":    func() { CopyLE(make([]float32, 2), make([]byte, 7)) },
 		"AddLE":     func() { AddLE(make([]float32, 2), make([]byte, 12)) },
@@ -264,6 +269,7 @@ func TestKernelLengthPanics(t *testing.T) {
 	}
 }
 
+// Not parallel: testing.AllocsPerRun counts the whole process's allocations.
 func TestKernelsDoNotAllocate(t *testing.T) {
 	const n = 1001
 	dst := make([]float32, n)
@@ -297,6 +303,7 @@ func itoaTest(n int) string {
 // Every position of a short payload, so that every lane of NonFinite's 64-bit words and of its
 // 64-byte groups is covered, next to the largest finite values.
 func TestNonFiniteEveryPosition(t *testing.T) {
+	t.Parallel()
 	const n = 21
 	finite := make([]float32, n)
 	for i := range finite {

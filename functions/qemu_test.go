@@ -16,6 +16,7 @@ import (
 //
 //	FANIN_QEMU=1 go test -run TestUnderQemu -v ./functions
 func TestUnderQemu(t *testing.T) {
+	t.Parallel()
 	if os.Getenv("FANIN_QEMU") == "" {
 		t.Skip("set FANIN_QEMU=1 to run the bit-exactness tests under qemu-user on arm64, ppc64le, riscv64 and s390x")
 	}

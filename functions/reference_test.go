@@ -43,6 +43,7 @@ func randomWeights(rng *rand.Rand, ranks int) []float64 {
 
 // Element-wise functions without clipping do not depend on the shard layout.
 func TestReferenceShardingDoesNotMatter(t *testing.T) {
+	t.Parallel()
 	const n, ranks = 37, 3
 	layouts := [][]Range{
 		{{0, 37}},
@@ -72,6 +73,7 @@ func TestReferenceShardingDoesNotMatter(t *testing.T) {
 // leaves the first shard (norm 5) and halves the second (norm 10) to [3, 4]; as one shard the
 // norm is sqrt(125) and every element is scaled by float32(5/sqrt(125)).
 func TestReferenceClipIsPerShard(t *testing.T) {
+	t.Parallel()
 	fn := mustNew(t, "sum", map[string]float64{"clip_norm": 5})
 	grads := [][]float32{{3, 4, 6, 8}}
 	two := NewReference(fn, 1, []Range{{0, 2}, {2, 2}}, make([]float32, 4))
@@ -87,6 +89,7 @@ func TestReferenceClipIsPerShard(t *testing.T) {
 // The rank order is part of the contract, and the tests can tell: with e = 2^-24 (half an ulp of
 // 1), (1 + e) + e rounds to 1 twice, while (e + e) + 1 = 1 + 2^-23 exactly.
 func TestReferenceRankOrderMatters(t *testing.T) {
+	t.Parallel()
 	const e = 1.0 / (1 << 24)
 	fn := mustNew(t, "sum", nil)
 	a := NewReference(fn, 3, nil, []float32{0})
@@ -101,6 +104,7 @@ func TestReferenceRankOrderMatters(t *testing.T) {
 // with CopyLE/AddLE (ScaleLE/AxpyLE for fedavg), then Apply on a separately configured Func with
 // its own state. It gives the reference's bits, with and without clipping.
 func TestReferenceMatchesByteSum(t *testing.T) {
+	t.Parallel()
 	const n, ranks = 50, 4
 	shards := []Range{{0, 13}, {13, 13}, {26, 24}}
 	for _, c := range configs {
@@ -164,6 +168,7 @@ func TestReferenceMatchesByteSum(t *testing.T) {
 
 // fedavg with nil weights is the mean; weights are ignored by unweighted functions.
 func TestReferenceWeights(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(11, 12))
 	grads := randomGrads(rng, 3, 20)
 	fed := NewReference(mustNew(t, "fedavg", nil), 3, nil, make([]float32, 20))
@@ -177,6 +182,7 @@ func TestReferenceWeights(t *testing.T) {
 }
 
 func TestReferenceLayout(t *testing.T) {
+	t.Parallel()
 	init := []float32{1, 2, 3, 4, 5}
 	r := NewReference(mustNew(t, "sum", nil), 1, []Range{{1, 2}}, init)
 	init[1] = 100 // NewReference copied init
@@ -218,6 +224,7 @@ func TestReferenceLayout(t *testing.T) {
 // shard in turn it gives the bits of a one-rank reference's Step (Ranks 1, WeightSum the weight,
 // Step the shard's own update count), for every function.
 func TestApplyRankIsAOneRankStep(t *testing.T) {
+	t.Parallel()
 	shards := []Range{{0, 300}, {300, 200}, {500, 13}}
 	for _, c := range configs {
 		t.Run(c.name, func(t *testing.T) {

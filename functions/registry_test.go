@@ -10,6 +10,7 @@ import (
 )
 
 func TestNewErrors(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name  string
 		hyper map[string]float64
@@ -74,6 +75,7 @@ func TestNewErrors(t *testing.T) {
 }
 
 func TestDefaults(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name  string
 		hyper map[string]float64
@@ -121,6 +123,7 @@ func TestDefaults(t *testing.T) {
 }
 
 func TestWeighted(t *testing.T) {
+	t.Parallel()
 	for _, fi := range Describe() {
 		if got := Weighted(fi.Name); got != (fi.Name == "fedavg") || got != fi.Weighted {
 			t.Errorf("Weighted(%q) = %v, Describe %v", fi.Name, got, fi.Weighted)
@@ -136,6 +139,7 @@ func TestWeighted(t *testing.T) {
 }
 
 func TestDescribe(t *testing.T) {
+	t.Parallel()
 	infos := Describe()
 	var names []string
 	for _, fi := range infos {
@@ -180,6 +184,7 @@ func TestDescribe(t *testing.T) {
 // hyper-parameters at their defaults: the range says everything New checks, dampening's bond with
 // Nesterov momentum included.
 func TestDescribedRangesAreAccepted(t *testing.T) {
+	t.Parallel()
 	inside := map[string]float64{"> 0": 0.5, ">= 0": 0.5, "in [0, 1)": 0.5, "0 or 1": 1, "0": 0,
 		"in [0, 1); 0 when nesterov = 1": 0.5}
 	for _, fi := range Describe() {
