@@ -49,6 +49,7 @@ func sameValue(a, b float64) bool {
 // Every 16-bit pattern converts to float32 exactly (checked against its value computed from the
 // fields in float64) and back to the same bits; NaNs come back as the quiet NaN of their sign.
 func TestSixteenBitRoundTripExhaustive(t *testing.T) {
+	t.Parallel()
 	for i := range 1 << 16 {
 		h := uint16(i)
 		sign := 1.0
@@ -110,6 +111,7 @@ func TestSixteenBitRoundTripExhaustive(t *testing.T) {
 // float32 -> 16 bits against refRound, on edge values (every tie and its neighbours around each
 // 16-bit value near the ranges' ends) and random bit patterns.
 func TestF32To16AgainstReference(t *testing.T) {
+	t.Parallel()
 	check := func(f float32) {
 		t.Helper()
 		if got, want := float64(F16ToF32(F32ToF16(f))), refF16(f); !sameValue(got, want) {
@@ -158,6 +160,7 @@ func TestF32To16AgainstReference(t *testing.T) {
 	}
 }
 
+// Not parallel: testing.AllocsPerRun counts the whole process's allocations.
 func TestEncodeDecode(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	src := make([]float32, 1001)
@@ -198,6 +201,7 @@ func TestEncodeDecode(t *testing.T) {
 }
 
 func TestCheckPayload(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		data   []byte
 		dt     Dtype
@@ -252,6 +256,7 @@ func BenchmarkEncode(b *testing.B) {
 // Encode (the assembly where the CPU has it, and the Go loop) gives F32ToBF16's and F32ToF16's
 // bits on every 16-bit value's neighbourhood (ties included), NaNs of any payload, and random bit
 // patterns, at even and odd offsets.
+// Not parallel: it switches useSIMD, which every test's Encode and Decode read.
 func TestEncodeMatchesScalar(t *testing.T) {
 	var src []float32
 	for i := range 1 << 16 {
@@ -293,6 +298,7 @@ func TestEncodeMatchesScalar(t *testing.T) {
 
 // Decode of bf16 (eight at a time on amd64 with AVX2) gives BF16ToF32 of every pattern, at any
 // source address and length.
+// Not parallel: it switches useSIMD, which every test's Encode and Decode read.
 func TestDecodeBF16MatchesScalar(t *testing.T) {
 	src := make([]byte, 1+2*(1<<16+13))
 	for i := range 1<<16 + 13 {
@@ -321,6 +327,7 @@ func TestDecodeBF16MatchesScalar(t *testing.T) {
 // does: at every position of payloads that span several blocks, among neighbours whose exponent is
 // one short of all ones, with either sign.
 func TestNonFiniteF32MatchesScan(t *testing.T) {
+	t.Parallel()
 	scan := func(b []byte) int {
 		for i := 0; i+3 < len(b); i += 4 {
 			if binary.LittleEndian.Uint32(b[i:])&0x7f800000 == 0x7f800000 {
@@ -357,6 +364,7 @@ func TestNonFiniteF32MatchesScan(t *testing.T) {
 // DecodeParams reads a parameters message by its dtype, f32 when the header is absent, and refuses
 // a dtype it does not know and a length that does not fit the shard in the message's dtype.
 func TestDecodeParams(t *testing.T) {
+	t.Parallel()
 	vals := []float32{1, -2.5, 3.0078125, 0}
 	for _, c := range []struct {
 		hdr  string
@@ -391,6 +399,7 @@ func TestDecodeParams(t *testing.T) {
 // scan does, for every one of the 65,536 patterns placed at every position of a payload that spans
 // blocks, among neighbours of every finite pattern, at even and odd addresses.
 func TestNonFinite16MatchesScan(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		dt  Dtype
 		exp uint16

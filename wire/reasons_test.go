@@ -8,6 +8,7 @@ import (
 
 // Every reason is documented: the data-plane ones in docs/PROTOCOL.md, all of them in docs/API.md.
 func TestReasonsDocumented(t *testing.T) {
+	t.Parallel()
 	protocol, err := os.ReadFile("../docs/PROTOCOL.md")
 	if err != nil {
 		t.Fatal(err)

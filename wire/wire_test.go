@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
+// Not parallel: testing.AllocsPerRun counts the whole process's allocations.
 func TestStreamSeq(t *testing.T) {
 	cases := map[string]uint64{
 		"$JS.ACK.GRAD.cons.1.4711.12.1700000000000000000.0":               4711,
@@ -29,6 +30,7 @@ func TestStreamSeq(t *testing.T) {
 	}
 }
 
+// Not parallel: testing.AllocsPerRun counts the whole process's allocations.
 func TestParseGradHeaders(t *testing.T) {
 	h := nats.Header{}
 	h.Set(HdrStep, "12")
@@ -94,6 +96,7 @@ func TestParseGradHeaders(t *testing.T) {
 // A number past int64 (2^64+1) is a bad header quoted as sent, never clamped; and a rejection
 // for one header still carries the rank (and step) that parsed, so the report names the sender.
 func TestParseGradHeadersReportsWhatParsed(t *testing.T) {
+	t.Parallel()
 	h := nats.Header{}
 	h.Set(HdrStep, "18446744073709551617")
 	h.Set(HdrRank, "1")
@@ -118,6 +121,7 @@ func TestParseGradHeadersReportsWhatParsed(t *testing.T) {
 }
 
 func TestRejectRoundTripAndIs(t *testing.T) {
+	t.Parallel()
 	r := Rejectf(ReasonStaleStep, "step %d was applied", 3)
 	r.Job = "j"
 	back, err := UnmarshalReject(r.Marshal())
@@ -133,6 +137,7 @@ func TestRejectRoundTripAndIs(t *testing.T) {
 }
 
 func TestShardFromSubject(t *testing.T) {
+	t.Parallel()
 	if id, ok := ShardFromSubject(GradSubject("j", 17)); !ok || id != 17 {
 		t.Fatalf("got %d %v", id, ok)
 	}
@@ -144,6 +149,7 @@ func TestShardFromSubject(t *testing.T) {
 }
 
 func TestGradAttempt(t *testing.T) {
+	t.Parallel()
 	id := GradMsgID("j", 3, 12, 1)
 	for in, want := range map[string]int{id: 0, id + ".a1": 1, id + ".a17": 17, "": 0, "x.ab": 0} {
 		if got := GradAttempt(in); got != want {
@@ -155,6 +161,7 @@ func TestGradAttempt(t *testing.T) {
 // A gradient message GradMsg builds is what ParseGradHeaders, GradAttempt and ShardFromSubject
 // read back, optional headers included or left out; a reused message set for another gradient
 // carries nothing of the one before.
+// Not parallel: testing.AllocsPerRun counts the whole process's allocations.
 func TestGradMsgRoundTrip(t *testing.T) {
 	cases := []Grad{
 		{Job: "j", Shard: 3, Step: 1, Rank: 0},
@@ -203,6 +210,7 @@ func TestGradMsgRoundTrip(t *testing.T) {
 }
 
 func TestGradAttemptMsgID(t *testing.T) {
+	t.Parallel()
 	for attempt, want := range map[int]string{0: "j.g.3.12.1", 1: "j.g.3.12.1.a1", 17: "j.g.3.12.1.a17", -1: "j.g.3.12.1"} {
 		id := GradAttemptMsgID("j", 3, 12, 1, attempt)
 		if id != want || GradAttempt(id) != max(attempt, 0) {
@@ -214,6 +222,7 @@ func TestGradAttemptMsgID(t *testing.T) {
 // The reports of a rejection: to its sender, and on its job's rejects subject with who made it
 // and that origin's counts; both decode to the rejection.
 func TestRejectMsgs(t *testing.T) {
+	t.Parallel()
 	rej := Rejectf(ReasonBadLength, "payload is %d bytes", 3)
 	rej.Job, rej.Shard, rej.Step, rej.Rank, rej.MsgID = "j", 1, 4, 0, "j.g.1.4.0"
 	for _, m := range []*nats.Msg{rej.ReplyMsg("fanin.v1.j.inbox.x"), rej.ReportMsg("runtime-1", "bad_length=2")} {
@@ -234,6 +243,7 @@ func TestRejectMsgs(t *testing.T) {
 }
 
 func TestAckInfo(t *testing.T) {
+	t.Parallel()
 	seq, pending, ok := AckInfo("$JS.ACK.dom.HASH.GRAD.cons.1.42.12.1700000000000000000.9.tok")
 	if !ok || seq != 42 || pending != 9 {
 		t.Fatalf("got %d %d %v", seq, pending, ok)
@@ -245,6 +255,7 @@ func TestAckInfo(t *testing.T) {
 }
 
 func TestRejectTally(t *testing.T) {
+	t.Parallel()
 	var tally RejectTally
 	tally.Add("a", ReasonBadLength)
 	tally.Add("b", ReasonBadLength)
@@ -264,6 +275,7 @@ func TestRejectTally(t *testing.T) {
 }
 
 // The builders make the messages PROTOCOL.md describes, and the parsers read them back.
+// Not parallel: testing.AllocsPerRun counts the whole process's allocations.
 func TestMessageBuilders(t *testing.T) {
 	m := ParamsMsg("j", 3, 12, 99, []byte{1, 2, 3, 4})
 	if m.Subject != ParamsSubject("j", 3) || m.Header.Get(HdrMsgID) != "j.p.3.12" || m.Header.Get(HdrDtype) != DtypeF32 || len(m.Data) != 4 {
