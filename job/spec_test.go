@@ -21,6 +21,7 @@ func validSpec() Spec {
 }
 
 func TestValidateSpecificErrors(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name  string
 		edit  func(*Spec)
@@ -80,6 +81,7 @@ func TestValidateSpecificErrors(t *testing.T) {
 }
 
 func TestParseJSONAndUnits(t *testing.T) {
+	t.Parallel()
 	s, err := ParseJSON([]byte(`{"id":"mlp","tensors":[{"name":"w","shape":[784,128]}],"ranks":4,
 		"function":{"name":"adam","hyper":{"lr":0.001}},"shard_size":"256KiB","storage":"file"}`))
 	if err != nil {
@@ -125,6 +127,7 @@ func TestParseJSONAndUnits(t *testing.T) {
 // Layout properties over random specs: every element in exactly one shard, shards contiguous and in
 // order, none empty or over the target, tensors up to the target never split, deterministic.
 func TestLayoutProperties(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(1, 2))
 	for trial := 0; trial < 500; trial++ {
 		s := Spec{ShardSize: ByteSize(4 * (1 + rng.IntN(5000)))}
@@ -184,6 +187,7 @@ func TestLayoutProperties(t *testing.T) {
 
 // Small tensors share a shard; a large one is split evenly.
 func TestLayoutGroupsAndSplits(t *testing.T) {
+	t.Parallel()
 	s := Spec{ShardSize: 4096, Tensors: []Tensor{
 		{Name: "a", Shape: []int{100}}, {Name: "b", Shape: []int{200}}, {Name: "c", Shape: []int{2500}}, {Name: "d", Shape: []int{10}},
 	}}
@@ -205,6 +209,7 @@ func TestLayoutGroupsAndSplits(t *testing.T) {
 
 // Init values depend on the element's global index only: any sharding gives the same vector.
 func TestInitIndependentOfSharding(t *testing.T) {
+	t.Parallel()
 	for _, kind := range []string{"uniform", "normal"} {
 		s := Spec{Init: Init{Kind: kind, Seed: 3, Scale: 0.5}}
 		whole := make([]float32, 1000)
@@ -232,6 +237,7 @@ func TestInitIndependentOfSharding(t *testing.T) {
 }
 
 func TestParseByteSize(t *testing.T) {
+	t.Parallel()
 	for in, want := range map[string]ByteSize{"4096": 4096, "1MiB": 1 << 20, "256 KiB": 256 << 10, "4KB": 4000} {
 		if got, err := ParseByteSize(in); err != nil || got != want {
 			t.Errorf("ParseByteSize(%q) = %v, %v; want %v", in, got, err, want)
@@ -245,6 +251,7 @@ func TestParseByteSize(t *testing.T) {
 }
 
 // A tiny spec that describes millions of shards is refused without building them.
+// Not parallel: testing.AllocsPerRun counts the whole process's allocations.
 func TestValidateManyShardsCheaply(t *testing.T) {
 	s := validSpec()
 	s.Normalize()
@@ -262,6 +269,7 @@ func TestValidateManyShardsCheaply(t *testing.T) {
 
 // ParseJSON refuses what a lenient decoder would accept silently, each with a specific error.
 func TestParseJSONStrict(t *testing.T) {
+	t.Parallel()
 	const base = `{"id":"a","tensors":[{"name":"w","shape":[4]}],"ranks":1,"function":{"name":"sgd","hyper":{"lr":0.1}}}`
 	if _, err := ParseJSON([]byte(base)); err != nil {
 		t.Fatal(err)
