@@ -15,6 +15,7 @@ import (
 var defaultProblem = sync.OnceValue(func() *Problem { return NewProblem(DefaultConfig()) })
 
 func TestDetExpLogMatchMath(t *testing.T) {
+	t.Parallel()
 	r := newRNG(42, 0)
 	for range 100000 {
 		x := -700 * r.uniform()
@@ -50,6 +51,7 @@ func TestDetExpLogMatchMath(t *testing.T) {
 // TestGradientMatchesFiniteDifferences compares the analytic gradient with central differences of
 // the float64 loss, per coordinate and along a random direction.
 func TestGradientMatchesFiniteDifferences(t *testing.T) {
+	t.Parallel()
 	p := defaultProblem()
 	m := NewModel(p)
 	r := newRNG(3, 0)
@@ -132,6 +134,7 @@ func labels(y []int32) []float32 {
 }
 
 func TestDeterminism(t *testing.T) {
+	t.Parallel()
 	cfg := DefaultConfig()
 	p, q := NewProblem(cfg), NewProblem(cfg)
 	if !slices.Equal(bitsOf(p.trainX), bitsOf(q.trainX)) || !slices.Equal(p.trainY, q.trainY) ||
@@ -192,6 +195,7 @@ func TestDeterminism(t *testing.T) {
 }
 
 func TestBatches(t *testing.T) {
+	t.Parallel()
 	cfg := DefaultConfig()
 	cfg.TrainSize = 1000 // not a multiple of the rank counts below
 	p := NewProblem(cfg)
@@ -236,6 +240,7 @@ func TestBatches(t *testing.T) {
 }
 
 func TestTensors(t *testing.T) {
+	t.Parallel()
 	p := defaultProblem()
 	var names []string
 	n := 0
@@ -252,6 +257,7 @@ func TestTensors(t *testing.T) {
 }
 
 func TestConfigValidate(t *testing.T) {
+	t.Parallel()
 	if err := DefaultConfig().Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -269,6 +275,7 @@ func TestConfigValidate(t *testing.T) {
 }
 
 func TestPanicsOnMisuse(t *testing.T) {
+	t.Parallel()
 	p := defaultProblem()
 	m := NewModel(p)
 	params, grad := p.InitParams(0), make([]float32, p.NumParams())
@@ -292,6 +299,7 @@ func TestPanicsOnMisuse(t *testing.T) {
 	}
 }
 
+// Not parallel: testing.AllocsPerRun counts the whole process's allocations.
 func TestNoAllocations(t *testing.T) {
 	p := defaultProblem()
 	m := NewModel(p)
@@ -342,6 +350,7 @@ func (s sgd) step(params, grad []float32) {
 // TestTraining runs the demo job in miniature: 4 ranks, a global batch of 256, the ranks'
 // gradients averaged and applied by one optimizer.
 func TestTraining(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name string
 		opt  interface{ step(params, grad []float32) }
