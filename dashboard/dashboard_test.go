@@ -23,6 +23,7 @@ import (
 // The dashboard serves its page and files, and its state shows a job that steps, the runtimes
 // with the shards placed on them, the autoscaler's decisions, the pool's history, and rejects.
 func TestDashboardShowsARunningJob(t *testing.T) {
+	t.Parallel()
 	st := testutil.Stack(t, 2)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -113,6 +114,7 @@ func get(t *testing.T, url string) (body, contentType string) {
 // A job's elastic workers are in its row: the target from its record, and each worker of its
 // assignment with the ranks it holds; the page has a section that draws them.
 func TestDashboardShowsElasticWorkers(t *testing.T) {
+	t.Parallel()
 	st := testutil.Stack(t, 1)
 	ctx := context.Background()
 	nc, err := nats.Connect(st.URL, nats.Name("dashboard"))
