@@ -46,6 +46,7 @@ func mustCLI(t *testing.T, st *devstack.Stack, mk func() *cobra.Command, args ..
 
 // The CLI drives fanin through the API: jobs, pool, policy, tokens, and top, as tables and JSON.
 func TestCLI(t *testing.T) {
+	t.Parallel()
 	st, err := devstack.Start(context.Background(), devstack.Config{
 		DataDir: t.TempDir(), NATSPort: -1, HTTPAddr: "127.0.0.1:0", Runtimes: 2, Logger: testutil.Logger(), Auth: true,
 	})
@@ -258,6 +259,7 @@ func putAssignment(t *testing.T, st *devstack.Stack, a wire.Assignment) {
 
 // fanin auth init writes what an external server and the components need.
 func TestAuthInit(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	cmd := authCmd()
 	var out bytes.Buffer

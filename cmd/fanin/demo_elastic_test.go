@@ -15,6 +15,7 @@ import (
 // as the workers leave, die (a stall shown while it lasts) and join (w0 alone holds every rank for a while, the joiners hold some
 // at the end), and the final parameters are bit-identical to the same job on fixed ranks.
 func TestElasticDemo(t *testing.T) {
+	t.Parallel()
 	st := testutil.Stack(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -49,6 +50,7 @@ func TestElasticDemo(t *testing.T) {
 // TestRecentRate: the elastic demo's steps/s is over the last rateWindow and counts a stall in it,
 // however few steps came after.
 func TestRecentRate(t *testing.T) {
+	t.Parallel()
 	t0 := time.Unix(1000, 0)
 	done := map[int64]time.Time{0: t0}
 	at := t0

@@ -16,7 +16,8 @@ import (
 	"github.com/fanin-ml/fanin/lab/testutil"
 )
 
-// onLog makes f see every record logged through slog's default logger until the test ends.
+// onLog makes f see every record logged through slog's default logger until the test ends. A test
+// that calls it does not run in parallel: it swaps the process's default logger.
 func onLog(t *testing.T, f func(slog.Record)) {
 	old := slog.Default()
 	slog.SetDefault(slog.New(hookHandler{f}))
@@ -31,7 +32,8 @@ func (h hookHandler) WithAttrs([]slog.Attr) slog.Handler            { return h }
 func (h hookHandler) WithGroup(string) slog.Handler                 { return h }
 
 // A runtime pointed at an address where no NATS listens keeps trying (NATS may start later), says
-// so in its log, and, when it stops, names the address and the cause.
+// so in its log, and, when it stops, names the address and the cause. Not parallel (onLog; and a
+// test beside it could start a server on the port FreePort found free).
 func TestNATSOutOfReach(t *testing.T) {
 	url := fmt.Sprintf("nats://127.0.0.1:%d", testutil.FreePort(t))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -89,6 +91,7 @@ func TestNATSWithoutCredentials(t *testing.T) {
 
 // fanin dev names its NATS port as taken, at once.
 func TestDevNATSPortTaken(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -101,7 +104,8 @@ func TestDevNATSPortTaken(t *testing.T) {
 	}
 }
 
-// A client command with no gateway at --api says so, and how to point it elsewhere.
+// A client command with no gateway at --api says so, and how to point it elsewhere. Not parallel:
+// a test beside it could start a server on the port FreePort found free.
 func TestNoGateway(t *testing.T) {
 	api := fmt.Sprintf("http://127.0.0.1:%d", testutil.FreePort(t))
 	_, err := execute(context.Background(), jobsCmd(), "ls", "--api", api, "--token", "x")

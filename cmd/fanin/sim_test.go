@@ -14,6 +14,7 @@ import (
 // fanin sim reads every trace file of --traces: a PAI trace added next to the shared ones is drawn
 // from and named in the report, and a workload file (--workload) can follow it by its name.
 func TestSimUsesAnExtraTraceFile(t *testing.T) {
+	t.Parallel()
 	shared := filepath.Join("..", "..", "..", "shared", "traces")
 	names, _ := filepath.Glob(filepath.Join(shared, "*.csv"))
 	if len(names) == 0 {
@@ -84,6 +85,7 @@ func TestSimUsesAnExtraTraceFile(t *testing.T) {
 // A trace file of the wrong format, or with a bad row, stops fanin sim with an error naming the
 // file and the line: no trace is silently left out.
 func TestSimRejectsABadTraceFile(t *testing.T) {
+	t.Parallel()
 	for name, tc := range map[string]struct{ content, want string }{
 		"columns.csv": {"a,b\n1,2\n", "columns.csv: line 1: not a trace"},
 		"badrow.csv":  {",worker,gpu,time,batch_time_norm\n0,0,25,1,500\n1,1,25,1,fast\n", "badrow.csv: line 3:"},
@@ -109,6 +111,7 @@ func TestSimRejectsABadTraceFile(t *testing.T) {
 // fanin sim --synth draws the jobs with synthesized step times of the spread and CoV asked for,
 // and says so in the report; a bad description is refused.
 func TestSimSynth(t *testing.T) {
+	t.Parallel()
 	shared := filepath.Join("..", "..", "..", "shared", "traces")
 	if _, err := os.Stat(filepath.Join(shared, "philly-job-runtime.csv")); err != nil {
 		t.Skipf("the shared traces are not at %s", shared)
@@ -162,6 +165,7 @@ func TestSimSynth(t *testing.T) {
 // fanin sim --cost charges the service with the file's figures and the report says so; --broker,
 // --oracle-period and --oracle-startup reach the model; a bad cost file is refused, named.
 func TestSimCostFlags(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	wl := filepath.Join(dir, "jobs.json")
 	if err := os.WriteFile(wl, []byte(`{"jobs": [{"id": "g", "arrival_s": 0, "duration_s": 30, "params": 1000000, "step_times_s": [[0.5, 0.6]]}]}`), 0o644); err != nil {

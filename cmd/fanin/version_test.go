@@ -23,6 +23,7 @@ func execute(ctx context.Context, cmd *cobra.Command, args ...string) (string, e
 
 // fanin version and fanin --version print one line: version, commit, Go version.
 func TestVersion(t *testing.T) {
+	t.Parallel()
 	out, err := execute(context.Background(), versionCmd())
 	if err != nil || out != versionLine()+"\n" {
 		t.Fatalf("fanin version: %q %v", out, err)
