@@ -52,6 +52,7 @@ func runCLI(t *testing.T, args ...string) (string, error) {
 // TestWriteAndPush writes the image as an OCI layout and as a docker tarball and pushes it to a
 // registry (go-containerregistry's, in memory): all three hold the image of the printed digest.
 func TestWriteAndPush(t *testing.T) {
+	t.Parallel()
 	bin := static(t)
 	dir := t.TempDir()
 	common := []string{"--binary", bin, "--version", "v9.9.9", "--revision", "abc", "--source-date-epoch", "1700000000"}
