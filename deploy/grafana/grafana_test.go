@@ -91,6 +91,7 @@ func exported() map[string]bool {
 }
 
 func TestQueriesUseExistingMetrics(t *testing.T) {
+	t.Parallel()
 	data, err := os.ReadFile("fanin.json")
 	if err != nil {
 		t.Fatal(err)
@@ -157,6 +158,7 @@ func TestQueriesUseExistingMetrics(t *testing.T) {
 }
 
 func TestMetricNames(t *testing.T) {
+	t.Parallel()
 	for expr, want := range map[string]string{
 		`histogram_quantile(0.99, sum by (le, fanin_job) (rate(fanin_runtime_queue_wait_seconds_bucket{fanin_job=~"$fanin_job"}[1m])))`: "fanin_runtime_queue_wait_seconds_bucket",
 		`sum(fanin_autoscaler_pool_size * fanin_autoscaler_leader)`:                                                                     "fanin_autoscaler_pool_size fanin_autoscaler_leader",
