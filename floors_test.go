@@ -47,6 +47,7 @@ func floorOf(rel string) int {
 // TestNoUpwardImports fails naming every import (tests' imports aside) that reaches a higher floor,
 // and every package that is on no floor.
 func TestNoUpwardImports(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("runs go list")
 	}
@@ -90,6 +91,7 @@ func TestNoUpwardImports(t *testing.T) {
 
 // TestFloorOf keeps the table's matching honest: exact paths, subtrees, and the longest match.
 func TestFloorOf(t *testing.T) {
+	t.Parallel()
 	for rel, want := range map[string]string{
 		"wire":                          "contracts",
 		"gateway/api":                   "contracts",
