@@ -31,6 +31,7 @@ startup_grace: 1s
 // runtime' processes itself. A burst of three jobs training at once grows the pool beyond its
 // minimum; when the jobs end, the pool drains back to one runtime.
 func TestBurstGrowsAndShrinksPool(t *testing.T) {
+	t.Parallel()
 	skipShort(t)
 	url := testutil.NATS(t)
 	policy := filepath.Join(t.TempDir(), "policy.yaml")

@@ -165,6 +165,7 @@ func clusterSpec(id, fn string) job.Spec {
 // replacement: the survivors recover the dead runtime's shards from their checkpoints and the
 // stream, and every step stays bit-exact.
 func TestRepeatedKills(t *testing.T) {
+	t.Parallel()
 	skipShort(t)
 	c := startCluster(t, "rt-0", "rt-1", "rt-2")
 	rec, err := sdk.NewAdmin(c.api).CreateJob(context.Background(), clusterSpec("kills", "adam"))

@@ -28,6 +28,7 @@ import (
 // the pool chart and the autoscaler's decisions. A screenshot is written to a temporary directory,
 // or to docs/img/dashboard.png with FANIN_UPDATE_SCREENSHOT=1.
 func TestDashboardInChromium(t *testing.T) {
+	t.Parallel()
 	skipShort(t)
 	chromium := needTool(t, "Debian package chromium", "chromium", "chromium-browser", "google-chrome")
 	st := testutil.Stack(t, 3)

@@ -10,6 +10,7 @@ import (
 // TestDevDemo runs the README's command: `fanin dev --demo --steps 50` exits 0 and the demo model's
 // test accuracy rises.
 func TestDevDemo(t *testing.T) {
+	t.Parallel()
 	skipShort(t)
 	p := start(t, "fanin dev", "dev", "--demo", "--steps", "50", "--nats-port", "-1", "--http", "127.0.0.1:0",
 		"--data-dir", t.TempDir(), "--log-level", "warn")

@@ -13,6 +13,7 @@ import (
 // survivor replays the 16-bit gradients from the stream, and every step equals the reference fed
 // the rounded gradients, bit for bit.
 func TestSixteenBitGradientsAcrossKill(t *testing.T) {
+	t.Parallel()
 	skipShort(t)
 	c := startCluster(t, "rt-0", "rt-1")
 	rec, err := sdk.NewAdmin(c.api).CreateJob(context.Background(), clusterSpec("d16", "adam"))

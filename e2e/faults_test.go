@@ -235,7 +235,7 @@ func TestFaultsNATSKill(t *testing.T) {
 	tt := f.train(clusterSpec("natskill", "momentum"))
 	tt.run(8)
 	nn.kill(0)
-	time.Sleep(time.Second)
+	time.Sleep(time.Second) // NATS stays down a while, as a crashed server does
 	nn.restart(0)
 	tt.run(20)
 	tt.checkUpdates(nn.url())

@@ -46,6 +46,10 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// Tests run in parallel (t.Parallel) unless they set the environment, or their servers listen on
+// ports testutil.FreePort found free or come back on the port they had: a process of a test beside
+// them could take such a port first.
+
 func skipShort(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end test: runs without -short")

@@ -44,6 +44,7 @@ type nodeJob struct {
 // byte-identical to fanin's single-process reference fed the same model's gradients, computed here
 // in Go.
 func TestNodeWorker(t *testing.T) {
+	t.Parallel()
 	skipShort(t)
 	dir := nodeWorkerDir(t)
 	data := t.TempDir()
@@ -156,6 +157,7 @@ func TestNodeWorker(t *testing.T) {
 // value's float32, the ties halfway to its neighbours and the float32s next to them, the edges
 // the doc names, and a million random bit patterns (NaNs included).
 func TestNodeDtypeRounding(t *testing.T) {
+	t.Parallel()
 	skipShort(t)
 	dir := nodeWorkerDir(t)
 	var in []uint32
@@ -201,6 +203,7 @@ func TestNodeDtypeRounding(t *testing.T) {
 // against job.Spec.Layout on random specs: tensors of a few elements up to several shards' worth,
 // shard sizes from 4 KiB, each spec valid.
 func TestNodeLayout(t *testing.T) {
+	t.Parallel()
 	skipShort(t)
 	dir := nodeWorkerDir(t)
 	rng := rand.New(rand.NewPCG(3, 4))

@@ -31,6 +31,7 @@ import (
 // parameters of its step; and once the runtimes are stopped, every shard's checkpoint holds those
 // of the last step.
 func TestBF16ParamsAcrossKill(t *testing.T) {
+	t.Parallel()
 	skipShort(t)
 	c := startCluster(t, "rt-0", "rt-1")
 	admin := sdk.NewAdmin(c.api)

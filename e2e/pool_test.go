@@ -23,6 +23,7 @@ import (
 // over) and later another is killed with SIGKILL (its shards are recovered from checkpoints and
 // the replayed stream by the survivors). Every step's parameters equal the reference byte for byte.
 func TestProcessPoolSurvivesStopAndKill(t *testing.T) {
+	t.Parallel()
 	skipShort(t)
 	url := testutil.NATS(t)
 

@@ -505,6 +505,7 @@ func envFloat(t *testing.T, name string, def float64) float64 {
 // TestLiveShaped checks the stretch of a workload to live measurements: the slowest rank of each
 // row scales with period, the distances from it with burst; a job without reports is unchanged.
 func TestLiveShaped(t *testing.T) {
+	t.Parallel()
 	wl := &sim.Workload{Jobs: []sim.JobSpec{
 		{ID: "a", Params: 1, StepTimes: [][]float64{{0.100, 0.090}, {0.100, 0.080}, {0.100, 0.090}}},
 		{ID: "b", Params: 1, StepTimes: [][]float64{{0.200, 0.100}}},
