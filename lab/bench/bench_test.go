@@ -18,6 +18,7 @@ import (
 // TestRunQuick runs the two short scenarios as `fanin bench --quick` does and checks that the
 // results are well-formed. It asserts nothing about speed: wall-clock figures are not testable.
 func TestRunQuick(t *testing.T) {
+	t.Parallel()
 	var progress bytes.Buffer
 	res, err := Run(context.Background(), Config{Quick: true, Only: []string{"kernel", "latency-small", "elastic"}, Log: testutil.Logger()}, &progress)
 	if err != nil {
@@ -64,6 +65,7 @@ func TestRunQuick(t *testing.T) {
 // the file it writes is what the simulator reads, consistent with the rows reported. It asserts
 // nothing about speed.
 func TestServiceCostQuick(t *testing.T) {
+	t.Parallel()
 	out := filepath.Join(t.TempDir(), "service-cost.json")
 	res, err := Run(context.Background(), Config{Quick: true, Only: []string{"service-cost"}, CostOut: out, Log: testutil.Logger()}, nil)
 	if err != nil {
@@ -114,6 +116,7 @@ func TestServiceCostQuick(t *testing.T) {
 func near(a, b float64) bool { return math.Abs(a-b) <= 1e-9*math.Abs(b) }
 
 func TestRunUnknownScenario(t *testing.T) {
+	t.Parallel()
 	_, err := Run(context.Background(), Config{Only: []string{"kernel", "nope"}}, nil)
 	if err == nil || !strings.Contains(err.Error(), `"nope"`) || !strings.Contains(err.Error(), "e2e-resnet50") {
 		t.Fatalf("err = %v, want one naming the unknown scenario and the known ones", err)
@@ -123,6 +126,7 @@ func TestRunUnknownScenario(t *testing.T) {
 // Without redis-server, or in a binary built without -tags redis, e2e-redis is skipped, and the
 // report says why and how to run it.
 func TestRedisMissingIsSkipped(t *testing.T) {
+	t.Parallel()
 	res, err := Run(context.Background(), Config{Quick: true, Only: []string{"e2e-redis"}, Redis: "/nonexistent/redis-server"}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -145,6 +149,8 @@ func TestRedisMissingIsSkipped(t *testing.T) {
 
 // TestBaselinesComputeWhatFaninDoes runs a tiny workload on fanin and on each baseline: all must
 // end with the same parameters bit for bit, or the comparison would be between different work.
+// Not parallel: Redis, where installed, listens on a port freePort found free, which a test beside
+// it could take first.
 func TestBaselinesComputeWhatFaninDoes(t *testing.T) {
 	rs := newRunState(Config{Quick: true, Log: testutil.Logger()}, nil)
 	w := workload{Ranks: 3, Elements: 50_000, ShardSize: 64 << 10, Runtimes: 2}
@@ -169,6 +175,7 @@ func TestBaselinesComputeWhatFaninDoes(t *testing.T) {
 
 // TestKeepHandWritten: a regenerated report keeps the old file's hand-written section, once.
 func TestKeepHandWritten(t *testing.T) {
+	t.Parallel()
 	md := Markdown(nil, "cmd", "env")
 	old := "# Benchmarks\n\nold figures\n\n" + HandWritten + " (not by `fanin bench`)\n\nby hand\n"
 	got := KeepHandWritten(md, old)
@@ -186,6 +193,7 @@ func TestKeepHandWritten(t *testing.T) {
 // TestKeepScenarios: a report of some scenarios keeps the others' rows and sections from the
 // earlier report, in scenario order and marked with the earlier run's date.
 func TestKeepScenarios(t *testing.T) {
+	t.Parallel()
 	r := func(sc, c string) Result {
 		return throughput(Result{Scenario: sc, Case: c, Metric: "steps/s", Baseline: "b", Fanin: 1, Base: 2})
 	}
@@ -231,6 +239,7 @@ func TestKeepScenarios(t *testing.T) {
 }
 
 func TestPercentile(t *testing.T) {
+	t.Parallel()
 	d := make([]time.Duration, 200)
 	for i := range d {
 		d[len(d)-1-i] = time.Duration(i+1) * time.Millisecond
@@ -396,6 +405,7 @@ func BenchmarkRequestReply(b *testing.B) {
 
 // TestElasticWorkerArgs: the bench's command line for a worker process reads back the same.
 func TestElasticWorkerArgs(t *testing.T) {
+	t.Parallel()
 	want := ElasticWorkerConfig{URL: "nats://127.0.0.1:4222", Job: "absorb", ID: "w3", Ranks: 4, Compute: 10 * time.Millisecond}
 	got, err := ParseElasticWorker(want.Args())
 	if err != nil || got != want {
@@ -411,6 +421,7 @@ func TestElasticWorkerArgs(t *testing.T) {
 // TestAbsorbSplit: the absorb case's rows are the gap, the detection and the rest, and the
 // medians of the last two add up to the gap's when the kills agree.
 func TestAbsorbSplit(t *testing.T) {
+	t.Parallel()
 	t0 := time.Unix(1000, 0)
 	kill := func(detect, rest time.Duration) absorbKill {
 		return absorbKill{lastStep: t0, lastBeat: t0.Add(-400 * time.Millisecond), killed: t0.Add(time.Millisecond),

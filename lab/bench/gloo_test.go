@@ -13,6 +13,7 @@ import (
 // Debian's python3-torch): fanin's worker process and the gloo processes both run, gloo's
 // parameters are checked against fanin's step, and every row is well-formed. Without torch the
 // scenario must be one skipped row that says what is missing. Nothing is asserted about speed.
+// Not parallel: gloo's rendezvous listens on a port freePort found free.
 func TestGlooQuick(t *testing.T) {
 	var progress bytes.Buffer
 	res, err := Run(context.Background(), Config{Quick: true, Only: []string{"gloo"}, Log: testutil.Logger()}, &progress)
@@ -50,6 +51,7 @@ func TestGlooQuick(t *testing.T) {
 
 // TestGradientAt: the element formula the gloo check uses is fillGradient's.
 func TestGradientAt(t *testing.T) {
+	t.Parallel()
 	g := make([]float32, 1000)
 	for r := range 3 {
 		fillGradient(g, r)
@@ -64,6 +66,7 @@ func TestGradientAt(t *testing.T) {
 // TestCheckGlooSample: gloo's parameters pass when they are -steps*lr*mean gradient up to rounding,
 // and fail when they are not (a sum instead of a mean, a missing step).
 func TestCheckGlooSample(t *testing.T) {
+	t.Parallel()
 	w := workload{Ranks: 4, Elements: 1000}
 	sample := func(steps int, scale float64) glooRank {
 		rp := glooRank{TotalSteps: 12}
@@ -89,6 +92,7 @@ func TestCheckGlooSample(t *testing.T) {
 
 // TestLatencyGoal: a latency goal is a maximum ratio.
 func TestLatencyGoal(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		fanin, base, goal float64
 		met               bool
