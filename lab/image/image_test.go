@@ -121,6 +121,7 @@ func digest(t *testing.T, img interface{ Digest() (v1.Hash, error) }) v1.Hash {
 // TestBuildReproducible builds the image of one binary twice, the second time from a copy of it
 // with another path, mode and mtime: the digests are equal.
 func TestBuildReproducible(t *testing.T) {
+	t.Parallel()
 	bin := faninBinary(t)
 	build := func(path string, m image.Meta) v1.Hash {
 		img, err := image.Build(image.Binary{Path: path, Arch: runtime.GOARCH}, m)
@@ -191,6 +192,7 @@ func layerEntries(t *testing.T, img v1.Image) []layerEntry {
 // TestImageContents checks the layer file by file (names in order, types, modes, owners, mtimes,
 // the users) and the config (entrypoint, user, platform, labels, created).
 func TestImageContents(t *testing.T) {
+	t.Parallel()
 	img := faninImage(t)
 	binData, err := os.ReadFile(faninBinary(t))
 	if err != nil {
@@ -283,6 +285,7 @@ func TestImageContents(t *testing.T) {
 // TestBinaryRuns takes /fanin out of the layer and runs it: it starts on this machine with
 // nothing around it but the kernel, and prints the version stamped at build time.
 func TestBinaryRuns(t *testing.T) {
+	t.Parallel()
 	var fanin layerEntry
 	for _, e := range layerEntries(t, faninImage(t)) {
 		if e.h.Name == "fanin" {
@@ -306,6 +309,7 @@ func TestBinaryRuns(t *testing.T) {
 
 // TestBuildRefuses: a dynamically linked binary and a binary of another architecture.
 func TestBuildRefuses(t *testing.T) {
+	t.Parallel()
 	for _, sh := range []string{"/bin/sh", "/usr/bin/env"} {
 		if _, err := os.Stat(sh); err != nil {
 			continue
@@ -331,6 +335,7 @@ func TestBuildRefuses(t *testing.T) {
 // TestBuildIndex: an index of linux/amd64 and linux/arm64 images, each manifest with its platform
 // and its image's config agreeing; built twice, the same digest.
 func TestBuildIndex(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("compiles for two architectures")
 	}
@@ -377,6 +382,7 @@ func TestBuildIndex(t *testing.T) {
 }
 
 func TestFlagsRefuseOddVersions(t *testing.T) {
+	t.Parallel()
 	for _, v := range []string{"", "v1 2", "v1'", `v"1`} {
 		if _, err := image.Flags(v); err == nil {
 			t.Errorf("Flags(%q): no error", v)
