@@ -79,6 +79,7 @@ func next(t *testing.T, d *driver) *event {
 }
 
 func TestDriverReportsAStepsEvents(t *testing.T) {
+	t.Parallel()
 	d, f := newDriver([]int{0, 2}, []int{1})
 	for step := int64(1); step <= 2; step++ {
 		var got []int
@@ -114,6 +115,7 @@ func TestDriverReportsAStepsEvents(t *testing.T) {
 }
 
 func TestDriverRefusesEventsOutOfTurn(t *testing.T) {
+	t.Parallel()
 	d, _ := newDriver([]int{0}, nil)
 	if err := d.grad([]float32{1, 2, 3}); err == nil {
 		t.Fatal("a gradient taken with no step open")
@@ -137,6 +139,7 @@ func TestDriverRefusesEventsOutOfTurn(t *testing.T) {
 }
 
 func TestDriverAbortEndsTheStep(t *testing.T) {
+	t.Parallel()
 	for _, at := range []int{eventGradient, eventAssigned} {
 		d, f := newDriver([]int{0}, []int{1})
 		v := next(t, d)
@@ -169,6 +172,7 @@ func TestDriverAbortEndsTheStep(t *testing.T) {
 }
 
 func TestDriverStepErrorEndsTheStep(t *testing.T) {
+	t.Parallel()
 	d, f := newDriver(nil, nil)
 	f.hold = true
 	if _, err := d.next(time.Millisecond); !errors.Is(err, context.DeadlineExceeded) {
