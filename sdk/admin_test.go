@@ -16,6 +16,7 @@ import (
 // The gateway's problem documents become *sdk.APIError; rejection codes match wire reasons with
 // errors.Is, and the bearer token is sent.
 func TestAdminErrors(t *testing.T) {
+	t.Parallel()
 	var gotAuth string
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		gotAuth = r.Header.Get("Authorization")
@@ -59,6 +60,7 @@ func TestAdminErrors(t *testing.T) {
 // Admin.Workers and SetWorkers against a gateway: an empty list before any elastic worker beat,
 // the target set and validated.
 func TestAdminWorkers(t *testing.T) {
+	t.Parallel()
 	st := testutil.Stack(t, 1)
 	a := sdk.NewAdmin(st.HTTPURL)
 	ctx := context.Background()

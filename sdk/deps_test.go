@@ -12,6 +12,7 @@ import (
 // OpenTelemetry SDK and its exporters (and gRPC, protobuf under them), a YAML parser, a Prometheus
 // client. It fails naming the package that pulled such a dependency in.
 func TestSDKLinksNoControlPlane(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("runs go list")
 	}

@@ -19,6 +19,7 @@ import (
 // equal, byte for byte at every step, the reference fed the gradients rounded to each rank's
 // dtype; and differ from the reference fed the float32 gradients (the rounding happened).
 func TestGradDtypeBitExact(t *testing.T) {
+	t.Parallel()
 	st := testutil.Stack(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -80,6 +81,7 @@ func TestGradDtypeBitExact(t *testing.T) {
 // Inf refuses it (non_finite), and the step succeeds once the gradient is in range. An unknown
 // dtype is refused when the worker is made.
 func TestGradDtypeRejections(t *testing.T) {
+	t.Parallel()
 	st := testutil.Stack(t, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -114,6 +116,7 @@ func TestGradDtypeRejections(t *testing.T) {
 // An elastic worker publishing bf16 (WithElasticGradDtype) holds both ranks of a job: every step
 // is the reference's for the rounded gradients.
 func TestElasticGradDtype(t *testing.T) {
+	t.Parallel()
 	st := testutil.Stack(t, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

@@ -115,17 +115,22 @@ func (r *elasticRun) fail(err error) {
 	r.mu.Unlock()
 }
 
-func (r *elasticRun) reached(step int64) bool {
+// reached reports whether a worker has returned step's parameters; if not, it says so with the
+// workers' errors so far.
+func (r *elasticRun) reached(step int64) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	_, ok := r.steps[step]
-	return ok
+	if _, ok := r.steps[step]; !ok {
+		return fmt.Errorf("step %d not reached: %v", step, r.errs)
+	}
+	return nil
 }
 
 // TestElasticWorkersComeAndGo trains a job of 4 logical ranks on elastic workers: 4, then 3 (one
 // leaves), then 2 (one dies), then 1 (one leaves), then 3 (two join). Every step's parameters,
 // whichever worker returned them, are byte-identical to the reference of 4 fixed ranks.
 func TestElasticWorkersComeAndGo(t *testing.T) {
+	t.Parallel()
 	st := testutil.Stack(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -140,12 +145,7 @@ func TestElasticWorkersComeAndGo(t *testing.T) {
 	r.start("b", func(t int64) bool { return t >= 30 }, false)
 	r.start("c", func(t int64) bool { return t >= 20 }, true)
 	r.start("d", func(t int64) bool { return t >= 10 }, false)
-	for !r.reached(38) {
-		if ctx.Err() != nil {
-			t.Fatalf("step 38 not reached: %v", r.errs)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testutil.CheckFor(t, time.Minute, 20*time.Millisecond, func() error { return r.reached(38) })
 	r.start("e", r.untilEnd, false)
 	r.start("f", r.untilEnd, false)
 	r.wg.Wait()
@@ -201,6 +201,7 @@ func TestElasticWorkersComeAndGo(t *testing.T) {
 // The result is byte-identical to the reference recomputing every stored gradient from the version
 // its worker recorded.
 func TestElasticSSPWorkerDies(t *testing.T) {
+	t.Parallel()
 	elasticSSPWorkerDies(t, nil)
 }
 
@@ -211,8 +212,10 @@ func TestElasticSSPWorkerDies(t *testing.T) {
 // that left a stored gradient with no record while the record was written after the
 // acknowledgement). Either way a replay from the records reproduces the run bit for bit.
 func TestElasticSSPWorkerKilledMidPublish(t *testing.T) {
+	t.Parallel()
 	for _, at := range []sdk.RecordOutcome{sdk.RecordIntended, sdk.RecordStored} {
 		t.Run("at "+string(at), func(t *testing.T) {
+			t.Parallel() // a stack each
 			elasticSSPWorkerDies(t, &killPoint{outcome: at})
 		})
 	}

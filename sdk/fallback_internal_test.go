@@ -6,6 +6,7 @@ import (
 )
 
 func TestFallbackPacing(t *testing.T) {
+	t.Parallel()
 	f := fallback{after: time.Second}
 	began := time.Unix(1000, 0)
 	at := func(d time.Duration) time.Time { return began.Add(d) }

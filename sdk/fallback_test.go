@@ -19,6 +19,7 @@ import (
 // the worker once, by push. The delays are the runtime's (this test emulates a slow aggregation);
 // the fetch count, not the time, is what is checked.
 func TestLatePushesAreNotFetched(t *testing.T) {
+	t.Parallel()
 	f := newFakeJob(t, spec("late", "sum", 1))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

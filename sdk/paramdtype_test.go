@@ -37,6 +37,7 @@ func next(p []float32, step int64) []float32 {
 // wire.F16ToF32 of their elements (wire.Round of what the "runtime" encoded). A worker that joins
 // later reads the same from the stream, also where it has to read a shard's previous version.
 func TestParamsInTheirDtype(t *testing.T) {
+	t.Parallel()
 	s := spec("pdt", "sum", 1)
 	s.ParamDtype = wire.DtypeBF16
 	f := newFakeJob(t, s)
@@ -91,6 +92,7 @@ func TestParamsInTheirDtype(t *testing.T) {
 // shard from the stream, where the same message fails the Step naming the shard and what is
 // wrong; the parameters held stay those of the step before, and Params fails the same way.
 func TestParamsUnreadableAreRefused(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name, dtype string
 		bytes       func(n int) int
@@ -167,6 +169,7 @@ func paramsUnreadable(t *testing.T, sync, dtype string, size func(int) int, reas
 // An ssp worker stages parameters pushed in bf16 (they wait beside the caller's vector until
 // Step takes them) and takes them exactly as wire.BF16ToF32 of their elements.
 func TestParamsInTheirDtypeSSP(t *testing.T) {
+	t.Parallel()
 	s := spec("pdt-ssp", "sum", 1)
 	s.Sync, s.Staleness, s.ParamDtype = "ssp", 1, wire.DtypeBF16
 	f := newFakeJob(t, s)
@@ -194,6 +197,7 @@ func TestParamsInTheirDtypeSSP(t *testing.T) {
 // after every step, exactly the reference's f32 parameters rounded to bf16 (wire.Round); a worker
 // that joins late reads the same.
 func TestBF16JobEndToEnd(t *testing.T) {
+	t.Parallel()
 	st := testutil.Stack(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

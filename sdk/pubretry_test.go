@@ -25,8 +25,9 @@ import (
 // own *nats.Msg: for f32 the caller's memory, so the gradient the caller wrote after Step returned
 // went out under the failed step's message id.
 func TestFailedStepLeavesNoPublishBehind(t *testing.T) {
+	t.Parallel()
 	for _, dt := range []wire.Dtype{wire.F32, wire.BF16} {
-		t.Run(dt.String(), func(t *testing.T) { failedStepLeavesNoPublishBehind(t, dt) })
+		t.Run(dt.String(), func(t *testing.T) { t.Parallel(); failedStepLeavesNoPublishBehind(t, dt) }) // a server each
 	}
 }
 
@@ -154,6 +155,7 @@ func payloadOf(f *fakeJob, m *nats.Msg, dt wire.Dtype, sent, next []float32) str
 // publishes, with a quota_exceeded rejection that wraps JetStream's refusal; before, the worker
 // retried "maximum messages exceeded" until its context ended (forty minutes in the field).
 func TestFullStreamFailsStepAfterBoundedRetries(t *testing.T) {
+	t.Parallel()
 	f := newFakeJob(t, spec("full", "sum", 1))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

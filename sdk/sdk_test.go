@@ -43,6 +43,7 @@ func bits(v []float32) []byte {
 // A rank's non-finite gradient fails its Step with the runtime's reason; a corrected retry of the
 // same step then succeeds and the result is the reference's. The worker metrics count it all.
 func TestStepReportsRejectionThenRetrySucceeds(t *testing.T) {
+	t.Parallel()
 	st := testutil.Stack(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -147,6 +148,7 @@ func gathered(t *testing.T, reg prometheus.Gatherer, name string, labels map[str
 
 // FedAvg weights each rank by its WithWeight; the result equals the weighted reference.
 func TestFedAvgWeights(t *testing.T) {
+	t.Parallel()
 	st := testutil.Stack(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -191,6 +193,7 @@ func TestFedAvgWeights(t *testing.T) {
 }
 
 func TestWorkerErrors(t *testing.T) {
+	t.Parallel()
 	st := testutil.Stack(t, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -238,6 +241,7 @@ func TestWorkerErrors(t *testing.T) {
 // the same message ids, and training ends byte-identical to the reference with each step applied
 // once.
 func TestRestartMidStepResumes(t *testing.T) {
+	t.Parallel()
 	st := testutil.Stack(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -362,6 +366,7 @@ func TestRestartMidStepResumes(t *testing.T) {
 
 // Connect dials with its context: a cancelled one fails at once and returns no client.
 func TestConnectHonoursContext(t *testing.T) {
+	t.Parallel()
 	url := testutil.NATS(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -381,6 +386,7 @@ func TestConnectHonoursContext(t *testing.T) {
 // job account's imports re-added while its first connections register it) is read once it
 // answers, not reported as missing.
 func TestJobWaitsOutNoResponders(t *testing.T) {
+	t.Parallel()
 	url := testutil.NATS(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -419,6 +425,7 @@ func TestJobWaitsOutNoResponders(t *testing.T) {
 // with a context that has no deadline, as a worker's Step has, the read returns the second
 // attempt's answer instead of waiting forever.
 func TestJobAsksAgainForALostReply(t *testing.T) {
+	t.Parallel()
 	url := testutil.NATS(t)
 	c, err := sdk.Connect(context.Background(), url)
 	if err != nil {
@@ -464,6 +471,7 @@ func TestJobAsksAgainForALostReply(t *testing.T) {
 // WithParamsBuffer: Params and Step write into the caller's buffer and return it, bit-identical to
 // the reference; a buffer of the wrong size is refused, naming both sizes.
 func TestParamsBuffer(t *testing.T) {
+	t.Parallel()
 	st := testutil.Stack(t, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

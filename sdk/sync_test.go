@@ -40,6 +40,7 @@ func slowRank(slow int) func(int) time.Duration {
 // fast ones run ahead on stale parameters; the runtimes still sum each step in rank order, so the
 // reference, recomputing every gradient from the versions the workers recorded, gives the same bits.
 func TestSSPMatchesTheReplayedReference(t *testing.T) {
+	t.Parallel()
 	st := testutil.Stack(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -80,6 +81,7 @@ func TestSSPMatchesTheReplayedReference(t *testing.T) {
 // parameters' Fanin-Applied headers, and the reference applying the same gradients in that order
 // gives the same bits.
 func TestASPMatchesTheStreamOrder(t *testing.T) {
+	t.Parallel()
 	st := testutil.Stack(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -14,6 +14,7 @@ import (
 // Clients may share a registry: the second finds the first's collectors. A name another kind of
 // metric already holds is an error, and so is no registry.
 func TestWithMetricsSharedRegistry(t *testing.T) {
+	t.Parallel()
 	nc, err := nats.Connect(testutil.NATS(t))
 	if err != nil {
 		t.Fatal(err)
