@@ -402,22 +402,32 @@ func TestJobWaitsOutNoResponders(t *testing.T) {
 	defer nc.Close()
 	rec := job.Record{Spec: spec("late", "sum", 1)}
 	val, _ := json.Marshal(rec)
-	answered := make(chan struct{})
-	go func() {
-		time.Sleep(300 * time.Millisecond) // no responders until then
-		if _, err := nc.Subscribe(wire.JobRecordGet("late"), func(m *nats.Msg) { _ = m.Respond(val) }); err != nil {
-			t.Error(err)
-		}
-		_ = nc.Flush()
-		close(answered)
-	}()
-	got, err := c.Job(ctx, "late")
-	if err != nil {
-		t.Fatalf("read a job whose bucket answered after 300 ms: %v", err)
+	type result struct {
+		rec *job.Record
+		err error
 	}
-	<-answered
-	if got.Spec.ID != "late" {
-		t.Fatalf("read %+v", got.Spec)
+	asked := c.Conn().Stats().OutMsgs
+	done := make(chan result, 1)
+	go func() {
+		rec, err := c.Job(ctx, "late")
+		done <- result{rec, err}
+	}()
+	// No responders until the client has asked twice: its first request was answered so, and it
+	// asked again.
+	testutil.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
+		if n := c.Conn().Stats().OutMsgs - asked; n < 2 {
+			return fmt.Errorf("%d reads of the record so far", n)
+		}
+		return nil
+	})
+	if _, err := nc.Subscribe(wire.JobRecordGet("late"), func(m *nats.Msg) { _ = m.Respond(val) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-done; r.err != nil || r.rec.Spec.ID != "late" {
+		t.Fatalf("read a job whose bucket answered \"no responders\" at first: %+v, %v", r.rec, r.err)
 	}
 }
 
