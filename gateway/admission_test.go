@@ -17,6 +17,7 @@ import (
 // allows, or something other than what it says, is refused with a 4xx and a specific reason; no
 // job is created.
 func TestAdmissionRefusals(t *testing.T) {
+	t.Parallel()
 	st := authStack(t, 1, gateway.WithMaxModelBytes(1<<20))
 	c := client{t: t, base: st.HTTPURL, token: st.AdminToken}
 	spec := func(edit func(*job.Spec)) string {

@@ -23,6 +23,7 @@ import (
 
 // Every route, with the admin token: what it answers, and its error cases.
 func TestAPIRoutes(t *testing.T) {
+	t.Parallel()
 	st := authStack(t, 2)
 	c := client{t: t, base: st.HTTPURL, token: st.AdminToken}
 
@@ -163,6 +164,7 @@ func TestAPIRoutes(t *testing.T) {
 	}
 	c.problem("POST", "/v1/jobs/tiny/pause", "", "", 409, "bad_state")
 	publishStep(t, jsJob, rec, params, 3, grads) // acknowledged: the stream keeps them
+	// Nothing may be applied: the sleep gives it time to be, if it could.
 	time.Sleep(300 * time.Millisecond)
 	c.call("GET", "/v1/jobs/tiny", "", "", 200, &status)
 	if status.Step != 2 || status.Placed != 0 {
@@ -313,6 +315,7 @@ func reference(t testing.TB, rec *job.Record, steps int64) []float32 {
 // GET /v1/metrics/targets lists the runtimes that registered a metrics URL, in the format of
 // Prometheus's HTTP service discovery; runtimes without one are left out.
 func TestMetricsTargets(t *testing.T) {
+	t.Parallel()
 	st := authStack(t, 1) // rt-0 serves no metrics
 	c := client{t: t, base: st.HTTPURL, token: st.AdminToken}
 	nc, err := st.Connect("test")

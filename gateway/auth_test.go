@@ -31,6 +31,7 @@ import (
 // server denies publishing to another job's gradients and reading its parameters, and refuses a
 // JWT presented with the wrong seed.
 func TestAuthScopes(t *testing.T) {
+	t.Parallel()
 	st := authStack(t, 1)
 	c := client{t: t, base: st.HTTPURL, token: st.AdminToken}
 
@@ -209,6 +210,7 @@ func waitErr(t *testing.T, errs <-chan error, substr string) {
 
 // No secret reaches the logs: not the admin token, nor a job's token, JWT or seed.
 func TestSecretsNotLogged(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	var buf bytes.Buffer
 	log := slog.New(slog.NewTextHandler(lockedWriter{&mu, &buf}, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -257,6 +259,7 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 // ranks, workers or rejection details); a team token sees its own jobs in full and no other's;
 // a bad token is refused with a 401 that is not recorded among the rejections.
 func TestDashboardStateByToken(t *testing.T) {
+	t.Parallel()
 	st := authStack(t, 1)
 	c := client{t: t, base: st.HTTPURL, token: st.AdminToken}
 	var teamA, teamB api.TeamCreated

@@ -31,6 +31,7 @@ import (
 // GET /v1/jobs/{id}/rejects; the other job trains on undisturbed, and both jobs' parameters end
 // byte-identical to the single-process reference.
 func TestBadInputEverywhere(t *testing.T) {
+	t.Parallel()
 	st := authStack(t, 2)
 	c := client{t: t, base: st.HTTPURL, token: st.AdminToken}
 	ctx := context.Background()
@@ -83,7 +84,7 @@ func TestBadInputEverywhere(t *testing.T) {
 					trainErr <- fmt.Errorf("other rank %d step %d: %w", r, step+1, err)
 					return
 				}
-				time.Sleep(100 * time.Millisecond)
+				time.Sleep(100 * time.Millisecond) // the bystander trains at its own pace meanwhile
 			}
 			finals[r] = append([]float32(nil), params...)
 		}()
@@ -363,6 +364,7 @@ func deepYAML(depth int) string {
 // would be (a lenient decoder keeps the last); a team name with a control character is refused;
 // a refused job creation is not counted against the job created next under the same id.
 func TestBadInputSmall(t *testing.T) {
+	t.Parallel()
 	st := authStack(t, 0)
 	c := client{t: t, base: st.HTTPURL, token: st.AdminToken}
 	var created api.JobCreated

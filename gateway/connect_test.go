@@ -17,6 +17,7 @@ import (
 // not retry (one written from docs/PROTOCOL.md in another language), several connecting at once,
 // read the job's record and subscribe to its parameters the first time.
 func TestConnectRightAfterCreate(t *testing.T) {
+	t.Parallel()
 	st := authStack(t, 0)
 	c := client{t: t, base: st.HTTPURL, token: st.AdminToken}
 	const conns = 4

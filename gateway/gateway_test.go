@@ -38,6 +38,7 @@ func call(t *testing.T, method, url, ctype, body string) (int, string, map[strin
 }
 
 func TestJobsAPI(t *testing.T) {
+	t.Parallel()
 	st := testutil.Stack(t, 1)
 	base := st.HTTPURL
 
@@ -80,6 +81,7 @@ func TestJobsAPI(t *testing.T) {
 }
 
 func TestJobsAPIErrors(t *testing.T) {
+	t.Parallel()
 	st := testutil.Stack(t, 1)
 	base := st.HTTPURL
 	cases := []struct {

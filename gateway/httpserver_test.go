@@ -46,6 +46,7 @@ func closedByServer(t *testing.T, c net.Conn, what string) {
 // A client that sends its headers and then trickles its body, or that keeps a connection idle,
 // is disconnected after the limits; nothing keeps a socket open for good.
 func TestHTTPSlowSocketsAreClosed(t *testing.T) {
+	t.Parallel()
 	addr := serveLimited(t, gateway.HTTPLimits{ReadTimeout: 300 * time.Millisecond, IdleTimeout: 300 * time.Millisecond})
 
 	slow, err := net.Dial("tcp", addr)
@@ -71,6 +72,7 @@ func TestHTTPSlowSocketsAreClosed(t *testing.T) {
 
 // Beyond the cap, a connection waits to be accepted: it is served once another closes.
 func TestHTTPConnectionCap(t *testing.T) {
+	t.Parallel()
 	addr := serveLimited(t, gateway.HTTPLimits{MaxConns: 2})
 	get := func(c net.Conn) (string, error) {
 		fmt.Fprintf(c, "GET /x HTTP/1.1\r\nHost: x\r\n\r\n")

@@ -16,6 +16,7 @@ import (
 // The OpenAPI document describes exactly the registered routes, both ways, every reference in it
 // resolves, and public routes are exactly those the document exempts from security.
 func TestOpenAPIMatchesRoutes(t *testing.T) {
+	t.Parallel()
 	nc, err := nats.Connect(testutil.NATS(t))
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 // sending (which the NATS servers count though they refuse them) are not charged. After it, an
 // idle job is not charged, however large the servers' counters it is first metered from.
 func TestQuotaThrottleLastsWhatItSays(t *testing.T) {
+	t.Parallel()
 	const q, burst = 1000.0, 5000.0 // bytes/s, 5 s of it
 	t0 := time.Unix(1000, 0)
 	mt := &meter{bucket: rate.NewBucket(q, burst, burst, t0)}

@@ -24,6 +24,7 @@ import (
 // rejection that says by how much, then resumed by itself. Nothing is lost or changed: it ends
 // with the reference's parameters.
 func TestQuotaBytesPerSecond(t *testing.T) {
+	t.Parallel()
 	const quota = 100_000 // bytes/s; the job aggregates 8040 bytes per step
 	st := authStack(t, 1, gateway.WithQuotaBurst(time.Second), gateway.WithGovernorInterval(250*time.Millisecond))
 	c := client{t: t, base: st.HTTPURL, token: st.AdminToken}
@@ -65,7 +66,7 @@ func TestQuotaBytesPerSecond(t *testing.T) {
 				done <- err
 				return
 			}
-			time.Sleep(30 * time.Millisecond)
+			time.Sleep(30 * time.Millisecond) // the job's pace: 8040 bytes a step, over twice its quota
 		}
 		final = append([]float32(nil), params...)
 		done <- nil
@@ -114,6 +115,7 @@ func TestQuotaBytesPerSecond(t *testing.T) {
 // is throttled the NATS servers refuse its publishes (its account imports no gradient subjects).
 // Its stream never holds more than its storage bound.
 func TestQuotaCountsWhatIsSent(t *testing.T) {
+	t.Parallel()
 	const quota = 50_000 // bytes/s
 	st := authStack(t, 1, gateway.WithQuotaBurst(time.Second), gateway.WithGovernorInterval(250*time.Millisecond))
 	c := client{t: t, base: st.HTTPURL, token: st.AdminToken}

@@ -16,6 +16,7 @@ import (
 // what the rejects stream keeps per job (gateway.RejectsPerJob) and the counter reads them late:
 // every rejection announces its origin's cumulative counts.
 func TestRejectCountsExactUnderBursts(t *testing.T) {
+	t.Parallel()
 	st := authStack(t, 1)
 	c := client{t: t, base: st.HTTPURL, token: st.AdminToken}
 	spec := smallSpec("burst")

@@ -22,6 +22,7 @@ import (
 // log of rejected inputs; a job whose streams need more than is left is refused with 507
 // storage_full and what it needed; a job that fits trains.
 func TestSmallStore(t *testing.T) {
+	t.Parallel()
 	st, err := devstack.Start(context.Background(), devstack.Config{
 		DataDir: t.TempDir(), MaxStore: 40 << 20, NATSPort: -1, HTTPAddr: "127.0.0.1:0", Runtimes: 1,
 		Logger: testutil.Logger(),

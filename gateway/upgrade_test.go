@@ -20,6 +20,7 @@ import (
 // ("both"). The record moves to the jobs bucket, where it lives alone (the copy there stands),
 // and the job resumes and trains.
 func TestPausedJobsSurviveAnUpgrade(t *testing.T) {
+	t.Parallel()
 	st := testutil.Stack(t, 1)
 	ctx := context.Background()
 	nc, err := st.Connect("test")

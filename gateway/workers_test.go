@@ -22,6 +22,7 @@ import (
 // 0..ranks, by the job's team or token only, kept across a pause, and followed by the autoscaler
 // leader, whose assignment the gateway shows.
 func TestJobWorkers(t *testing.T) {
+	t.Parallel()
 	st := authStack(t, 1)
 	c := client{t: t, base: st.HTTPURL, token: st.AdminToken}
 	var teamA, teamB api.TeamCreated
@@ -156,6 +157,7 @@ func TestJobWorkers(t *testing.T) {
 // Elastic workers beating on a job are assigned its ranks by the autoscaler leader; the target
 // set through the API puts the workers beyond it on standby.
 func TestJobWorkersFollowBeatsAndTarget(t *testing.T) {
+	t.Parallel()
 	st := authStack(t, 1)
 	c := client{t: t, base: st.HTTPURL, token: st.AdminToken}
 	spec := smallSpec("beats")
