@@ -106,9 +106,7 @@ func TestShuffledResentBitExact(t *testing.T) {
 				for _, o := range msgs {
 					m := wire.GradMsg(wire.Grad{Job: rec.Spec.ID, Shard: o.shard.ID, Step: step, Rank: o.rank},
 						f32bytes(grads[o.rank][o.shard.Off:o.shard.Off+o.shard.Len]))
-					if _, err := js.PublishMsg(ctx, m); err != nil {
-						t.Fatal(err)
-					}
+					testutil.PublishGrad(t, ctx, js, m)
 					switch p := rng.Float64(); {
 					case p < 0.15: // a retry with the same id
 						ack, err := js.PublishMsg(ctx, m)
@@ -117,9 +115,7 @@ func TestShuffledResentBitExact(t *testing.T) {
 						}
 					case p < 0.20: // a re-send JetStream cannot recognise
 						m.Header.Set(wire.HdrMsgID, wire.GradMsgID(rec.Spec.ID, o.shard.ID, step, o.rank)+".again")
-						if _, err := js.PublishMsg(ctx, m); err != nil {
-							t.Fatal(err)
-						}
+						testutil.PublishGrad(t, ctx, js, m)
 					}
 				}
 				ref.Step(grads, nil)

@@ -2,12 +2,14 @@ package testutil
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -291,4 +293,26 @@ func ConnectOnce(url, id, jwt, seed, inboxPrefix string) (*nats.Conn, error) {
 		return nil, fmt.Errorf("read the job's record: %w", err)
 	}
 	return nc, nil
+}
+
+// PublishGrad publishes a gradient message as a worker does when its job's stream is full: the
+// stream refuses it ("maximum messages exceeded", DiscardNew) until the runtimes purge the steps
+// they applied, which a loaded machine delays; the publish is retried until then (up to 30 s), and
+// any other error fails the test.
+func PublishGrad(t testing.TB, ctx context.Context, js jetstream.JetStream, m *nats.Msg) *jetstream.PubAck {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ack, err := js.PublishMsg(ctx, m)
+		var apiErr *jetstream.APIError
+		full := errors.As(err, &apiErr) && (strings.Contains(apiErr.Description, "maximum messages exceeded") ||
+			strings.Contains(apiErr.Description, "maximum bytes exceeded"))
+		if err == nil || !full || time.Now().After(deadline) {
+			if err != nil {
+				t.Fatal(err)
+			}
+			return ack
+		}
+		time.Sleep(20 * time.Millisecond) // the runtimes purge asynchronously
+	}
 }
