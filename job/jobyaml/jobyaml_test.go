@@ -10,6 +10,7 @@ import (
 )
 
 func TestParseYAMLAndUnits(t *testing.T) {
+	t.Parallel()
 	s, err := jobyaml.Parse([]byte(`
 id: mlp
 tensors:
@@ -33,6 +34,7 @@ storage: file
 // Parse refuses what a lenient decoder would accept silently, in JSON and in YAML, each with a
 // specific error.
 func TestParseStrict(t *testing.T) {
+	t.Parallel()
 	const base = `{"id":"a","tensors":[{"name":"w","shape":[4]}],"ranks":1,"function":{"name":"sgd","hyper":{"lr":0.1}}}`
 	const yamlBase = "id: a\ntensors: [{name: w, shape: [4]}]\nranks: 1\nfunction: {name: sgd, hyper: {lr: 0.1}}\n"
 	for _, ok := range []string{base, yamlBase, "\n  " + base + "\n"} {
@@ -65,6 +67,7 @@ func TestParseStrict(t *testing.T) {
 
 // DecodeStrict takes any request body as Parse takes a spec: JSON or YAML, strictly.
 func TestDecodeStrict(t *testing.T) {
+	t.Parallel()
 	type req struct {
 		Workers int    `json:"workers"`
 		Team    string `json:"team"`
