@@ -21,6 +21,7 @@ import (
 
 // A root span started with WithStepRoot takes the step's ids; others get random ones.
 func TestStepRoot(t *testing.T) {
+	t.Parallel()
 	exp := tracetest.NewInMemoryExporter()
 	p, err := otlp.New(context.Background(), otlp.WithExporter(exp), otlp.WithSyncExport(),
 		otlp.WithStepSampler(sdktrace.AlwaysSample()))
@@ -52,6 +53,7 @@ func TestStepRoot(t *testing.T) {
 // Sampling.SampleStep does: a worker, which links no SDK, and a runtime, whose provider samples
 // with these, trace the same steps.
 func TestSamplers(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		s          telemetry.Sampling
 		root, full string // descriptions
