@@ -19,6 +19,7 @@ const maxWorkerBytes = 12_000_000
 //
 //	go test -run TestMinimalWorkerSize -v ./sdk
 func TestMinimalWorkerSize(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds four programs")
 	}
