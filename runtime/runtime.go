@@ -225,6 +225,9 @@ func (r *Runtime) Run(ctx context.Context) error {
 			return nil
 		case e, ok := <-watcher.Updates():
 			if !ok {
+				if ctx.Err() != nil { // stopping: the watch ends with the context it was made with
+					return nil
+				}
 				return errors.New("placement watch closed")
 			}
 			if e != nil {
