@@ -94,3 +94,25 @@ func TestSimSignalConfig(t *testing.T) {
 		}
 	}
 }
+
+// The closed loop's input is tallied per job at every decision tick with a measured period: two
+// ranks of one 4 MB shard in at once on one core at 2 GB/s, a step of 1 s of compute and 4 ms of
+// sums. The second rank waits 2 ms at every step; the period is 1.004 s.
+func TestSimSignalTallied(t *testing.T) {
+	t.Parallel()
+	wl := &Workload{Jobs: []JobSpec{{ID: "a", Arrival: 0, Duration: 100, Params: 1_000_000,
+		StepTimes: [][]float64{{1, 1}}}}}
+	c := quiet(20 * time.Second)
+	c.NIC = 0
+	r, err := Run(c, onePool(1), wl, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := r.JobRows[0]
+	if row.SignalTicks < 10 || row.SignalTicks > 20 {
+		t.Errorf("%d ticks sampled in 20 s at 1 s, want those after the second step (10-20)", row.SignalTicks)
+	}
+	if !near(row.MeanQueueWait, 0.002, 1e-9) || !near(row.MeanSignal, 0.002/1.004, 1e-6) {
+		t.Errorf("mean queue wait %.6f s and signal %.6f, want 0.002 s and %.6f", row.MeanQueueWait, row.MeanSignal, 0.002/1.004)
+	}
+}

@@ -214,6 +214,12 @@ type JobRow struct {
 	Steps, TotalSteps          int     // steps done (within the run), and the job's fixed number of steps
 	MeanSlowdown, P99Slowdown  float64
 	Stretch                    float64 // elapsed over ideal time of the steps done
+	// The closed loop's input (Config.Signal), averaged over the decision ticks with a measured
+	// period (SignalTicks of them): the longest queue wait the decider was told of the job's
+	// shards, in seconds, and the largest queue wait over period, the slowdown it compares with
+	// slowdown_budget.
+	SignalTicks               int
+	MeanQueueWait, MeanSignal float64
 }
 
 type evKind uint8
@@ -347,8 +353,12 @@ type jobSim struct {
 	// stepWait is, per runtime, the open step's time its gradients waited from being in (through
 	// the NIC) until the cores started on them, summed over the ranks' serves; queueWait is its
 	// maximum over the runtimes, averaged over steps as the live runtime does (ewma).
-	stepWait           map[*runtimeSim]float64
-	queueWait          float64
+	stepWait  map[*runtimeSim]float64
+	queueWait float64
+	// The decider's closed-loop input at each decision tick with a measured period: the longest
+	// queue wait of the job's shards, and that over the period (what feedback reads), summed.
+	sigTicks           int
+	sigWait, sigRatio  float64
 	slow, raw          []float64
 	periodSum          float64
 	idealDone, lastEnd float64 // ideal time of the steps done within the run, and the end of the last
@@ -819,7 +829,11 @@ func (s *state) observe(t float64) autoscaler.Observations {
 }
 
 func (s *state) decide(t float64, tick bool) {
-	d := s.dec.Decide(s.pol, s.observe(t), s.clock(t))
+	obs := s.observe(t)
+	if tick {
+		s.sampleSignal(obs)
+	}
+	d := s.dec.Decide(s.pol, obs, s.clock(t))
 	s.res.Decisions++
 	if d.Mode == "panic" {
 		s.res.PanicDecisions++
@@ -895,6 +909,37 @@ func (s *state) decide(t float64, tick bool) {
 		s.workIn, s.lastT = 0, t
 		s.res.Pool = append(s.res.Pool, smp)
 		s.res.PeakCores = max(s.res.PeakCores, smp.Reserved)
+	}
+}
+
+// sampleSignal adds to each job's tallies the closed loop's input at a decision tick, as the
+// decider's feedback reads it: the longest queue wait of the job's shards with a measured period,
+// and the largest queue wait over period. A job with no measured period yet is not sampled.
+func (s *state) sampleSignal(obs autoscaler.Observations) {
+	byJob := map[string]*jobSim{}
+	for _, ji := range s.active {
+		byJob[s.jobs[ji].spec.ID] = s.jobs[ji]
+	}
+	type sample struct{ wait, ratio float64 }
+	got := map[*jobSim]*sample{}
+	for i := range obs.Shards {
+		sh := &obs.Shards[i]
+		j := byJob[sh.Job]
+		if j == nil || sh.Period <= 0 {
+			continue
+		}
+		x := got[j]
+		if x == nil {
+			x = &sample{}
+			got[j] = x
+		}
+		x.wait = max(x.wait, sh.QueueWait.Seconds())
+		x.ratio = max(x.ratio, sh.QueueWait.Seconds()/sh.Period.Seconds())
+	}
+	for j, x := range got {
+		j.sigTicks++
+		j.sigWait += x.wait
+		j.sigRatio += x.ratio
 	}
 }
 
@@ -1036,6 +1081,11 @@ func (s *state) finish(end float64) {
 			Shards: len(j.keys), Ranks: j.ranks, Arrival: j.spec.Arrival, Lifetime: elastic, IdealDuration: j.idealDur,
 			WorkPerStep: j.work, StaticCores: j.staticCores, Steps: len(j.slow), TotalSteps: j.nSteps,
 			MeanSlowdown: d.Mean, P99Slowdown: d.P99}
+		if j.sigTicks > 0 {
+			row.SignalTicks = j.sigTicks
+			row.MeanQueueWait = j.sigWait / float64(j.sigTicks)
+			row.MeanSignal = j.sigRatio / float64(j.sigTicks)
+		}
 		if len(j.slow) > 0 {
 			row.MeanPeriod = j.periodSum / float64(len(j.slow))
 			row.Stretch = (j.lastEnd - j.spec.Arrival) / j.idealDone
