@@ -1,9 +1,11 @@
 package e2e
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -48,7 +50,13 @@ const (
 //	FANIN_VALIDATE_REPLAY    a directory of an earlier run: replay its workload.json,
 //	                         workload-live-shaped.json and policy.yaml in the sim alone, at the
 //	                         throughput FANIN_VALIDATE_THROUGHPUT (B/s per core, as live.md says),
-//	                         and write sim-replay.md (costs, demand over time)
+//	                         and write sim-replay.md (costs, demand over time); with the run's
+//	                         live-signal.json, compare the closed loop's input with it again
+//
+// It also records, every 100 ms, each job's closed-loop input as the autoscaler reads it from the
+// runtimes' load reports (the longest shard queue wait over period), runs the simulator on the same
+// workload at the measured throughput and start-up, and fails unless the simulated input, over all
+// samples, is within 20% of the live one (signalGoal); live.md has the comparison per job.
 func TestSimValidateOperating(t *testing.T) {
 	if os.Getenv("FANIN_VALIDATE") != "operating" {
 		t.Skip("simulator validation at the operating point: set FANIN_VALIDATE=operating")
@@ -119,7 +127,7 @@ func TestSimValidateOperating(t *testing.T) {
 	// Static: the machine, 2 one-core runtimes, for the whole run.
 	static := pol
 	static.MinRuntimes, static.MaxRuntimes = 2, 2
-	opts := liveOpts{shard: opShard, runtimeCores: 1, metrics: true}
+	opts := liveOpts{shard: opShard, runtimeCores: 1, metrics: true, signal: true}
 
 	load0 := loadavg()
 	st := runLive(t, wl, static.YAML(), opts)
@@ -166,6 +174,17 @@ func TestSimValidateOperating(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(out, "workload-live-shaped.json"), lwl.MarshalIndent(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The closed loop's input, live against the simulator's on the same workload and policy.
+	ls := liveSignal{Throughput: thr, Startup: startup.Seconds(), Length: length, Jobs: el.signal}
+	if data, err := json.MarshalIndent(ls, "", " "); err != nil {
+		t.Fatal(err)
+	} else if err := os.WriteFile(filepath.Join(out, "live-signal.json"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sigCmp, err := ls.compare(pol, wl)
+	if err != nil {
 		t.Fatal(err)
 	}
 
@@ -279,6 +298,7 @@ func TestSimValidateOperating(t *testing.T) {
 		w(" %.1f:%.2f/%g", d.t, d.demand, d.desired)
 	}
 	w("\nsim flags for measured parameters: --throughput %.3g --startup %v --slow-fraction 0\n", thr, startup)
+	sb.WriteString("\n" + sigCmp.markdown())
 	t.Log("\n" + sb.String())
 	if err := os.WriteFile(filepath.Join(out, "live.md"), []byte(sb.String()), 0o644); err != nil {
 		t.Fatal(err)
@@ -289,6 +309,133 @@ func TestSimValidateOperating(t *testing.T) {
 	if len(el.demand) == 0 {
 		t.Error("no demand scraped from the autoscaler's metrics")
 	}
+	if err := sigCmp.check(); err != nil {
+		t.Error(err)
+	}
+}
+
+// signalGoal is how far apart the live and simulated closed-loop inputs may be, in aggregate:
+// within 20% of the live one.
+const signalGoal = 0.2
+
+// liveSignal is what a live run measured of the closed loop's input (live-signal.json), with what
+// the simulator needs to run the same workload at the measured parameters.
+type liveSignal struct {
+	Throughput float64                   `json:"throughput"` // B/s per core, from the runtimes' reported work
+	Startup    float64                   `json:"startup"`    // seconds, the pool's measured start-up
+	Length     float64                   `json:"length"`     // seconds of the workload
+	Jobs       map[string][]signalSample `json:"jobs"`
+}
+
+// compare runs the simulator on the workload and policy at the live run's measured throughput and
+// start-up, with no stragglers and no NIC limit (the live run is on one machine's loopback), its
+// decisions every 250 ms as the live autoscaler's, and compares its closed-loop input with the
+// live one.
+func (ls liveSignal) compare(pol autoscaler.Policy, wl *sim.Workload) (*signalComparison, error) {
+	c := sim.DefaultConfig()
+	c.Duration = time.Duration(ls.Length * float64(time.Second))
+	c.Interval = 250 * time.Millisecond
+	c.ShardBytes = opShard
+	c.Throughput, c.StartupDelay, c.SlowFraction, c.NIC = ls.Throughput, time.Duration(ls.Startup*float64(time.Second)), 0, 0
+	r, err := sim.Run(c, pol, wl, nil)
+	if err != nil {
+		return nil, err
+	}
+	return compareSignals(ls.Jobs, r.JobRows), nil
+}
+
+// signalComparison is the closed loop's input, live and simulated, per job and over all the
+// samples of all jobs (each source's samples pooled: a time average over the jobs' lives).
+type signalComparison struct {
+	rows                            []signalRow
+	live, sim, liveWait, simWait    float64 // pooled means: queue wait over period, and queue wait (s)
+	liveSamples, simSamples, missed int     // missed: jobs with samples in one source only
+}
+
+type signalRow struct {
+	job                          string
+	liveN, simN                  int
+	live, sim, liveWait, simWait float64
+}
+
+// compareSignals pairs the live samples of each job with the simulator's tallies of it.
+func compareSignals(live map[string][]signalSample, rows []sim.JobRow) *signalComparison {
+	c := &signalComparison{}
+	simRow := map[string]sim.JobRow{}
+	for _, r := range rows {
+		simRow[r.ID] = r
+	}
+	ids := slices.Sorted(maps.Keys(live))
+	for _, r := range rows {
+		if _, ok := live[r.ID]; !ok {
+			ids = append(ids, r.ID)
+		}
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		x := signalRow{job: id, liveN: len(live[id])}
+		for _, s := range live[id] {
+			x.live += s.Ratio
+			x.liveWait += s.Wait
+		}
+		c.live += x.live
+		c.liveWait += x.liveWait
+		c.liveSamples += x.liveN
+		if x.liveN > 0 {
+			x.live /= float64(x.liveN)
+			x.liveWait /= float64(x.liveN)
+		}
+		r := simRow[id]
+		x.simN, x.sim, x.simWait = r.SignalTicks, r.MeanSignal, r.MeanQueueWait
+		c.sim += x.sim * float64(x.simN)
+		c.simWait += x.simWait * float64(x.simN)
+		c.simSamples += x.simN
+		if (x.liveN == 0) != (x.simN == 0) {
+			c.missed++
+		}
+		c.rows = append(c.rows, x)
+	}
+	if c.liveSamples > 0 {
+		c.live /= float64(c.liveSamples)
+		c.liveWait /= float64(c.liveSamples)
+	}
+	if c.simSamples > 0 {
+		c.sim /= float64(c.simSamples)
+		c.simWait /= float64(c.simSamples)
+	}
+	return c
+}
+
+// check says whether the simulated closed-loop input is within signalGoal of the live one, in
+// aggregate; it is an error too when the live run measured none (nothing was compared).
+func (c *signalComparison) check() error {
+	switch {
+	case c.liveSamples == 0:
+		return errors.New("signal: no live samples of the closed loop's input (no load reports with a measured period)")
+	case c.live == 0:
+		return errors.New("signal: the live queue wait is 0 throughout: the workload never made a gradient wait for a core, so nothing is compared")
+	case math.Abs(c.sim-c.live) > signalGoal*c.live:
+		return fmt.Errorf("signal: simulated queue wait over period %.4f is %.2fx the live %.4f, not within %.0f%%",
+			c.sim, c.sim/c.live, c.live, 100*signalGoal)
+	}
+	return nil
+}
+
+func (c *signalComparison) markdown() string {
+	var sb strings.Builder
+	w := func(f string, a ...any) { fmt.Fprintf(&sb, f, a...) }
+	w("closed-loop input (the longest shard queue wait over period, and the queue wait), live against simulated, per job and over all samples\n")
+	w("| job | live samples | sim ticks | live wait/period | sim wait/period | sim / live | live wait (ms) | sim wait (ms) |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, r := range c.rows {
+		w("| %s | %d | %d | %.4f | %.4f | %.2f | %.2f | %.2f |\n", r.job, r.liveN, r.simN, r.live, r.sim, r.sim/r.live, 1000*r.liveWait, 1000*r.simWait)
+	}
+	w("| **all** | %d | %d | %.4f | %.4f | **%.2f** | %.2f | %.2f |\n", c.liveSamples, c.simSamples, c.live, c.sim, c.sim/c.live, 1000*c.liveWait, 1000*c.simWait)
+	verdict := "within"
+	if c.check() != nil {
+		verdict = "not within"
+	}
+	w("\nsimulated over live, all samples: %.2f (%s %.0f%%); jobs sampled by one source only: %d\n", c.sim/c.live, verdict, 100*signalGoal, c.missed)
+	return sb.String()
 }
 
 // operatingWorkload draws nJobs small jobs (0.25-1 M float32 parameters, 2-4 ranks), arriving
@@ -389,9 +536,32 @@ func simReplay(t *testing.T, dir string, thr, length float64) {
 		}
 		w("\n")
 	}
+	// The closed loop's input against the one the live run recorded, at its measured parameters.
+	var sigErr error
+	if data, err := os.ReadFile(filepath.Join(dir, "live-signal.json")); err == nil {
+		var ls liveSignal
+		if err := json.Unmarshal(data, &ls); err != nil {
+			t.Fatalf("%s/live-signal.json: %v", dir, err)
+		}
+		wl, err := sim.ReadWorkload(filepath.Join(dir, "workload.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmp, err := ls.compare(pol, wl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sb.WriteString("\n" + cmp.markdown())
+		sigErr = cmp.check()
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		t.Fatal(err)
+	}
 	t.Log("\n" + sb.String())
 	if err := os.WriteFile(filepath.Join(dir, "sim-replay.md"), []byte(sb.String()), 0o644); err != nil {
 		t.Fatal(err)
+	}
+	if sigErr != nil {
+		t.Error(sigErr)
 	}
 }
 
@@ -525,3 +695,50 @@ func TestLiveShaped(t *testing.T) {
 		t.Errorf("the input workload was modified: %v", wl.Jobs[0].StepTimes)
 	}
 }
+
+// TestCompareSignals checks the pairing of live samples with the simulator's tallies: per job
+// means, the pooled means (each source's samples weighted alike), the jobs one source missed, and
+// the 20% bound both ways.
+func TestCompareSignals(t *testing.T) {
+	t.Parallel()
+	live := map[string][]signalSample{
+		"a": {{Wait: 0.010, Ratio: 0.02}, {Wait: 0.030, Ratio: 0.06}}, // mean 0.04
+		"b": {{Wait: 0.005, Ratio: 0.01}, {Wait: 0.005, Ratio: 0.01}},
+		"c": {{Wait: 0.001, Ratio: 0}},
+	}
+	rows := []sim.JobRow{
+		{ID: "a", SignalTicks: 1, MeanSignal: 0.05, MeanQueueWait: 0.025},
+		{ID: "b", SignalTicks: 3, MeanSignal: 0.01, MeanQueueWait: 0.005},
+		{ID: "d", SignalTicks: 2, MeanSignal: 0.02, MeanQueueWait: 0.001},
+	}
+	c := compareSignals(live, rows)
+	if c.liveSamples != 5 || c.simSamples != 6 || c.missed != 2 || len(c.rows) != 4 {
+		t.Fatalf("samples %d / %d, missed %d, rows %d: want 5 / 6, 2, 4", c.liveSamples, c.simSamples, c.missed, len(c.rows))
+	}
+	if r := c.rows[0]; r.job != "a" || !near(r.live, 0.04) || !near(r.liveWait, 0.02) || !near(r.sim, 0.05) {
+		t.Errorf("job a: %+v", r)
+	}
+	if !near(c.live, 0.1/5) || !near(c.sim, (0.05+0.03+0.04)/6) || !near(c.liveWait, 0.051/5) {
+		t.Errorf("pooled live %.4f sim %.4f live wait %.4f, want 0.0200, 0.0200, 0.0102", c.live, c.sim, c.liveWait)
+	}
+	if err := c.check(); err != nil {
+		t.Errorf("equal pooled means: %v", err)
+	}
+	for _, x := range []struct {
+		sim float64
+		ok  bool
+	}{{0.0239, true}, {0.0241, false}, {0.0161, true}, {0.0159, false}} {
+		c.sim = x.sim
+		if err := c.check(); (err == nil) != x.ok {
+			t.Errorf("sim %.4f against live 0.02: %v, want within 20%%: %v", x.sim, err, x.ok)
+		}
+	}
+	if err := compareSignals(map[string][]signalSample{"a": {{}}}, rows).check(); err == nil || !strings.Contains(err.Error(), "live queue wait is 0") {
+		t.Errorf("live signal 0: %v", err)
+	}
+	if err := compareSignals(nil, rows).check(); err == nil || !strings.Contains(err.Error(), "no live samples") {
+		t.Errorf("no live samples: %v", err)
+	}
+}
+
+func near(a, b float64) bool { return math.Abs(a-b) <= 1e-12 }

@@ -87,6 +87,16 @@ type liveRun struct {
 	obs          map[string]*jobObs           // per job: what the runtimes reported of its shards
 	runtimeCPU   float64                      // CPU seconds of the runtime processes (Linux; liveOpts.metrics)
 	selfCPU      float64                      // CPU seconds of the test process (workers, embedded NATS) in the run
+	signal       map[string][]signalSample    // per job: the closed loop's input, every 100 ms (liveOpts.signal)
+}
+
+// signalSample is a job's closed-loop input at a moment of a live run, as the autoscaler reads it
+// from the runtimes' latest load reports (autoscaler/feedback.go): over the job's shards with a
+// measured period, the longest queue wait (seconds) and the largest queue wait over period.
+type signalSample struct {
+	T     float64 `json:"t"`
+	Wait  float64 `json:"wait"`
+	Ratio float64 `json:"ratio"`
 }
 
 // jobObs sums what the runtimes' load reports said of a job's shards (one sample per shard per
@@ -111,7 +121,14 @@ type liveOpts struct {
 	// metrics scrapes the autoscaler's /metrics every 100 ms for its demand gauge, which it sets
 	// at every decision (the decisions it publishes are only those that changed something).
 	metrics bool
+	// signal samples every 100 ms each running job's closed-loop input from the latest load
+	// reports (liveRun.signal).
+	signal bool
 }
+
+// signalFresh is how old a shard's latest load report may be for its queue wait to count: the
+// runtimes report every second, so an older one is from a runtime that stopped or moved the shard.
+const signalFresh = 2500 * time.Millisecond
 
 // TestSimValidate runs a small workload for real twice (a static pool of fixed size, then the
 // elastic pool with validatePolicy) and writes the same workload and policy for 'fanin sim'.
@@ -366,8 +383,15 @@ func runLive(t *testing.T, wl *sim.Workload, policy string, o liveOpts) *liveRun
 	}
 
 	run := &liveRun{steps: map[string][]float64{}, work: map[string][]float64{}, bytesPerStep: map[string]float64{},
-		obs: map[string]*jobObs{}}
+		obs: map[string]*jobObs{}, signal: map[string][]signalSample{}}
 	var mu sync.Mutex
+	// The latest load of each shard, and when it came: what the autoscaler reads its signal from.
+	type shardSeen struct {
+		l  wire.ShardLoad
+		at time.Time
+	}
+	latest := map[string]shardSeen{}
+	running := map[string]bool{} // jobs created and not yet deleted
 	// A job's gradient bytes per step: all its shards, all its ranks.
 	jobBytes := map[string]float64{}
 	for _, j := range wl.Jobs {
@@ -388,7 +412,9 @@ func runLive(t *testing.T, wl *sim.Workload, policy string, o liveOpts) *liveRun
 		}
 		per := map[string]float64{}
 		bytes := map[string]float64{}
+		now := time.Now()
 		for _, s := range rep.Shards {
+			latest[s.Key] = shardSeen{s, now}
 			if s.Period > 0 {
 				o := run.obs[s.Job]
 				if o == nil {
@@ -504,6 +530,28 @@ func runLive(t *testing.T, wl *sim.Workload, policy string, o liveOpts) *liveRun
 				ds.t = el
 				run.demand = append(run.demand, ds)
 			}
+			if o.signal {
+				got := map[string]*signalSample{}
+				for k, s := range latest {
+					if now.Sub(s.at) > signalFresh {
+						delete(latest, k)
+						continue
+					}
+					if !running[s.l.Job] || s.l.Period <= 0 {
+						continue
+					}
+					x := got[s.l.Job]
+					if x == nil {
+						x = &signalSample{T: el}
+						got[s.l.Job] = x
+					}
+					x.Wait = max(x.Wait, s.l.QueueWait.Seconds())
+					x.Ratio = max(x.Ratio, s.l.QueueWait.Seconds()/s.l.Period.Seconds())
+				}
+				for id, x := range got {
+					run.signal[id] = append(run.signal[id], *x)
+				}
+			}
 			if tick++; o.metrics && tick%10 == 0 {
 				childCPU(asPid, cpu)
 			}
@@ -539,6 +587,9 @@ func runLive(t *testing.T, wl *sim.Workload, policy string, o liveOpts) *liveRun
 				t.Error(err)
 				return
 			}
+			mu.Lock()
+			running[j.ID] = true
+			mu.Unlock()
 			var rwg sync.WaitGroup
 			var steps []float64
 			var stopK atomic.Int64
@@ -590,6 +641,7 @@ func runLive(t *testing.T, wl *sim.Workload, policy string, o liveOpts) *liveRun
 			rwg.Wait()
 			mu.Lock()
 			run.steps[j.ID] = steps
+			delete(running, j.ID)
 			mu.Unlock()
 			if err := admin.DeleteJob(ctx, j.ID); err != nil {
 				t.Error(err)
