@@ -381,7 +381,7 @@ func signalWords(signal string) string {
 	if signal == SignalHindsight {
 		return "the decider's queue wait: hindsight (--signal hindsight, a step's time beyond its ideal, not measurable live)"
 	}
-	return "the decider's queue wait: live (the time gradients waited for a core once in, summed over a step's ranks, averaged over steps, as the runtime measures it)"
+	return "the decider's queue wait: live (per shard, the time its gradients waited for a core once in and once its previous one was summed, summed over a step's ranks, averaged over steps, as the runtime measures it)"
 }
 
 func costWords(c ServiceCost) string {

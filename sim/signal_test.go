@@ -17,27 +17,87 @@ func runState(t *testing.T, c Config, wl *Workload, cores int) *state {
 	return s
 }
 
-// The live queue wait is what the runtime measures: the time a step's gradients waited, once in,
-// for a core, summed over the ranks, averaged over steps (weight 0.3 for the newest). Two ranks of
-// 4 MB (one shard) on one 1-core runtime at 2 GB/s, no NIC limit: each rank's sum takes 2 ms.
-// Step 1: both ranks are in at 1 s, the second waits the first's 2 ms. Step 2: the second rank is
-// in 1 ms after the first and waits the 1 ms left. The average: 2 + 0.3 x (1 - 2) = 1.7 ms.
+// The live queue wait is what the runtime measures (runtime/shard.go): per shard, the time each
+// gradient waited for a core from when the runtime took it, summed over the ranks, averaged over
+// steps (weight 0.3 for the newest). A shard takes its next gradient only once the previous one is
+// summed, so a gradient waits for a core only behind other shards' work. Three 1 MB shards, two
+// ranks, one 1-core runtime at 2 GB/s, no NIC limit: a shard's sum takes 0.5 ms.
+//
+// Step 1, both ranks in at 1 s. Rank 0's shards take the core in turn: waits 0, 0.5 and 1 ms,
+// summed by 1.0005, 1.001 and 1.0015 s. Rank 1's shard 0 is taken at 1.0005 s and queues behind
+// rank 0's shards 1 and 2, to 1.0015 s: 1 ms; its shard 1, taken at 1.001 s, runs after it at
+// 1.002 s, and its shard 2, taken at 1.0015 s, at 1.0025 s: 1 ms each. Per shard: 1, 1.5 and
+// 2 ms. Step 2: rank 1 comes in 10 ms after rank 0, on an idle core: 0, 0.5 and 1 ms again, so
+// per shard 0, 1 and 2 ms. The averages: 1 + 0.3 (0 - 1) = 0.7, 1.5 + 0.3 (1 - 1.5) = 1.35, 2 ms.
 func TestSimLiveQueueWait(t *testing.T) {
-	wl := &Workload{Jobs: []JobSpec{{ID: "a", Arrival: 0, Duration: 100, Params: 1_000_000,
-		StepTimes: [][]float64{{1, 1}, {1, 1.001}}}}}
-	c := quiet(2500 * time.Millisecond) // step 1 ends at 1.004 s, step 2 at 2.008 s
-	c.NIC = 0
+	t.Parallel()
+	wl := &Workload{Jobs: []JobSpec{{ID: "a", Arrival: 0, Duration: 100, Params: 750_000,
+		StepTimes: [][]float64{{1, 1}, {1, 1.01}}}}}
+	c := quiet(2500 * time.Millisecond) // step 1 ends at 1.003 s, step 2 at 2.0145 s
+	c.NIC, c.ShardBytes = 0, 1_000_000
 	s := runState(t, c, wl, 1)
 	j := s.jobs[0]
 	if j.step != 2 {
 		t.Fatalf("%d steps done, want 2", j.step)
 	}
-	if want := 0.002 + 0.3*(0.001-0.002); !near(j.queueWait, want, 1e-9) {
-		t.Errorf("live queue wait %.6f s, want %.6f", j.queueWait, want)
+	want := []float64{0.0007, 0.00135, 0.002}
+	for i, w := range want {
+		if !near(j.queueWait[i], w, 1e-9) {
+			t.Errorf("shard %d: live queue wait %.6f s, want %.6f", i, j.queueWait[i], w)
+		}
 	}
 	obs := s.observe(c.Duration.Seconds())
-	if len(obs.Shards) != 1 || !near(obs.Shards[0].QueueWait.Seconds(), 0.0017, 1e-8) {
-		t.Errorf("the decider was told %+v, want one shard with a queue wait of 1.7 ms", obs.Shards)
+	if len(obs.Shards) != 3 {
+		t.Fatalf("the decider was told of %d shards, want 3", len(obs.Shards))
+	}
+	for i, sh := range obs.Shards {
+		if !near(sh.QueueWait.Seconds(), want[i], 1e-8) {
+			t.Errorf("the decider was told shard %s waited %v, want %.6f s", sh.Key, sh.QueueWait, want[i])
+		}
+	}
+}
+
+// A gradient that waits only for its own shard's previous one waits for no core: one shard, two
+// ranks in at once on one core, is told 0 (the simulator used to tell the second rank's 2 ms).
+// With two cores and one rank, the third of three shards waits for the first two (0.5 ms).
+func TestSimQueueWaitOwnShard(t *testing.T) {
+	t.Parallel()
+	one := &Workload{Jobs: []JobSpec{{ID: "a", Arrival: 0, Duration: 100, Params: 1_000_000,
+		StepTimes: [][]float64{{1, 1}}}}}
+	c := quiet(5 * time.Second)
+	c.NIC = 0
+	if s := runState(t, c, one, 1); s.jobs[0].step < 3 || s.jobs[0].queueWait[0] != 0 {
+		t.Errorf("one shard, after %d steps: queue wait %v s, want 0", s.jobs[0].step, s.jobs[0].queueWait)
+	}
+	three := &Workload{Jobs: []JobSpec{{ID: "a", Arrival: 0, Duration: 100, Params: 750_000,
+		StepTimes: [][]float64{{1}}}}}
+	c.ShardBytes = 1_000_000
+	s := runState(t, c, three, 2)
+	if got, want := s.jobs[0].queueWait, []float64{0, 0, 0.0005}; !near(got[0], want[0], 1e-9) ||
+		!near(got[1], want[1], 1e-9) || !near(got[2], want[2], 1e-9) {
+		t.Errorf("three shards on two cores: queue waits %v s, want %v", got, want)
+	}
+}
+
+// The closed loop's input is tallied per job at every decision tick with a measured period: one
+// rank, three 1 MB shards on one core, a step of 1 s of compute and 1.5 ms of sums. Its longest
+// shard queue wait is 1 ms at every step, its period 1.0015 s.
+func TestSimSignalTallied(t *testing.T) {
+	t.Parallel()
+	wl := &Workload{Jobs: []JobSpec{{ID: "a", Arrival: 0, Duration: 100, Params: 750_000,
+		StepTimes: [][]float64{{1}}}}}
+	c := quiet(20 * time.Second)
+	c.NIC, c.ShardBytes = 0, 1_000_000
+	r, err := Run(c, onePool(1), wl, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := r.JobRows[0]
+	if row.SignalTicks < 10 || row.SignalTicks > 20 {
+		t.Errorf("%d ticks sampled in 20 s at 1 s, want those after the second step (10-20)", row.SignalTicks)
+	}
+	if !near(row.MeanQueueWait, 0.001, 1e-9) || !near(row.MeanSignal, 0.001/1.0015, 1e-6) {
+		t.Errorf("mean queue wait %.6f s and signal %.6f, want 0.001 s and %.6f", row.MeanQueueWait, row.MeanSignal, 0.001/1.0015)
 	}
 }
 
@@ -92,27 +152,5 @@ func TestSimSignalConfig(t *testing.T) {
 		if got := rep.Counted(); !strings.Contains(got, want) {
 			t.Errorf("signal %s: counted %q lacks %q", sig, got, want)
 		}
-	}
-}
-
-// The closed loop's input is tallied per job at every decision tick with a measured period: two
-// ranks of one 4 MB shard in at once on one core at 2 GB/s, a step of 1 s of compute and 4 ms of
-// sums. The second rank waits 2 ms at every step; the period is 1.004 s.
-func TestSimSignalTallied(t *testing.T) {
-	t.Parallel()
-	wl := &Workload{Jobs: []JobSpec{{ID: "a", Arrival: 0, Duration: 100, Params: 1_000_000,
-		StepTimes: [][]float64{{1, 1}}}}}
-	c := quiet(20 * time.Second)
-	c.NIC = 0
-	r, err := Run(c, onePool(1), wl, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	row := r.JobRows[0]
-	if row.SignalTicks < 10 || row.SignalTicks > 20 {
-		t.Errorf("%d ticks sampled in 20 s at 1 s, want those after the second step (10-20)", row.SignalTicks)
-	}
-	if !near(row.MeanQueueWait, 0.002, 1e-9) || !near(row.MeanSignal, 0.002/1.004, 1e-6) {
-		t.Errorf("mean queue wait %.6f s and signal %.6f, want 0.002 s and %.6f", row.MeanQueueWait, row.MeanSignal, 0.002/1.004)
 	}
 }

@@ -350,11 +350,11 @@ type jobSim struct {
 	stepEnd   float64
 
 	starts, bursts, waits []float64 // recent history
-	// stepWait is, per runtime, the open step's time its gradients waited from being in (through
-	// the NIC) until the cores started on them, summed over the ranks' serves; queueWait is its
-	// maximum over the runtimes, averaged over steps as the live runtime does (ewma).
-	stepWait  map[*runtimeSim]float64
-	queueWait float64
+	// The live queue wait, per shard, as its runtime measures it (runtime/shard.go): foldDone is
+	// when the shard's latest gradient was summed; stepWait the open step's time its gradients
+	// waited for a core, each from when the runtime took it (in through the NIC, and the shard's
+	// previous gradient summed), summed over the ranks; queueWait that, averaged over steps (ewma).
+	foldDone, stepWait, queueWait []float64
 	// The decider's closed-loop input at each decision tick with a measured period: the longest
 	// queue wait of the job's shards, and that over the period (what feedback reads), summed.
 	sigTicks           int
@@ -368,6 +368,7 @@ type span struct{ from, to float64 }
 
 type jobGroup struct {
 	rt              int
+	shards          []int // in shard order
 	bytes, maxBytes int64
 	avail           float64
 }
@@ -639,6 +640,7 @@ func (s *state) groupsOf(j *jobSim) []jobGroup {
 			j.groups = append(j.groups, jobGroup{rt: r})
 		}
 		gr := &j.groups[g]
+		gr.shards = append(gr.shards, i)
 		gr.bytes += j.shardBytes[i]
 		gr.maxBytes = max(gr.maxBytes, j.shardBytes[i])
 		gr.avail = max(gr.avail, j.avail[i])
@@ -649,18 +651,48 @@ func (s *state) groupsOf(j *jobSim) []jobGroup {
 
 // serve queues bytes of a job on a runtime at time t and returns when they are summed and the
 // new parameters are out (bytes/NIC after the sum: the parameters of those shards leave once).
-// The time the bytes waited for a core adds to the step's wait on that runtime.
-func (s *state) serve(j *jobSim, r *runtimeSim, t float64, bytes, unit int64) float64 {
+// units are the job's shards the bytes are gradients of, one per gradient, in the order they
+// come in (a shard repeated for the ranks that waited for its placement); unit is the largest.
+func (s *state) serve(j *jobSim, r *runtimeSim, t float64, units []int, bytes, unit int64) float64 {
 	ready, start, done := r.serve(t, bytes, unit, j.class)
-	if j.stepWait == nil {
-		j.stepWait = map[*runtimeSim]float64{}
-	}
-	j.stepWait[r] += max(0, start-ready)
+	s.queueWaits(j, r, units, ready, start, unit)
 	r.worked = true
 	work := float64(bytes) / s.thr
 	s.workIn += work
 	s.res.WorkCoreSeconds += work
 	return done + r.egress(bytes)
+}
+
+// queueWaits adds to each shard's open step what the live runtime measures of these gradients
+// (runtime/shard.go): the time from when the runtime takes one (its bytes are in, and the shard's
+// previous gradient is summed: a shard handles its messages one at a time) until a core starts
+// on it. The cores (server.serve) start on the group at start, all of them on it; one by one, its
+// gradients take a core each, in the order they came in, so the k-th starts at start + floor(k /
+// cores) sums of the largest unit, not before it is in nor before its shard's previous one is
+// summed. A gradient that waits for its own shard waits for no core, and the runtime does not
+// count it; one that waits behind the other shards of its own rank does.
+func (s *state) queueWaits(j *jobSim, r *runtimeSim, units []int, ready, start float64, unit int64) {
+	if j.foldDone == nil {
+		n := len(j.shardBytes)
+		j.foldDone, j.stepWait, j.queueWait = make([]float64, n), make([]float64, n), make([]float64, n)
+	}
+	rate := s.thr * r.speed
+	u := float64(unit) / rate
+	in, cum := ready, int64(0) // when the NIC began to take the group in, and the bytes it has taken
+	if r.nic > 0 {
+		in = ready - float64(unit)/r.nic
+	}
+	for k, i := range units {
+		got := ready
+		if r.nic > 0 {
+			cum += j.shardBytes[i]
+			got = in + float64(cum)/r.nic
+		}
+		took := max(got, j.foldDone[i])
+		st := max(start+float64(k/r.cores)*u, took)
+		j.stepWait[i] += st - took
+		j.foldDone[i] = st + float64(j.shardBytes[i])/rate
+	}
 }
 
 func (s *state) rank(ji, step, rank int, t float64) {
@@ -670,7 +702,7 @@ func (s *state) rank(ji, step, rank int, t float64) {
 	}
 	s.broker.add(t, float64(j.modelBytes), float64(j.modelBytes)) // the rank's gradient in, and out to the runtimes
 	for _, g := range s.groupsOf(j) {
-		j.stepEnd = max(j.stepEnd, s.serve(j, s.rts[g.rt], max(t, g.avail), g.bytes, g.maxBytes))
+		j.stepEnd = max(j.stepEnd, s.serve(j, s.rts[g.rt], max(t, g.avail), g.shards, g.bytes, g.maxBytes))
 	}
 	for i, r := range j.place {
 		if r < 0 {
@@ -692,7 +724,7 @@ func (s *state) flush(ji int, t float64) {
 			continue
 		}
 		b := int64(n) * j.shardBytes[i]
-		j.stepEnd = max(j.stepEnd, s.serve(j, s.rts[j.place[i]], max(t, j.avail[i]), b, j.shardBytes[i]))
+		j.stepEnd = max(j.stepEnd, s.serve(j, s.rts[j.place[i]], max(t, j.avail[i]), slices.Repeat([]int{i}, n), b, j.shardBytes[i]))
 		j.nDeferred -= n
 		j.deferred[i] = 0
 	}
@@ -725,12 +757,10 @@ func (s *state) finishStep(ji int, t float64) {
 	j.starts = keep(j.starts, j.stepStart+cmin)
 	j.bursts = keep(j.bursts, cmax-cmin)
 	j.waits = keep(j.waits, max(0, took-ideal))
-	w := 0.0
-	for _, v := range j.stepWait {
-		w = max(w, v)
+	for i, w := range j.stepWait {
+		j.queueWait[i] = ewma(j.queueWait[i], w)
 	}
 	clear(j.stepWait)
-	j.queueWait = ewma(j.queueWait, w)
 	j.step++
 	j.pos = (j.pos + 1) % len(j.steps)
 	if j.step < j.nSteps {
@@ -801,11 +831,14 @@ func (s *state) observe(t float64) autoscaler.Observations {
 		if len(j.bursts) > 0 {
 			burst = time.Duration(mean(j.bursts) * 1e9)
 		}
-		wait := time.Duration(j.queueWait * 1e9)
-		if s.c.Signal == SignalHindsight { // the step's excess over its ideal: not measurable live
-			wait = time.Duration(mean(j.waits) * 1e9)
-		}
 		for i, k := range j.keys {
+			var wait time.Duration
+			if j.queueWait != nil {
+				wait = time.Duration(j.queueWait[i] * 1e9)
+			}
+			if s.c.Signal == SignalHindsight { // the step's excess over its ideal: not measurable live
+				wait = time.Duration(mean(j.waits) * 1e9)
+			}
 			id := ""
 			if j.place[i] >= 0 {
 				id = s.rts[j.place[i]].id
@@ -850,6 +883,9 @@ func (s *state) decide(t float64, tick bool) {
 			s.rts[old].nShards--
 			s.res.Migrations++
 			j.avail[ref.shard] = t + s.c.MigrationPause.Seconds()
+			if j.queueWait != nil { // the new runtime measures the shard afresh
+				j.queueWait[ref.shard], j.stepWait[ref.shard] = 0, 0
+			}
 		} else {
 			s.res.Placements++
 			j.avail[ref.shard] = t

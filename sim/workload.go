@@ -69,9 +69,10 @@ type Config struct {
 	// that planned the network would see it. The live runtime reports CPU time only.
 	NICWork bool
 	// Signal is what the decider is told as a shard's QueueWait: SignalLive (or ""), what the live
-	// runtime measures (the time a step's gradients waited, once in through the NIC, for a core,
-	// summed over the ranks, averaged over steps); or SignalHindsight, the step's time beyond its
-	// ideal, which no live runtime can measure (the earlier reports' signal, for comparison).
+	// runtime measures (per shard, the time a step's gradients waited for a core from when the
+	// runtime took each, in through the NIC and its shard's previous one summed, summed over the
+	// ranks, averaged over steps); or SignalHindsight, the step's time beyond its ideal, which no
+	// live runtime can measure (the earlier reports' signal, for comparison).
 	Signal string
 	// RuntimeCores is the cores of a runtime when the policy's cores_per_runtime is 0 (runtimes
 	// sized to their machine).
