@@ -184,7 +184,7 @@ func TestSimValidateOperating(t *testing.T) {
 	} else if err := os.WriteFile(filepath.Join(out, "live-signal.json"), data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	sigText, sigErr, err := ls.compareBoth(pol, wl, lwl)
+	given, shaped, err := ls.compareBoth(pol, wl, lwl)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,7 +299,7 @@ func TestSimValidateOperating(t *testing.T) {
 		w(" %.1f:%.2f/%g", d.t, d.demand, d.desired)
 	}
 	w("\nsim flags for measured parameters: --throughput %.3g --startup %v --slow-fraction 0\n", thr, startup)
-	sb.WriteString("\n" + sigText)
+	sb.WriteString("\n" + signalMarkdown(given, shaped))
 	t.Log("\n" + sb.String())
 	if err := os.WriteFile(filepath.Join(out, "live.md"), []byte(sb.String()), 0o644); err != nil {
 		t.Fatal(err)
@@ -310,8 +310,8 @@ func TestSimValidateOperating(t *testing.T) {
 	if len(el.demand) == 0 {
 		t.Error("no demand scraped from the autoscaler's metrics")
 	}
-	if sigErr != nil {
-		t.Error(sigErr)
+	if err := shaped.check(); err != nil {
+		t.Error(err)
 	}
 }
 
@@ -350,19 +350,22 @@ func (ls liveSignal) compare(pol autoscaler.Policy, wl *sim.Workload) (*signalCo
 // simulator models neither the messaging's share of a live step nor a loaded machine's: on the
 // workload as given its periods are shorter than the live ones, which alone changes the input
 // (queue wait over period), however well it derives the queue wait. The shaped workload gives it the
-// live periods, so that what is compared is how the queue wait is derived.
-func (ls liveSignal) compareBoth(pol autoscaler.Policy, given, shaped *sim.Workload) (string, error, error) {
-	g, err := ls.compare(pol, given)
-	if err != nil {
-		return "", nil, err
+// live periods, so that what is compared is how the queue wait is derived. The test checks the
+// second (signalComparison.check).
+func (ls liveSignal) compareBoth(pol autoscaler.Policy, given, shaped *sim.Workload) (g, sh *signalComparison, err error) {
+	if g, err = ls.compare(pol, given); err != nil {
+		return nil, nil, err
 	}
-	sh, err := ls.compare(pol, shaped)
-	if err != nil {
-		return "", nil, err
+	if sh, err = ls.compare(pol, shaped); err != nil {
+		return nil, nil, err
 	}
-	text := "on the workload as given:\n\n" + g.markdown() +
-		"\non the workload shaped to the live periods and bursts (what the test checks):\n\n" + sh.markdown()
-	return text, sh.check(), nil
+	return g, sh, nil
+}
+
+// signalMarkdown writes both comparisons of compareBoth.
+func signalMarkdown(given, shaped *signalComparison) string {
+	return "on the workload as given:\n\n" + given.markdown() +
+		"\non the workload shaped to the live periods and bursts (what the test checks):\n\n" + shaped.markdown()
 }
 
 // signalComparison is the closed loop's input, live and simulated, per job and over all the
@@ -579,12 +582,12 @@ func simReplay(t *testing.T, dir string, thr, length float64) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		text, cerr, err := ls.compareBoth(pol, wl, lwl)
+		given, shaped, err := ls.compareBoth(pol, wl, lwl)
 		if err != nil {
 			t.Fatal(err)
 		}
-		sb.WriteString("\n" + text)
-		sigErr = cerr
+		sb.WriteString("\n" + signalMarkdown(given, shaped))
+		sigErr = shaped.check()
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		t.Fatal(err)
 	}
