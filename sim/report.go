@@ -343,11 +343,14 @@ func (r *Report) Markdown() []byte {
 	}
 
 	w("## Jobs\n\n")
-	w("| job | model | trace | priority | shards | static cores | work/step (core-s) | step (s) | life (s) | ideal (s) | steps (of) | mean slowdown | p99 slowdown | stretch |\n")
-	w("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	w("The queue wait is the closed loop's input, averaged over the decision ticks: the longest of the job's shards the decider\n")
+	w("was told (live, `fanin jobs get` shows it per shard as QUEUE_MS), and that over the period, which `slowdown_budget` bounds.\n\n")
+	w("| job | model | trace | priority | shards | static cores | work/step (core-s) | step (s) | life (s) | ideal (s) | steps (of) | mean slowdown | p99 slowdown | stretch | queue wait (ms) | ÷ period |\n")
+	w("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, j := range res.JobRows {
-		w("| %s | %s | %s | %s | %d | %d | %.3f | %.2f | %.0f | %.0f | %d (%d) | %s | %s | %.4f |\n", j.ID, j.Model, j.Trace, j.Priority, j.Shards, j.StaticCores,
-			j.WorkPerStep, j.MeanPeriod, j.Lifetime, j.IdealDuration, j.Steps, j.TotalSteps, pct2(j.MeanSlowdown), pct2(j.P99Slowdown), j.Stretch)
+		w("| %s | %s | %s | %s | %d | %d | %.3f | %.2f | %.0f | %.0f | %d (%d) | %s | %s | %.4f | %.2f | %s |\n", j.ID, j.Model, j.Trace, j.Priority, j.Shards, j.StaticCores,
+			j.WorkPerStep, j.MeanPeriod, j.Lifetime, j.IdealDuration, j.Steps, j.TotalSteps, pct2(j.MeanSlowdown), pct2(j.P99Slowdown), j.Stretch,
+			1000*j.MeanQueueWait, pct2(j.MeanSignal))
 	}
 	return b.Bytes()
 }

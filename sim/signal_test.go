@@ -99,6 +99,10 @@ func TestSimSignalTallied(t *testing.T) {
 	if !near(row.MeanQueueWait, 0.001, 1e-9) || !near(row.MeanSignal, 0.001/1.0015, 1e-6) {
 		t.Errorf("mean queue wait %.6f s and signal %.6f, want 0.001 s and %.6f", row.MeanQueueWait, row.MeanSignal, 0.001/1.0015)
 	}
+	rep := &Report{Options: Options{Config: c, Policy: onePool(1)}, Source: "test", Workload: wl, Base: r}
+	if md := string(rep.Markdown()); !strings.Contains(md, " | 1.00 | 0.10% |\n") {
+		t.Errorf("the jobs table does not show the queue wait of 1.00 ms and 0.10%% of the period:\n%s", md[strings.Index(md, "## Jobs"):])
+	}
 }
 
 // A step slowed by the NIC, not by the cores, is slow in hindsight but no gradient waited for a
