@@ -77,6 +77,7 @@ func startBin(t *testing.T, bin, name string, args ...string) *proc {
 	t.Helper()
 	p := &proc{name: name, cmd: exec.Command(bin, args...), done: make(chan struct{})}
 	p.cmd.WaitDelay = 5 * time.Second // a grandchild holding the output pipe must not block Wait
+	p.cmd.SysProcAttr = orphanGuard()
 	pr, pw := io.Pipe()
 	p.cmd.Stdout, p.cmd.Stderr = pw, pw
 	if err := p.cmd.Start(); err != nil {

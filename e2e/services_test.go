@@ -66,6 +66,7 @@ func startProc(t *testing.T, name string, env []string, bin string, args ...stri
 	t.Helper()
 	p := &extProc{name: name, cmd: exec.Command(bin, args...), done: make(chan struct{})}
 	p.cmd.Env = append(os.Environ(), env...)
+	p.cmd.SysProcAttr = orphanGuard()
 	pr, pw := io.Pipe()
 	p.cmd.Stdout, p.cmd.Stderr = pw, pw
 	if err := p.cmd.Start(); err != nil {

@@ -36,6 +36,7 @@ func TestFaultsSoak(t *testing.T) {
 	burners, _ := strconv.Atoi(os.Getenv("FANIN_SOAK_BURN"))
 	for range burners { // other processes keeping the cores busy, as on a loaded node
 		cmd := exec.Command("sh", "-c", "while :; do :; done")
+		cmd.SysProcAttr = orphanGuard()
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
