@@ -1,6 +1,7 @@
 package functions
 
 import (
+	"fmt"
 	"slices"
 	"strconv"
 )
@@ -48,7 +49,7 @@ func NewReference(fn Func, ranks int, shards []Range, init []float32) *Reference
 		longest = max(longest, s.Len)
 	}
 	r := &Reference{
-		fn: fn, weighted: Weighted(fn.Name()), ranks: ranks, shards: shards,
+		fn: fn, weighted: IsWeighted(fn), ranks: ranks, shards: shards,
 		params: slices.Clone(init), state: make([][][]float32, len(shards)),
 		scratch: make([]float32, longest),
 	}
@@ -60,7 +61,9 @@ func NewReference(fn Func, ranks int, shards []Range, init []float32) *Reference
 		for j := range st {
 			st[j] = make([]float32, s.Len)
 		}
-		fn.InitState(st)
+		if err := InitStateErr(fn, st); err != nil {
+			panic("functions: NewReference: " + err.Error())
+		}
 		r.state[i] = st
 	}
 	return r
@@ -68,8 +71,18 @@ func NewReference(fn Func, ranks int, shards []Range, init []float32) *Reference
 
 // Step applies one step. grads[r] is rank r's full flattened gradient (or model, for fedavg).
 // weights may be nil (all 1) and is used only when the function is weighted; then every rank's
-// input is scaled by float32(weights[r]) and WeightSum is SumWeights(weights).
+// input is scaled by float32(weights[r]) and WeightSum is SumWeights(weights). It panics when a
+// Fallible function fails (TryStep returns the error).
 func (r *Reference) Step(grads [][]float32, weights []float64) {
+	if err := r.TryStep(grads, weights); err != nil {
+		panic("functions: Reference.Step: " + err.Error())
+	}
+}
+
+// TryStep is Step returning a Fallible function's failure instead of panicking. The step is then
+// not counted, and the shards before the failing one keep their update: a Reference that failed
+// is of no further use but to report the failure.
+func (r *Reference) TryStep(grads [][]float32, weights []float64) error {
 	if len(grads) != r.ranks {
 		panic("functions: Reference.Step: " + strconv.Itoa(len(grads)) + " gradients for " + strconv.Itoa(r.ranks) + " ranks")
 	}
@@ -104,11 +117,15 @@ func (r *Reference) Step(grads [][]float32, weights []float64) {
 				Add(acc, x)
 			}
 		}
-		r.fn.Apply(&Update{
+		if err := ApplyErr(r.fn, &Update{
 			Params: r.params[s.Off : s.Off+s.Len], Grad: acc, State: r.state[i],
 			Step: r.step, Ranks: r.ranks, WeightSum: weightSum,
-		})
+		}); err != nil {
+			r.step--
+			return fmt.Errorf("step %d, shard %d: %w", r.step+1, i, err)
+		}
 	}
+	return nil
 }
 
 // ApplyRank applies one rank's gradient to one shard on its own, as an asp job's runtime does:
@@ -135,10 +152,12 @@ func (r *Reference) ApplyRank(shard int, grad []float32, weight float64) {
 		copy(acc, x)
 	}
 	r.updates[shard]++
-	r.fn.Apply(&Update{
+	if err := ApplyErr(r.fn, &Update{
 		Params: r.params[s.Off : s.Off+s.Len], Grad: acc, State: r.state[shard],
 		Step: r.updates[shard], Ranks: 1, WeightSum: w,
-	})
+	}); err != nil {
+		panic("functions: Reference.ApplyRank: " + err.Error())
+	}
 }
 
 // Params returns the current parameters. The slice is owned by the Reference and changes with
