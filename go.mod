@@ -28,6 +28,8 @@ require (
 	sigs.k8s.io/yaml v1.6.0
 )
 
+require github.com/tetratelabs/wazero v1.12.0
+
 require (
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
