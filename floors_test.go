@@ -15,7 +15,7 @@ var floors = []struct {
 	name  string
 	paths []string
 }{
-	{"contracts", []string{"wire", "functions", "job", "job/jobyaml", "gateway/api"}},
+	{"contracts", []string{"wire", "functions", "functions/guest", "functions/wasmfn", "job", "job/jobyaml", "gateway/api"}},
 	{"foundations", []string{"internal/..."}},
 	{"parts", []string{"runtime", "autoscaler", "sdk", "sdk/prom"}},
 	{"fronts", []string{"gateway", "dashboard", "sim"}},
