@@ -133,3 +133,9 @@ func quote(s string) string {
 
 // errNoFunction is the failure of every call when no function registered.
 var errNoFunction = errors.New("guest: no function registered (call guest.Register in an init function)")
+
+// ValuesOf returns hyper-parameters as Apply sees them, for tests that call a function's Apply
+// natively: names in declared order, vals their values.
+func ValuesOf(names []string, vals []float64) Values {
+	return Values{names: names, vals: vals}
+}
