@@ -78,10 +78,63 @@ type Tensor struct {
 	Shape []int  `json:"shape"`
 }
 
-// Function names the aggregation function and its hyper-parameters.
+// Function names the aggregation function and its hyper-parameters: a built-in one ("adam"), or
+// a user function uploaded as a WebAssembly module, named <owner>/<name>@<version> (see
+// ParseFunctionRef and docs/FUNCTIONS.md).
 type Function struct {
 	Name  string             `json:"name"`
 	Hyper map[string]float64 `json:"hyper,omitempty"`
+	// Module, Slots and Weighted are set by the gateway when it creates a job with a user
+	// function, from the module the name resolves to (whatever the request said): the module's
+	// sha256 in hex, which every runtime loads, and what the module declares.
+	Module   string `json:"module,omitempty"`
+	Slots    int    `json:"slots,omitempty"`
+	Weighted bool   `json:"weighted,omitempty"`
+}
+
+// FunctionRef is the name of a user function: Owner/Name@Version.
+type FunctionRef struct {
+	Owner, Name string
+	Version     int
+}
+
+func (r FunctionRef) String() string { return r.Owner + "/" + r.Name + "@" + strconv.Itoa(r.Version) }
+
+var (
+	refPattern    = regexp.MustCompile(`^([a-z0-9][a-z0-9-]{0,62})/([a-z][a-z0-9_-]{0,62})@([1-9][0-9]{0,8})$`)
+	digestPattern = regexp.MustCompile(`^[0-9a-f]{64}$`)
+)
+
+// ParseFunctionRef reads a user function's name, <owner>/<name>@<version>: owner the team that
+// uploaded it ("admin" for the admin), name of a-z, 0-9, '_' and '-' starting with a letter,
+// version a positive integer. ok is false for any other string (a built-in's name among them).
+func ParseFunctionRef(s string) (FunctionRef, bool) {
+	m := refPattern.FindStringSubmatch(s)
+	if m == nil {
+		return FunctionRef{}, false
+	}
+	v, _ := strconv.Atoi(m[3])
+	return FunctionRef{Owner: m[1], Name: m[2], Version: v}, true
+}
+
+// IsUserFunction reports whether the spec names a user function (a name with a '/').
+func (f *Function) IsUserFunction() bool { return strings.Contains(f.Name, "/") }
+
+// ErrNeedsModule is returned by NewFunc for a user function: it runs only on an engine that
+// has its module (package functions/wasmfn).
+var ErrNeedsModule = errors.New("a user function needs its WebAssembly module")
+
+// FuncSlots is the number of state vectors of the spec's function: a built-in's, or what the
+// module of a user function declares (Function.Slots).
+func (s *Spec) FuncSlots() (int, error) {
+	if s.Function.IsUserFunction() {
+		return s.Function.Slots, nil
+	}
+	fn, err := s.NewFunc()
+	if err != nil {
+		return 0, err
+	}
+	return fn.Slots(), nil
 }
 
 // Init says where the initial parameters come from.
@@ -221,8 +274,23 @@ func (s *Spec) Validate() error {
 	default:
 		bad("sync", "must be bsp, ssp or asp, got %q", s.Sync)
 	}
-	if _, err := functions.New(s.Function.Name, s.Function.Hyper); err != nil {
-		bad("function", "%v", err)
+	switch _, isRef := ParseFunctionRef(s.Function.Name); {
+	case s.Function.IsUserFunction() && !isRef:
+		bad("function", "a user function is named <owner>/<name>@<version> (for example team-a/lion@1), got %q", s.Function.Name)
+	case s.Function.IsUserFunction():
+		// Its hyper-parameters are checked against the module by whoever has it (the gateway).
+		if s.Function.Module != "" && !digestPattern.MatchString(s.Function.Module) {
+			bad("function.module", "must be a sha256 in hex (64 characters of 0-9, a-f), got %q", s.Function.Module)
+		}
+		if s.Function.Slots < 0 || s.Function.Slots > maxUserSlots {
+			bad("function.slots", "must be 0..%d, got %d", maxUserSlots, s.Function.Slots)
+		}
+	default:
+		if s.Function.Module != "" || s.Function.Slots != 0 || s.Function.Weighted {
+			bad("function", "module, slots and weighted belong to user functions, not to the built-in %q", s.Function.Name)
+		} else if _, err := functions.New(s.Function.Name, s.Function.Hyper); err != nil {
+			bad("function", "%v", err)
+		}
 	}
 	switch s.Init.Kind {
 	case "zeros", "upload":
@@ -305,8 +373,15 @@ func (t Tensor) Elements() int {
 	return n
 }
 
-// NewFunc returns the spec's configured aggregation function.
+// maxUserSlots bounds a user function's state vectors (wasmfn.MaxSlots).
+const maxUserSlots = 8
+
+// NewFunc returns the spec's configured built-in aggregation function; for a user function it
+// returns an error wrapping ErrNeedsModule.
 func (s *Spec) NewFunc() (functions.Func, error) {
+	if s.Function.IsUserFunction() {
+		return nil, fmt.Errorf("%w: %s", ErrNeedsModule, s.Function.Name)
+	}
 	return functions.New(s.Function.Name, s.Function.Hyper)
 }
 

@@ -47,8 +47,8 @@ func GradMaxMsgSize(rec *job.Record) int32 {
 // parameters, the one vector its parameters messages no longer hold exactly).
 func JobStorageBound(rec *job.Record) (grad, params int64) {
 	slots := 0
-	if fn, err := rec.Spec.NewFunc(); err == nil {
-		slots = fn.Slots()
+	if n, err := rec.Spec.FuncSlots(); err == nil {
+		slots = n
 	}
 	for _, s := range rec.Layout.Shards {
 		b := int64(s.Bytes())

@@ -292,16 +292,16 @@ func Unplaceable(what string, replicas int, err error) error {
 
 // CheckpointBytes is the size of one shard checkpoint of a job: parameters and optimizer state.
 func CheckpointBytes(rec *job.Record, shard job.Shard) (int, error) {
-	fn, err := rec.Spec.NewFunc()
+	slots, err := rec.Spec.FuncSlots()
 	if err != nil {
 		return 0, err
 	}
-	return (1 + fn.Slots()) * shard.Bytes(), nil
+	return (1 + slots) * shard.Bytes(), nil
 }
 
 // CheckFits reports a specific error when the job's messages would exceed the server's max_payload.
 func CheckFits(rec *job.Record, maxPayload int64) error {
-	fn, err := rec.Spec.NewFunc()
+	slots, err := rec.Spec.FuncSlots()
 	if err != nil {
 		return err
 	}
@@ -309,10 +309,10 @@ func CheckFits(rec *job.Record, maxPayload int64) error {
 	for _, s := range rec.Layout.Shards {
 		largest = max(largest, s.Bytes())
 	}
-	need := int64((1+fn.Slots())*largest) + wire.Headroom
+	need := int64((1+slots)*largest) + wire.Headroom
 	if need > maxPayload {
 		return fmt.Errorf("%w: shard_size: a shard checkpoint of %s (%d vector(s) of %s) plus headers needs max_payload >= %d bytes, the NATS server allows %d: use a smaller shard_size or raise max_payload",
-			job.ErrInvalidSpec, job.ByteSize((1+fn.Slots())*largest), 1+fn.Slots(), job.ByteSize(largest), need, maxPayload)
+			job.ErrInvalidSpec, job.ByteSize((1+slots)*largest), 1+slots, job.ByteSize(largest), need, maxPayload)
 	}
 	return nil
 }
