@@ -42,6 +42,8 @@ const (
 	ReasonStorageFull     Reason = "storage_full"           // the NATS servers are out of JetStream storage
 	ReasonBadBeat         Reason = "bad_beat"               // an elastic worker's beat: too large, unparsable, or a field out of bounds
 	ReasonBeatRate        Reason = "beat_rate"              // beats beyond the rate a worker or job may send
+	ReasonBadModule       Reason = "bad_module"             // an uploaded function module fanin refuses (docs/FUNCTIONS.md)
+	ReasonFunctionFailed  Reason = "function_failed"        // a user function failed a step: trap, time or memory limit, NaN output
 )
 
 // Reasons lists every reason with a one-line description, in table order.
@@ -75,6 +77,8 @@ var Reasons = []struct {
 	{ReasonStorageFull, "the NATS servers are out of JetStream storage: nothing was stored; retry once space is freed"},
 	{ReasonBadBeat, "an elastic worker's beat is too large, does not decode, or has a field out of bounds"},
 	{ReasonBeatRate, "an elastic worker or job sent beats faster than fanin takes them"},
+	{ReasonBadModule, "an uploaded function module is too large, not WebAssembly, imports what fanin does not serve, or breaks the function ABI"},
+	{ReasonFunctionFailed, "a user function failed a step (a trap, its time or memory limit, an error, a non-finite output): the step is not applied and the shard is unchanged"},
 }
 
 // DataPlaneReasons is how many rows at the head of Reasons are about gradient messages
@@ -100,6 +104,9 @@ type Reject struct {
 	Step   int64  `json:"step,omitempty"`
 	Rank   int    `json:"rank"`
 	MsgID  string `json:"msg_id,omitempty"` // the rejected message's Nats-Msg-Id, if it had one
+	// Pause is set by a runtime whose user function failed the shard's step too many times in a
+	// row (function_failed): the gateway pauses the job.
+	Pause bool `json:"pause,omitempty"`
 }
 
 // Rejectf makes a Reject with a formatted detail; the caller fills in where it came from.
