@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/fanin-ml/fanin/functions/wasmfn"
 	"log/slog"
 	goruntime "runtime"
 	"strconv"
@@ -51,6 +52,9 @@ type Runtime struct {
 	tracing *telemetry.Provider     // nil: tracing off
 	metrics *metrics.Metrics        // nil: metrics off
 	met     *metrics.RuntimeMetrics // this runtime's handle of metrics; nil when off
+
+	fnLimits wasmfn.Limits // user functions' sandbox (WithFunctionLimits)
+	userFns  userFuncs     // their engine and store, opened at first use (userfunc.go)
 
 	mu     sync.Mutex // guards shards and jobs
 	shards map[string]*shardExec
@@ -172,6 +176,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 		return err
 	}
 	r.buckets = b
+	defer r.closeUserFuncs() // last: after every shard executor has stopped
 	// The leader's stop request, from before the runtime is registered: whichever driver started
 	// it, it stops as on SIGTERM.
 	ctx, stop := context.WithCancel(ctx)

@@ -86,6 +86,11 @@ type shardExec struct {
 	outs    chan *outBuf // free parameter buffers: at most cap(outs) publishes in flight
 	ckptBuf *outBuf
 
+	// A user function's failure (functionFailed): written by the handler, read by serve, which
+	// then stops to restore and replay. fnFailures counts failures in a row (guarded by mu).
+	fnFailed   chan error
+	fnFailures int
+
 	// Written by ack callbacks, which must never take mu: the handler may hold mu while it waits
 	// for a buffer that only the acker can free.
 	ckptBusy atomic.Bool   // a checkpoint is in flight and owns ckptBuf
@@ -106,7 +111,7 @@ type outBuf struct {
 }
 
 func newShardExec(r *Runtime, ji *jobInfo, shard int, epoch uint64) (*shardExec, error) {
-	fn, err := ji.rec.Spec.NewFunc()
+	fn, err := r.newFunc(&ji.rec.Spec)
 	if err != nil {
 		return nil, err
 	}
@@ -117,7 +122,7 @@ func newShardExec(r *Runtime, ji *jobInfo, shard int, epoch uint64) (*shardExec,
 		key:       wire.PlacementKey(ji.rec.Spec.ID, shard),
 		log:       r.log.With("job", ji.rec.Spec.ID, "shard", shard),
 		gradSj:    wire.GradSubject(ji.rec.Spec.ID, shard),
-		weighted:  functions.Weighted(fn.Name()),
+		weighted:  functions.IsWeighted(fn),
 		finite:    !ji.rec.Spec.AllowNonFinite,
 		paramsDt:  ji.rec.Spec.ParamsDtype(),
 		done:      make(chan struct{}),
@@ -130,6 +135,7 @@ func newShardExec(r *Runtime, ji *jobInfo, shard int, epoch uint64) (*shardExec,
 		weights:   make([]float64, n),
 		outs:      make(chan *outBuf, 2),
 		ckptFree:  make(chan struct{}, 1),
+		fnFailed:  make(chan error, 1),
 		ckptEvery: max(1, int64((1+fn.Slots())/n)),
 		met:       r.met.Job(ji.rec.Spec.ID),
 		created:   ji.rec.Created.UnixNano(),
@@ -242,6 +248,8 @@ func (x *shardExec) serve(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case err := <-failed:
+			return err
+		case err := <-x.fnFailed:
 			return err
 		case <-sweep:
 			x.sweepUnknownShards(ctx)
@@ -383,7 +391,9 @@ func (x *shardExec) load(m *jetstream.RawStreamMsg, withState bool) error {
 		}
 		x.ckptAt.Store(step)
 	} else if len(x.state) > 0 {
-		x.fn.InitState(x.state)
+		if err := functions.InitStateErr(x.fn, x.state); err != nil {
+			return fmt.Errorf("initial state: %w", err)
+		}
 	}
 	from, err := x.loadSync(m.Header, seq)
 	if err != nil {
@@ -454,9 +464,11 @@ func (x *shardExec) handleSeq(m jetstream.Msg, seq uint64) {
 		x.sync.curSeq[meta.Rank] = seq
 	case x.sync.mode == modeASP:
 		x.takeCore()
-		x.applyOne(&meta, data)
+		ok := x.applyOne(&meta, data)
 		x.giveCore()
-		x.snapshot()
+		if ok {
+			x.snapshot()
+		}
 		return
 	}
 	queued := time.Now()
@@ -470,8 +482,9 @@ func (x *shardExec) handleSeq(m jetstream.Msg, seq uint64) {
 	x.times.folding, x.times.lastRank = started, meta.Rank
 	x.fold(meta.Rank, meta.Weight, meta.Dtype, data)
 	complete := x.next == x.ranks
-	if complete {
-		x.apply()
+	if complete && !x.apply() {
+		x.giveCore()
+		return
 	}
 	x.giveCore()
 	work := time.Since(started)
@@ -484,8 +497,11 @@ func (x *shardExec) handleSeq(m jetstream.Msg, seq uint64) {
 		x.snapshot()
 		for x.sync.mode == modeSSP && x.promote() { // the next step was held whole: apply it too
 			x.takeCore()
-			x.apply()
+			ok := x.apply()
 			x.giveCore()
+			if !ok {
+				return
+			}
 			x.snapshot()
 		}
 	}
@@ -551,14 +567,25 @@ func (x *shardExec) foldOne(data []byte) {
 	x.next++
 }
 
-// apply runs the function on the gathered sum.
-func (x *shardExec) apply() {
+// apply runs the function on the gathered sum. It reports false when a user function failed
+// (functionFailed has stopped the executor; the shard is unchanged).
+func (x *shardExec) apply() bool {
 	start := time.Now()
 	u := &functions.Update{
 		Params: x.params, Grad: x.acc, State: x.state,
 		Step: x.step + 1, Ranks: x.ranks, WeightSum: x.wsum,
 	}
-	if x.last != nil {
+	if _, fallible := x.fn.(functions.Fallible); fallible {
+		if x.last != nil {
+			functions.AddLE(x.acc, x.last)
+			x.last = nil
+		}
+		if err := functions.ApplyErr(x.fn, u); err != nil {
+			x.functionFailed(err)
+			return false
+		}
+		x.fnFailures = 0
+	} else if x.last != nil {
 		functions.AddApply(x.fn, u, x.last)
 	} else {
 		x.fn.Apply(u)
@@ -571,6 +598,7 @@ func (x *shardExec) apply() {
 	x.r.stats.invocations.Add(1)
 	x.r.stats.fnNanos.Add(int64(end.Sub(start)))
 	x.times.fnStart, x.times.fnEnd = start, end
+	return true
 }
 
 func (x *shardExec) anyRank() bool {
@@ -693,6 +721,9 @@ func storeMax(a *atomic.Int64, v int64) {
 // finish runs when the executor stops: no more messages are handled, in-flight publishes are
 // awaited, and a shard that checkpoints writes a final checkpoint so the next owner replays nothing.
 func (x *shardExec) finish() {
+	if l, ok := x.fn.(*lazyFunc); ok {
+		defer l.close()
+	}
 	x.mu.Lock()
 	x.stopped = true
 	dirty := !x.paramsSnap && x.step > x.ckptAt.Load()

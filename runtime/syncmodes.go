@@ -294,8 +294,9 @@ func (e *snapshotError) Error() string {
 
 func errBadSnapshot(header, value string) error { return &snapshotError{header, value} }
 
-// applyOne applies one rank's gradient on its own (asp).
-func (x *shardExec) applyOne(meta *wire.GradMeta, data []byte) {
+// applyOne applies one rank's gradient on its own (asp). It reports false when a user function
+// failed (see apply).
+func (x *shardExec) applyOne(meta *wire.GradMeta, data []byte) bool {
 	w := meta.Weight
 	switch {
 	case x.weighted:
@@ -304,10 +305,15 @@ func (x *shardExec) applyOne(meta *wire.GradMeta, data []byte) {
 		functions.CopyLE16(x.acc, data, meta.Dtype)
 		w = 1
 	}
-	x.fn.Apply(&functions.Update{Params: x.params, Grad: x.acc, State: x.state, Step: x.step + 1, Ranks: 1, WeightSum: w})
+	if err := functions.ApplyErr(x.fn, &functions.Update{Params: x.params, Grad: x.acc, State: x.state, Step: x.step + 1, Ranks: 1, WeightSum: w}); err != nil {
+		x.functionFailed(err)
+		return false
+	}
+	x.fnFailures = 0
 	x.step++
 	x.stepSeq = x.seq
 	x.sync.rankSteps[meta.Rank] = meta.Step
 	x.sync.applied = strconv.Itoa(meta.Rank) + "." + strconv.FormatInt(meta.Step, 10)
 	x.r.stats.invocations.Add(1)
+	return true
 }
