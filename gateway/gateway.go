@@ -73,9 +73,10 @@ type Server struct {
 	users map[string]string // NATS user public key -> job, for attributing violations
 	dash  *dashboard.Dashboard
 
-	maxModel   int64    // the largest model a job may have, bytes (WithMaxModelBytes)
-	jobLocks   sync.Map // job id -> *sync.Mutex: serializes pause, resume and delete of a job
-	ownerLocks sync.Map // owner -> *sync.Mutex: one job creation at a time per owner (the jobs quota)
+	fns        userFunctions // the user functions' store and the engine that checks their modules (functions.go)
+	maxModel   int64         // the largest model a job may have, bytes (WithMaxModelBytes)
+	jobLocks   sync.Map      // job id -> *sync.Mutex: serializes pause, resume and delete of a job
+	ownerLocks sync.Map      // owner -> *sync.Mutex: one job creation at a time per owner (the jobs quota)
 
 	bg   context.Context // background work; cancelled by Close
 	stop context.CancelFunc
@@ -323,6 +324,8 @@ func (s *Server) register() {
 		{"GET /v1/policy/history", Admin, s.policyHistory},
 		{"GET /v1/decisions", Admin, s.listDecisions},
 		{"GET /v1/functions", AnyUser, s.listFunctions},
+		{"POST /v1/functions", Creator, s.uploadFunction},
+		{"DELETE /v1/functions/{owner}/{function}", Creator, s.deleteFunction},
 		{"GET /v1/rejects", Admin, s.rejectTotals},
 		{"POST /v1/tokens", Admin, s.createTeam},
 		{"GET /v1/tokens", Admin, s.listTeams},

@@ -55,6 +55,9 @@ func (s *Server) create(ctx context.Context, spec job.Spec, g grant) (*api.JobCr
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
+	if err := s.resolveFunction(ctx, &spec, g); err != nil {
+		return nil, err
+	}
 	if spec.Priority == job.PriorityHigh && !g.admin() {
 		// A tenant that could make its own jobs high would make every job high: the class is the
 		// platform's call. Low and normal are anyone's.

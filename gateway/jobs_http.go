@@ -56,6 +56,10 @@ func (s *Server) createJob(w http.ResponseWriter, r *http.Request) {
 		s.problem(w, http.StatusInsufficientStorage, string(wire.ReasonStorageFull), err.Error())
 	case errors.Is(err, ErrQuota):
 		s.reject(w, wire.ReasonQuotaExceeded, err.Error(), recordAs)
+	case errors.Is(err, functions.ErrUnknownFunction):
+		s.reject(w, wire.ReasonUnknownFunction, err.Error(), recordAs)
+	case errors.Is(err, functions.ErrBadHyper):
+		s.reject(w, wire.ReasonBadHyper, err.Error(), recordAs)
 	case errors.Is(err, ErrHighPriority):
 		s.reject(w, wire.ReasonForbidden, err.Error(), recordAs)
 	case errors.Is(err, job.ErrInvalidSpec):

@@ -11,7 +11,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanin-ml/fanin/autoscaler"
-	"github.com/fanin-ml/fanin/functions"
 	"github.com/fanin-ml/fanin/gateway/api"
 	"github.com/fanin-ml/fanin/wire"
 )
@@ -157,8 +156,4 @@ func (s *Server) listDecisions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"decisions": ds})
-}
-
-func (s *Server) listFunctions(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{"functions": functions.Describe()})
 }

@@ -117,6 +117,9 @@ func (rs *rejectStore) count(ctx context.Context) {
 				c = &rejectCounts{}
 				add[jobID] = c
 			}
+			if wire.Reason(m.Headers().Get(wire.HdrReject)) == wire.ReasonFunctionFailed {
+				rs.s.functionFailed(jobID, m.Data()) // functions.go: pause the job when asked
+			}
 			if origin := m.Headers().Get(wire.HdrRejectOrigin); origin != "" {
 				if counts, err := wire.ParseCounts(m.Headers().Get(wire.HdrRejectCounts)); err == nil {
 					c.observe(origin, counts)

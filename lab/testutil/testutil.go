@@ -119,11 +119,17 @@ func Gradient(g, params []float32, step int64, rank int) {
 // on its own connection to url, until stop is called; stop returns once they have all stopped.
 func TrainUntilStopped(t testing.TB, url string, rec *job.Record, pause time.Duration) (stop func()) {
 	t.Helper()
+	return TrainUntilStoppedWith(t, url, rec, pause)
+}
+
+// TrainUntilStoppedWith is TrainUntilStopped with connections made with opts.
+func TrainUntilStoppedWith(t testing.TB, url string, rec *job.Record, pause time.Duration, opts ...sdk.Option) (stop func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{}, rec.Spec.Ranks)
 	var workers []*sdk.Worker
 	for r := range rec.Spec.Ranks {
-		c, err := sdk.Connect(ctx, url)
+		c, err := sdk.Connect(ctx, url, opts...)
 		if err != nil {
 			t.Fatal(err)
 		}
