@@ -24,7 +24,7 @@ var (
 
 // testEngine is one engine for the package's tests, with a short call limit so that the
 // infinite loop is stopped quickly.
-func testEngine(t *testing.T) *wasmfn.Engine {
+func testEngine(t testing.TB) *wasmfn.Engine {
 	t.Helper()
 	engineOnce.Do(func() {
 		engine, engineErr = wasmfn.NewEngine(context.Background(), wasmfn.Limits{
@@ -52,7 +52,7 @@ func roomyEngine(t *testing.T) *wasmfn.Engine {
 	return roomy
 }
 
-func load(t *testing.T, dir string) *wasmfn.Module {
+func load(t testing.TB, dir string) *wasmfn.Module {
 	t.Helper()
 	m, err := testEngine(t).Load(context.Background(), wasmbuild.ForTest(t, dir))
 	if err != nil {

@@ -136,7 +136,7 @@ type scenario struct {
 }
 
 var scenarios = []scenario{
-	{"kernel", "aggregation kernel (rank-order sum of 8 ranks of 1 MiB, then sgd or adam) vs memory copy of the same bytes", runKernel},
+	{"kernel", "aggregation kernel (rank-order sum of 8 ranks of 1 MiB, then sgd or adam) vs memory copy of the same bytes; a user-written SGD in WebAssembly vs the built-in sgd kernel", runKernel},
 	{"e2e-resnet50", "BSP steps/s of 8 SDK workers on a ResNet-50-size model vs a bare aggregator over core NATS", runE2E},
 	{"e2e-secured", "the cost of tenant isolation: BSP steps/s of 8 workers using their job's own NATS account (security on) vs the same fanin open (no security)", runSecured},
 	{"e2e-redis", "the same workload vs workers and an aggregator exchanging shards through Redis keys", runRedis},

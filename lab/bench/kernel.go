@@ -164,7 +164,11 @@ func runKernel(ctx context.Context, rs *runState) ([]Result, error) {
 			Notes: notes,
 		}))
 	}
-	return out, nil
+	r, err := runKernelWasm(ctx, round, rounds)
+	if err != nil {
+		return out, err
+	}
+	return append(out, r), nil
 }
 
 func median(v []float64) float64 {
