@@ -170,17 +170,19 @@ func TestFailingFunctionPausesJob(t *testing.T) {
 	c := client{t: t, base: st.HTTPURL, token: st.AdminToken}
 	c.call("POST", "/v1/functions?name=attack&version=1", "application/wasm", string(wasmbuild.ForTest(t, wasmTestdata+"attack")), 201, nil)
 	spec := smallSpec("bad-fn")
+	spec.Tensors = []job.Tensor{{Name: "w", Shape: []int{100}}}                                // one shard
 	spec.Function = job.Function{Name: "admin/attack@1", Hyper: map[string]float64{"mode": 5}} // returns an error
 	var created api.JobCreated
 	c.call("POST", "/v1/jobs", "application/json", specJSON(spec), 201, &created)
 	rec := created.Record
 	stop := testutil.TrainUntilStoppedWith(t, st.URL, &rec, 0, sdk.WithJobCredentials(created.Credentials))
 	defer stop()
-	testutil.CheckFor(t, 60*time.Second, 50*time.Millisecond, func() error {
+	testutil.CheckFor(t, 2*time.Minute, 50*time.Millisecond, func() error {
 		var s api.JobStatus
 		c.call("GET", "/v1/jobs/bad-fn", "", "", 200, &s)
 		if s.State != api.StatePaused {
-			return fmt.Errorf("job is %s", s.State)
+			_, _, body := c.do("GET", "/v1/jobs/bad-fn/rejects", "", "")
+			return fmt.Errorf("job is %s; rejects: %.600s", s.State, body)
 		}
 		return nil
 	})

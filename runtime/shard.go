@@ -204,6 +204,10 @@ func (x *shardExec) serve(ctx context.Context) error {
 	x.sync.quietTo = max(x.sync.quietTo, prev.Decided)
 	x.stopped = false
 	x.mu.Unlock()
+	select { // a failure of the function before this restore is behind us
+	case <-x.fnFailed:
+	default:
+	}
 	// Pull room for at least two of the largest messages the job's stream accepts: a message the
 	// consumer could not pull would stall the shard for good.
 	msgBytes := max(x.shard.Bytes()+wire.Headroom, int(store.GradMaxMsgSize(x.ji.rec)))
@@ -392,6 +396,7 @@ func (x *shardExec) load(m *jetstream.RawStreamMsg, withState bool) error {
 		x.ckptAt.Store(step)
 	} else if len(x.state) > 0 {
 		if err := functions.InitStateErr(x.fn, x.state); err != nil {
+			x.reportFunctionFailure(err) // counted like a failed step: it may pause the job
 			return fmt.Errorf("initial state: %w", err)
 		}
 	}

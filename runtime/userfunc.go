@@ -169,6 +169,18 @@ func (l *lazyFunc) close() {
 // replay (run retries it with a backoff); after maxFunctionFailures in a row the refusal asks the
 // gateway to pause the job.
 func (x *shardExec) functionFailed(err error) {
+	x.reportFunctionFailure(err)
+	x.stopped = true // nothing more until the restore
+	x.resetGather()
+	select {
+	case x.fnFailed <- err:
+	default:
+	}
+}
+
+// reportFunctionFailure counts a failure of the user function in a row and reports it
+// (function_failed; with the pause asked for after maxFunctionFailures). x.mu is held.
+func (x *shardExec) reportFunctionFailure(err error) {
 	x.fnFailures++
 	rej := wire.Rejectf(wire.ReasonFunctionFailed, "step %d of shard %d: %v", x.step+1, x.shard.ID, err)
 	rej.Job, rej.Shard, rej.Step = x.ji.rec.Spec.ID, x.shard.ID, x.step+1
@@ -178,10 +190,4 @@ func (x *shardExec) functionFailed(err error) {
 	}
 	x.log.Warn("user function failed", "step", x.step+1, "failures", x.fnFailures, "err", err)
 	x.r.reject(rej, "", x.ji.incarnation)
-	x.stopped = true // nothing more until the restore
-	x.resetGather()
-	select {
-	case x.fnFailed <- err:
-	default:
-	}
 }

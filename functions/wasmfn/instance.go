@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
@@ -18,7 +19,8 @@ type instance struct {
 	mem                   api.Memory
 	describeFn, reserveFn api.Function
 	initFn, applyFn       api.Function
-	base                  uint32 // the guest's buffer (fanin_reserve), for n elements
+	startTimeout          time.Duration // of describe, as of the start
+	base                  uint32        // the guest's buffer (fanin_reserve), for n elements
 	n                     int
 	stack                 [4]uint64
 }
@@ -32,7 +34,7 @@ func (m *Module) instantiate(ctx context.Context) (*instance, error) {
 	if err != nil {
 		return nil, callError(ctx, err, st, "instantiate")
 	}
-	inst := &instance{mod: mod, mem: mod.Memory(),
+	inst := &instance{mod: mod, mem: mod.Memory(), startTimeout: m.e.limits.StartTimeout,
 		describeFn: mod.ExportedFunction("fanin_describe"), reserveFn: mod.ExportedFunction("fanin_reserve"),
 		initFn: mod.ExportedFunction("fanin_init"), applyFn: mod.ExportedFunction("fanin_apply")}
 	if start := mod.ExportedFunction("_initialize"); start != nil { // a reactor (Go's c-shared) starts here
@@ -46,16 +48,18 @@ func (m *Module) instantiate(ctx context.Context) (*instance, error) {
 
 func (i *instance) close(ctx context.Context) { _ = i.mod.Close(ctx) }
 
+// ErrTimeLimit is wrapped by the error of a call stopped at its time limit.
+var ErrTimeLimit = errors.New("stopped: ran past its time limit")
+
 // callError describes a failed call: a timeout, an exit, a trap, with what the guest wrote to
 // stdout and stderr.
 func callError(ctx context.Context, err error, st *callState, what string) error {
 	var msg string
 	var exit *sys.ExitError
+	timedOut := errors.Is(ctx.Err(), context.DeadlineExceeded) || (errors.As(err, &exit) && exit.ExitCode() == sys.ExitCodeDeadlineExceeded)
 	switch {
-	case errors.Is(ctx.Err(), context.DeadlineExceeded):
-		msg = "stopped: ran past its time limit"
-	case errors.As(err, &exit) && exit.ExitCode() == sys.ExitCodeDeadlineExceeded:
-		msg = "stopped: ran past its time limit"
+	case timedOut:
+		msg = ""
 	case errors.As(err, &exit):
 		msg = fmt.Sprintf("exited with code %d", exit.ExitCode())
 	default:
@@ -66,6 +70,9 @@ func callError(ctx context.Context, err error, st *callState, what string) error
 			out = out[:300] + "..."
 		}
 		msg += "; output: " + out
+	}
+	if timedOut {
+		return fmt.Errorf("%s: %w%s", what, ErrTimeLimit, msg)
 	}
 	return fmt.Errorf("%s: %s", what, msg)
 }
@@ -78,7 +85,7 @@ func (i *instance) guestString(packed uint64) (string, bool) {
 
 func (i *instance) describe(ctx context.Context) ([]byte, error) {
 	st := &callState{clock: clockEpoch}
-	ctx, cancel := context.WithTimeout(context.WithValue(ctx, callKey{}, st), 5e9)
+	ctx, cancel := context.WithTimeout(context.WithValue(ctx, callKey{}, st), i.startTimeout)
 	defer cancel()
 	res, err := i.describeFn.Call(ctx)
 	if err != nil {

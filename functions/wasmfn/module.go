@@ -25,7 +25,7 @@ type Limits struct {
 	MaxModuleBytes int           // size of the module's bytes (default 16 MiB)
 	MaxMemoryPages uint32        // 64 KiB pages of linear memory per instance (default 4096: 256 MiB)
 	CallTimeout    time.Duration // one call of the function (default 2 s)
-	StartTimeout   time.Duration // an instance's start, the Go runtime's initialization (default 5 s)
+	StartTimeout   time.Duration // an instance's start, the Go runtime's initialization (default 30 s)
 }
 
 // Defaults of Limits.
@@ -33,7 +33,7 @@ const (
 	DefaultMaxModuleBytes = 16 << 20
 	DefaultMaxMemoryPages = 4096
 	DefaultCallTimeout    = 2 * time.Second
-	DefaultStartTimeout   = 5 * time.Second
+	DefaultStartTimeout   = 30 * time.Second
 	MaxSlots              = 8  // state vectors a function may declare
 	MaxHyper              = 32 // hyper-parameters a function may declare
 )
@@ -222,11 +222,19 @@ func (m *Module) check(ctx context.Context) error {
 		return badModule("its memory starts at %d pages, more than the %d allowed", mem.Min(), m.e.limits.MaxMemoryPages)
 	}
 	inst, err := m.instantiate(ctx)
+	if errors.Is(err, ErrTimeLimit) {
+		// Maybe a module that never starts, maybe a machine too busy to start it in time: not
+		// a verdict on the module.
+		return fmt.Errorf("wasmfn: the module did not start within %v: %w", m.e.limits.StartTimeout, err)
+	}
 	if err != nil {
 		return badModule("does not start: %v", err)
 	}
 	defer inst.close(ctx)
 	desc, err := inst.describe(ctx)
+	if errors.Is(err, ErrTimeLimit) {
+		return fmt.Errorf("wasmfn: fanin_describe did not answer in time: %w", err)
+	}
 	if err != nil {
 		return badModule("fanin_describe: %v", err)
 	}
