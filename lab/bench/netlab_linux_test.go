@@ -1,0 +1,226 @@
+//go:build linux
+
+package bench
+
+import (
+	"context"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestNetLab makes a two-node lab, checks what the cluster scenario relies on (the nodes reach
+// each other over their capped links, and nothing else), and checks that closing it leaves no
+// namespace behind and the host's routes as they were.
+func TestNetLab(t *testing.T) {
+	t.Parallel()
+	if err := netLabAvailable(); err != nil {
+		t.Skip(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	routes0 := hostRoutes(t)
+	l, err := newNetLab(ctx, []nodeSpec{{"a", 100}, {"b", 400}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			_ = l.close()
+		}
+	})
+	a, b := l.node("a"), l.node("b")
+	if a == nil || b == nil || a.Addr == b.Addr {
+		t.Fatalf("nodes a %+v and b %+v", a, b)
+	}
+	names, err := netLabNames()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ns := range l.namespaces() {
+		if !slices.Contains(names, ns) {
+			t.Errorf("namespace %s missing from %v", ns, names)
+		}
+	}
+
+	// Each link is capped both ways: the node's side and the switch's port.
+	for _, c := range []struct{ ns, dev, rate string }{
+		{a.NS, netLabIf, "100Mbit"}, {l.sw, a.port, "100Mbit"}, {b.NS, netLabIf, "400Mbit"}, {l.sw, b.port, "400Mbit"},
+	} {
+		out, err := exec.CommandContext(ctx, "tc", "-n", c.ns, "qdisc", "show", "dev", c.dev).CombinedOutput()
+		if err != nil {
+			t.Fatalf("tc qdisc show %s in %s: %v: %s", c.dev, c.ns, err, out)
+		}
+		if s := string(out); !strings.Contains(s, "qdisc tbf") || !strings.Contains(s, "rate "+c.rate) {
+			t.Errorf("%s in %s: %q, want a tbf qdisc at %s", c.dev, c.ns, s, c.rate)
+		}
+	}
+	// A node routes only the lab's network, and has no default route: no traffic can leave it.
+	for _, n := range l.nodes {
+		for _, family := range []string{"-4", "-6"} {
+			out, err := exec.CommandContext(ctx, "ip", family, "-n", n.NS, "route", "show", "table", "all", "default").Output()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s := strings.TrimSpace(string(out)); s != "" {
+				t.Errorf("node %s has a default route: %q", n.Name, s)
+			}
+		}
+		out, err := exec.CommandContext(ctx, "ip", "-4", "-n", n.NS, "route", "show").Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s, want := strings.Fields(string(out)), netLabNet+"0/24"; len(s) == 0 || s[0] != want || strings.Count(string(out), "\n") != 1 {
+			t.Errorf("node %s's routes: %q, want only %s", n.Name, out, want)
+		}
+	}
+
+	// a reaches b: a listener in b's namespace, a connection from a's, bytes across.
+	var ln net.Listener
+	if err := b.do(func() (err error) { ln, err = net.Listen("tcp", b.Addr+":0"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan string, 1)
+	go func() { // ends with the connection or the listener
+		c, err := ln.Accept()
+		if err != nil {
+			got <- err.Error()
+			return
+		}
+		defer c.Close()
+		msg, _ := io.ReadAll(c)
+		got <- string(msg) + " from " + c.RemoteAddr().(*net.TCPAddr).IP.String()
+	}()
+	c, err := a.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := a.counters(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write([]byte(strings.Repeat("x", 100_000))); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if s, want := <-got, strings.Repeat("x", 100_000)+" from "+a.Addr; s != want {
+		t.Fatalf("b received %d bytes (%.40q...), want 100000 from %s", len(s), s, a.Addr)
+	}
+	after, err := a.counters(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := after.sub(before); d.tx < 100_000 {
+		t.Errorf("a's counters show %d bytes sent, want at least the 100000 written", d.tx)
+	}
+	// The host cannot reach the lab: its address is only in the lab's namespaces.
+	if c, err := net.DialTimeout("tcp", ln.Addr().String(), 200*time.Millisecond); err == nil {
+		c.Close()
+		t.Errorf("the host's namespace reached %s", ln.Addr())
+	}
+	ln.Close()
+
+	closed = true
+	if err := l.close(); err != nil {
+		t.Fatal(err)
+	}
+	if names, err = netLabNames(); err != nil {
+		t.Fatal(err)
+	}
+	for _, ns := range l.namespaces() {
+		if slices.Contains(names, ns) {
+			t.Errorf("namespace %s left after close", ns)
+		}
+	}
+	if r := hostRoutes(t); r != routes0 {
+		t.Errorf("the host's routes changed:\nbefore:\n%s\nafter:\n%s", routes0, r)
+	}
+}
+
+// TestNetLabFailureLeavesNothing: a lab that cannot be made (its second node's rate is invalid)
+// removes what it made before failing.
+func TestNetLabFailureLeavesNothing(t *testing.T) {
+	t.Parallel()
+	if err := netLabAvailable(); err != nil {
+		t.Skip(err)
+	}
+	before, err := netLabNames()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := newNetLab(context.Background(), []nodeSpec{{"a", 100}, {"b", 0}})
+	if l == nil {
+		t.Fatalf("newNetLab with a 0 Mbit/s node returned no lab to name its namespaces (err %v)", err)
+	}
+	if err == nil || !strings.Contains(err.Error(), `node "b": link rate 0 Mbit/s`) {
+		t.Fatalf("newNetLab with a 0 Mbit/s node: %v, want the rate refused", err)
+	}
+	after, err := netLabNames()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ns := range after {
+		if !slices.Contains(before, ns) && strings.HasPrefix(ns, l.name+"-") {
+			t.Errorf("namespace %s left by a failed lab", ns)
+		}
+	}
+}
+
+// TestSweepNetLabs: the namespaces of a bench that died are removed by the next one; those of a
+// running process are not.
+func TestSweepNetLabs(t *testing.T) {
+	t.Parallel()
+	if err := netLabAvailable(); err != nil {
+		t.Skip(err)
+	}
+	ctx := context.Background()
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	gone := netLabPrefix + strconv.Itoa(dead.Process.Pid) + "-1-sw"
+	alive := netLabPrefix + strconv.Itoa(os.Getppid()) + "-1-sw"
+	for _, ns := range []string{gone, alive} {
+		if err := ipRun(ctx, "netns", "add", ns); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = ipRun(ctx, "netns", "delete", ns) })
+	}
+	removed, err := sweepNetLabs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err := netLabNames()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// (Another bench's sweep may have removed it first: that it is gone is what counts.)
+	if slices.Contains(names, gone) {
+		t.Errorf("the namespace of exited process %d: removed %v, left %v", dead.Process.Pid, removed, names)
+	}
+	if slices.Contains(removed, alive) || !slices.Contains(names, alive) {
+		t.Errorf("the namespace of running process %d: removed %v, left %v", os.Getppid(), removed, names)
+	}
+}
+
+// hostRoutes is the host's default routes, IPv4 and IPv6, every table.
+func hostRoutes(t *testing.T) string {
+	t.Helper()
+	var b strings.Builder
+	for _, family := range []string{"-4", "-6"} {
+		out, err := exec.Command("ip", family, "route", "show", "table", "all", "default").Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.Write(out)
+	}
+	return b.String()
+}
