@@ -7,7 +7,9 @@ as a training job on a shared machine runs it.
 
 Modes: "throughput" runs warmup steps, then times steps back to back (steps/s, as fanin's
 e2e scenarios do); "latency" puts a barrier before every step and times each step alone, from
-the barrier to the new parameters. It prints one JSON object on stdout.
+the barrier to the new parameters. It prints one JSON object on stdout. With --hold it prints
+"ready" after the warm-up and waits for a line on stdin before the timed steps (the cluster
+scenario reads the links' counters in between).
 """
 
 import argparse
@@ -47,6 +49,8 @@ def main():
     ap.add_argument("--rank", type=int, required=True)
     ap.add_argument("--world", type=int, required=True)
     ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--master", default="127.0.0.1", help="address of rank 0's rendezvous")
+    ap.add_argument("--hold", action="store_true")
     ap.add_argument("--elements", type=int, required=True)
     ap.add_argument("--lr", type=float, required=True)
     ap.add_argument("--warmup", type=int, default=2)
@@ -60,7 +64,7 @@ def main():
     params = torch.zeros(n, dtype=torch.float32)
     bucket = torch.empty(n, dtype=torch.float32)
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=a.rank, world_size=a.world)
+    dist.init_process_group("gloo", init_method=f"tcp://{a.master}:{a.port}", rank=a.rank, world_size=a.world)
 
     def step():
         bucket.copy_(grad)
@@ -70,6 +74,10 @@ def main():
 
     for _ in range(a.warmup):
         step()
+    if a.hold:
+        print("ready", flush=True)
+        if not sys.stdin.readline():
+            sys.exit("held after the warm-up: stdin ended without a line to go on")
     took = []
     dist.barrier()
     start = time.perf_counter()

@@ -1,12 +1,14 @@
 package bench
 
 import (
+	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"sync"
@@ -22,8 +24,18 @@ import (
 type WorkersConfig struct {
 	URL, CredsFile, Job  string
 	Ranks, Warmup, Steps int
+	FirstRank            int    // the process holds ranks FirstRank..FirstRank+Ranks-1 (several worker processes share a job)
 	Dtype                string // of the gradients: f32 (default), bf16 or f16
+	// Hold: after the warm-up, write "ready" and a newline to Ready (default standard output) and
+	// wait for a line from Go (default standard input) before the timed steps, so that the bench
+	// reads its counters between the two while every worker process waits.
+	Hold  bool
+	Ready io.Writer
+	Go    io.Reader
 }
+
+// holdReady is the line a held worker process writes after its warm-up.
+const holdReady = "ready"
 
 // WorkersReport is what a worker process of the python scenario prints, as JSON: the Go one
 // (RunWorkers) and the Python one (sdk/python/fanin/_bench.py) print the same fields.
@@ -54,14 +66,16 @@ func ParseWorkers(args []string) (WorkersConfig, error) {
 	f.StringVar(&cfg.CredsFile, "creds", "", "the job's credentials as the gateway returns them (JSON)")
 	f.StringVar(&cfg.Job, "job", "", "job id")
 	f.IntVar(&cfg.Ranks, "ranks", 8, "ranks")
+	f.IntVar(&cfg.FirstRank, "first-rank", 0, "the first of the ranks")
+	f.BoolVar(&cfg.Hold, "hold", false, `after the warm-up, print "ready" and wait for a line on standard input`)
 	f.IntVar(&cfg.Warmup, "warmup", 2, "warm-up steps")
 	f.IntVar(&cfg.Steps, "steps", 10, "timed steps")
 	f.StringVar(&cfg.Dtype, "dtype", "", "gradient dtype: f32 (default), bf16 or f16")
 	if err := f.Parse(args); err != nil {
 		return cfg, err
 	}
-	if cfg.URL == "" || cfg.Job == "" || cfg.Ranks < 1 || cfg.Steps < 1 || cfg.Warmup < 0 {
-		return cfg, fmt.Errorf("%s: --nats, --job, --ranks >= 1, --steps >= 1 and --warmup >= 0 are required", WorkersCommand)
+	if cfg.URL == "" || cfg.Job == "" || cfg.Ranks < 1 || cfg.Steps < 1 || cfg.Warmup < 0 || cfg.FirstRank < 0 {
+		return cfg, fmt.Errorf("%s: --nats, --job, --ranks >= 1, --steps >= 1, --warmup >= 0 and --first-rank >= 0 are required", WorkersCommand)
 	}
 	return cfg, nil
 }
@@ -95,7 +109,7 @@ func RunWorkers(ctx context.Context, cfg WorkersConfig) (*WorkersReport, error) 
 			return nil, err
 		}
 		defer c.Close()
-		if workers[r], err = c.Worker(ctx, cfg.Job, r, wopts...); err != nil {
+		if workers[r], err = c.Worker(ctx, cfg.Job, cfg.FirstRank+r, wopts...); err != nil {
 			return nil, err
 		}
 	}
@@ -103,7 +117,7 @@ func RunWorkers(ctx context.Context, cfg WorkersConfig) (*WorkersReport, error) 
 	grads := make([][]float32, cfg.Ranks)
 	for r := range grads {
 		grads[r] = make([]float32, n)
-		fillGradient(grads[r], r)
+		fillGradient(grads[r], cfg.FirstRank+r)
 	}
 	last := make([][]float32, cfg.Ranks)
 	step := func() error {
@@ -127,6 +141,11 @@ func RunWorkers(ctx context.Context, cfg WorkersConfig) (*WorkersReport, error) 
 			return nil, err
 		}
 	}
+	if cfg.Hold {
+		if err := hold(cfg.Ready, cfg.Go); err != nil {
+			return nil, err
+		}
+	}
 	took := make([]time.Duration, cfg.Steps)
 	start := time.Now()
 	for i := range took {
@@ -147,4 +166,22 @@ func RunWorkers(ctx context.Context, cfg WorkersConfig) (*WorkersReport, error) 
 		StepsPerSec: float64(cfg.Steps) / el.Seconds(), P50ms: ms(took[len(took)/2]), P99ms: ms(percentile(took, 0.99)),
 		StepMs: stepMs, Sha256: hex.EncodeToString(sum[:]), Elements: n,
 	}, nil
+}
+
+// hold writes holdReady to ready (default standard output) and waits for a line from release
+// (default standard input).
+func hold(ready io.Writer, release io.Reader) error {
+	if ready == nil {
+		ready = os.Stdout
+	}
+	if release == nil {
+		release = os.Stdin
+	}
+	if _, err := fmt.Fprintln(ready, holdReady); err != nil {
+		return err
+	}
+	if _, err := bufio.NewReader(release).ReadString('\n'); err != nil {
+		return fmt.Errorf("held after the warm-up: no line to go on: %w", err)
+	}
+	return nil
 }
