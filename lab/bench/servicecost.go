@@ -142,8 +142,17 @@ type runtimeProc struct {
 }
 
 func startRuntimeProc(ctx context.Context, exe, url, id string, cores int) (*runtimeProc, error) {
-	p := &runtimeProc{id: id}
-	p.cmd = exec.CommandContext(ctx, exe, RuntimeCommand, "--nats", url, "--id", id, "--cores", strconv.Itoa(cores))
+	return startRuntimeCmd(id, exec.CommandContext(ctx, exe, runtimeArgs(url, id, cores)...))
+}
+
+// runtimeArgs are the arguments of a runtime process after the fanin binary's name.
+func runtimeArgs(url, id string, cores int) []string {
+	return []string{RuntimeCommand, "--nats", url, "--id", id, "--cores", strconv.Itoa(cores)}
+}
+
+// startRuntimeCmd starts cmd, a runtime process of id's (runtimeArgs), however it is run.
+func startRuntimeCmd(id string, cmd *exec.Cmd) (*runtimeProc, error) {
+	p := &runtimeProc{id: id, cmd: cmd}
 	p.cmd.Env = append(os.Environ(), RuntimeEnv+"=1")
 	p.cmd.Stderr = &p.stderr
 	var err error
@@ -217,36 +226,14 @@ func serviceCostRun(ctx context.Context, rs *runState, w workload, warmup, steps
 	}
 	defer ns.Shutdown()
 	url := ns.ClientURL()
-	conn := func(name string) (*nats.Conn, error) {
+	cp, err := startControlPlane(ctx, rs, func(name string) (*nats.Conn, error) {
 		return nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1))
-	}
-	gwConn, err := conn("fanin-gateway")
+	}, w.Runtimes)
 	if err != nil {
 		return costRun{}, err
 	}
-	defer gwConn.Close()
-	pol := autoscaler.DefaultPolicy()
-	pol.MinRuntimes, pol.MaxRuntimes = w.Runtimes, w.Runtimes
-	gw, err := gateway.New(ctx, gwConn, gateway.WithLogger(rs.stackLog), gateway.WithDefaultPolicy(pol))
-	if err != nil {
-		return costRun{}, err
-	}
-	defer gw.Close()
-	asConn, err := conn("fanin-autoscaler")
-	if err != nil {
-		return costRun{}, err
-	}
-	defer asConn.Close()
-	// No pool driver: the autoscaler places shards on the runtime processes there are (as
-	// `fanin autoscaler --driver none`).
-	as, err := autoscaler.NewController(asConn, nil, autoscaler.WithControllerLogger(rs.stackLog), autoscaler.WithPolicy(pol), autoscaler.WithInterval(250*time.Millisecond))
-	if err != nil {
-		return costRun{}, err
-	}
-	asCtx, stopAS := context.WithCancel(ctx)
-	asDone := make(chan struct{})
-	go func() { defer close(asDone); _ = as.Run(asCtx) }() // owned here: stopped and waited for on return
-	defer func() { stopAS(); <-asDone }()
+	defer cp.close()
+	gw := cp.gw
 
 	var procs []*runtimeProc
 	defer func() {
@@ -261,16 +248,7 @@ func serviceCostRun(ctx context.Context, rs *runState, w workload, warmup, steps
 		}
 		procs = append(procs, p)
 	}
-	if err := waitFor(ctx, 30*time.Second, func() error {
-		pool, err := gw.Pool(ctx)
-		if err != nil {
-			return err
-		}
-		if len(pool.Runtimes) < w.Runtimes {
-			return fmt.Errorf("%d of %d runtimes registered", len(pool.Runtimes), w.Runtimes)
-		}
-		return nil
-	}); err != nil {
+	if err := cp.waitRuntimes(ctx, w.Runtimes); err != nil {
 		return costRun{}, err
 	}
 	created, err := gw.SubmitJob(ctx, w.spec("bench"))
@@ -335,6 +313,68 @@ func serviceCostRun(ctx context.Context, rs *runState, w workload, warmup, steps
 		return run, fmt.Errorf("the runtimes accepted %.0f gradient bytes, want at least %.0f (%d steps of %d ranks)", run.accepted, run.gradBytes, run.steps, w.Ranks)
 	}
 	return run, nil
+}
+
+// controlPlane is the gateway and an autoscaler that places shards on the runtimes there are (no
+// pool driver, as `fanin autoscaler --driver none`), in this process: idle while a job steps.
+type controlPlane struct {
+	gw    *gateway.Server
+	close func()
+}
+
+// startControlPlane starts a control plane over connections made by conn, its pool policy fixed
+// at runtimes runtimes.
+func startControlPlane(ctx context.Context, rs *runState, conn func(name string) (*nats.Conn, error), runtimes int) (_ *controlPlane, err error) {
+	var closers []func()
+	cp := &controlPlane{close: func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}}
+	defer func() {
+		if err != nil {
+			cp.close()
+		}
+	}()
+	gwConn, err := conn("fanin-gateway")
+	if err != nil {
+		return nil, err
+	}
+	closers = append(closers, gwConn.Close)
+	pol := autoscaler.DefaultPolicy()
+	pol.MinRuntimes, pol.MaxRuntimes = runtimes, runtimes
+	if cp.gw, err = gateway.New(ctx, gwConn, gateway.WithLogger(rs.stackLog), gateway.WithDefaultPolicy(pol)); err != nil {
+		return nil, err
+	}
+	closers = append(closers, cp.gw.Close)
+	asConn, err := conn("fanin-autoscaler")
+	if err != nil {
+		return nil, err
+	}
+	closers = append(closers, asConn.Close)
+	as, err := autoscaler.NewController(asConn, nil, autoscaler.WithControllerLogger(rs.stackLog), autoscaler.WithPolicy(pol), autoscaler.WithInterval(250*time.Millisecond))
+	if err != nil {
+		return nil, err
+	}
+	asCtx, stopAS := context.WithCancel(ctx)
+	asDone := make(chan struct{})
+	go func() { defer close(asDone); _ = as.Run(asCtx) }() // owned by the control plane: stopped and waited for by close
+	closers = append(closers, func() { stopAS(); <-asDone })
+	return cp, nil
+}
+
+// waitRuntimes waits until n runtimes have registered.
+func (cp *controlPlane) waitRuntimes(ctx context.Context, n int) error {
+	return waitFor(ctx, 30*time.Second, func() error {
+		pool, err := cp.gw.Pool(ctx)
+		if err != nil {
+			return err
+		}
+		if len(pool.Runtimes) < n {
+			return fmt.Errorf("%d of %d runtimes registered", len(pool.Runtimes), n)
+		}
+		return nil
+	})
 }
 
 // runtimeCores is the cores each runtime process of the scenario uses and reports.
