@@ -144,6 +144,7 @@ var scenarios = []scenario{
 	{"service-cost", "the service's CPU per byte of gradient, by process: the NATS server (with the gateway and an idle autoscaler) in this process, each runtime in a process of its own, 8 ranks at ResNet-50 size in a worker process; what `fanin sim` charges the service with (--cost-out writes it)", runServiceCost},
 	{"latency-small", "step latency of 4 ranks on 1 MiB of parameters vs a 1 MiB NATS request-reply, the bare aggregator, and the bare aggregator on fanin's JetStream path", runLatency},
 	{"elastic", "elastic jobs on the demo model: the time to absorb a lost worker, and a slow worker (2x) or jittery workers under ssp s=2 and asp vs bsp: steps/s and test accuracy after a fixed wall time", runElastic},
+	{"cluster", "a NIC-bound cluster emulated with network namespaces: 4 worker nodes with links capped at 100 Mbit/s each way (tc), fanin's service on a node of its own (with a worker's bandwidth, and with 4x) or spread over the worker nodes (a NATS cluster member and a runtime on each), float32 and bfloat16 gradients and parameters, against PyTorch gloo's ring all-reduce on the same links: steps/s, bytes per node per step from the links' counters next to the theory, and the CPU of every process (needs root)", runCluster},
 	{"python", "a Python worker process (numpy, and fanin.torch) vs a Go SDK worker process: steps/s at ResNet-50 size with 8 ranks, and the p50 step of 4 ranks on 1 MiB", runPython},
 }
 

@@ -4,6 +4,7 @@ package bench
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -223,4 +224,53 @@ func hostRoutes(t *testing.T) string {
 		b.Write(out)
 	}
 	return b.String()
+}
+
+// TestMeasureHeld runs held processes on a lab's nodes as the cluster scenario runs its workers:
+// each reports after it was released, and one that fails during its warm-up ends the others and
+// the measurement, naming it, instead of leaving them waiting.
+func TestMeasureHeld(t *testing.T) {
+	t.Parallel()
+	if err := netLabAvailable(); err != nil {
+		t.Skip(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	l, err := newNetLab(ctx, []nodeSpec{{"a", 100}, {"b", 100}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := l.close(); err != nil {
+			t.Error(err)
+		}
+	})
+	held := func(n *netNode, script string) *heldProc {
+		return &heldProc{name: "proc " + n.Name, cmd: n.command(ctx, "sh", "-c", script)}
+	}
+	// Each prints its node's address after the release: they ran in their namespaces.
+	report := `echo ready; read go; echo "{\"after\": \"$go\", \"addr\": \"$(ip -4 -o addr show dev eth0 | grep -o '10\.99\.0\.[0-9]*' | head -1)\"}"`
+	m, err := measureHeld(ctx, l, []*heldProc{held(l.nodes[0], report), held(l.nodes[1], report)}, nil, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, n := range l.nodes {
+		if got, want := string(m.outputs[i]), fmt.Sprintf(`{"after": "go", "addr": "%s"}`, n.Addr); got != want {
+			t.Errorf("node %s's process reported %s, want %s", n.Name, got, want)
+		}
+		if _, ok := m.bytes[n.Name]; !ok {
+			t.Errorf("no counters for node %s: %v", n.Name, m.bytes)
+		}
+	}
+	if len(m.cpu) != 2 || m.cpu[0].name != "proc a" || m.cpu[1].name != "proc b" {
+		t.Errorf("CPU of %v, want proc a and proc b", m.cpu)
+	}
+
+	_, err = measureHeld(ctx, l, []*heldProc{held(l.nodes[0], "echo ready; read go; echo done"), held(l.nodes[1], "echo failing >&2; exit 3")}, nil, 2)
+	if err == nil || !strings.Contains(err.Error(), "proc b: ended during its warm-up") || !strings.Contains(err.Error(), "failing") {
+		t.Fatalf("measureHeld with a process failing in its warm-up: %v, want its failure and its output", err)
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("measureHeld waited until the test's deadline")
+	}
 }

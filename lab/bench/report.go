@@ -301,8 +301,9 @@ func Environment(cfg Config) string {
 	} else {
 		fmt.Fprintf(&b, "- no redis-server: %v\n", err)
 	}
-	b.WriteString("- everything (servers, runtimes, workers, baselines) runs in one process on loopback; the machine's\n")
-	b.WriteString("  cores are shared by all of it\n")
+	b.WriteString("- everything (servers, runtimes, workers, baselines) runs on this machine over loopback, in one process\n")
+	b.WriteString("  or in processes of their own as each scenario's setup says (the cluster scenario: in network\n")
+	b.WriteString("  namespaces joined by capped links); the machine's cores are shared by all of it\n")
 	return b.String()
 }
 
