@@ -37,14 +37,26 @@ func RuntimeStopSubject(runtime string) string { return Prefix + "runtimes." + r
 const RuntimeStopping = "stopping"
 
 // LoadReport is a runtime's view of its own load.
+//
+// Node, Server and NICBytesPerSec came later than the rest: a report without them (from an older
+// runtime) decodes with them zero, which reads as a node of its own with a NIC that is no limit.
 type LoadReport struct {
 	Runtime string    `json:"runtime"`
 	Cores   int       `json:"cores"`
 	At      time.Time `json:"at"`
 	// NanosPerByte is the recent time the runtime spent per aggregated gradient byte (fold and
 	// function): its speed, comparable across runtimes for the same kind of work.
-	NanosPerByte float64     `json:"nanos_per_byte"`
-	Shards       []ShardLoad `json:"shards"`
+	NanosPerByte float64 `json:"nanos_per_byte"`
+	// Node is the machine the runtime runs on, whose network interface its shards' bytes cross:
+	// the operator's label (fanin runtime --node), else Server. Runtimes with one Node share one NIC.
+	Node string `json:"node,omitempty"`
+	// Server is the name of the NATS server the runtime is connected to (the server_name that
+	// JetStream names stream leaders by).
+	Server string `json:"server,omitempty"`
+	// NICBytesPerSec is the node's network bandwidth each way, in bytes per second: the operator's
+	// (--nic-bandwidth) or the link speed the kernel reports. 0 means unknown: not a limit.
+	NICBytesPerSec float64     `json:"nic_bytes_per_sec,omitempty"`
+	Shards         []ShardLoad `json:"shards"`
 }
 
 // ShardLoad is one shard's recent load, as averages over its last steps.
@@ -59,6 +71,11 @@ type ShardLoad struct {
 	Burst     time.Duration `json:"burst"` // first to last gradient of a step
 	QueueWait time.Duration `json:"queue_wait"`
 	Pending   uint64        `json:"pending"` // messages the consumer had not yet delivered
+	// BytesInPerSec is the gradient bytes the shard received per second (its bytes per step over
+	// its step period), BytesOutPerSec the parameter bytes it published per second: measured over
+	// its recent steps, 0 before its period is known or from a runtime too old to report them.
+	BytesInPerSec  float64 `json:"bytes_in_per_sec,omitempty"`
+	BytesOutPerSec float64 `json:"bytes_out_per_sec,omitempty"`
 }
 
 // Handover is a shard's release by its previous owner.
