@@ -19,6 +19,22 @@ type shardStats struct {
 	avgWork, avgWait, avgPeriod, avgBurst float64 // seconds
 	phase                                 time.Duration
 	pending                               uint64
+
+	stepIn  int64   // gradient bytes received in the open step
+	avgIn   float64 // gradient bytes per step
+	outStep int64   // parameter bytes published per step (set by loadSignals)
+}
+
+// received counts n gradient bytes into the open step.
+func (s *shardStats) received(n int) { s.stepIn += int64(n) }
+
+// rates are the shard's bytes in and out per second: its bytes per step over its period; 0 while
+// the period is not known.
+func (s *shardStats) rates() (in, out float64) {
+	if s.avgPeriod <= 0 {
+		return 0, 0
+	}
+	return s.avgIn / s.avgPeriod, float64(s.outStep) / s.avgPeriod
 }
 
 // ewmaWeight is the weight of the newest step in the averages.
@@ -43,6 +59,7 @@ func (s *shardStats) stepDone(now time.Time) (news bool) {
 	news = s.avgWork == 0 || (s.avgPeriod == 0 && !s.lastDone.IsZero())
 	s.avgWork = ewma(s.avgWork, s.work.Seconds())
 	s.avgWait = ewma(s.avgWait, s.wait.Seconds())
+	s.avgIn = ewma(s.avgIn, float64(s.stepIn))
 	if !s.stepStart.IsZero() {
 		s.avgBurst = ewma(s.avgBurst, now.Sub(s.stepStart).Seconds())
 	}
@@ -52,7 +69,7 @@ func (s *shardStats) stepDone(now time.Time) (news bool) {
 			s.phase = time.Duration(s.stepStart.UnixNano() % int64(p))
 		}
 	}
-	s.lastDone, s.work, s.wait = now, 0, 0
+	s.lastDone, s.work, s.wait, s.stepIn = now, 0, 0, 0
 	return news
 }
 
@@ -74,16 +91,31 @@ func seconds(f float64) time.Duration { return time.Duration(f * float64(time.Se
 func (x *shardExec) loadSignals() wire.ShardLoad {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	// Every applied step publishes the shard's parameters once, in the job's param_dtype.
+	x.stats.outStep = int64(x.shard.Len) * int64(x.paramsDt.ElemSize())
+	in, out := x.stats.rates()
 	return wire.ShardLoad{
 		Key: x.key, Job: x.ji.rec.Spec.ID, Step: x.step,
-		Bytes:     int64(x.ranks) * int64(x.shard.Bytes()),
-		Work:      x.stats.avgWork,
-		Period:    seconds(x.stats.avgPeriod),
-		Phase:     x.stats.phase,
-		Burst:     seconds(x.stats.avgBurst),
-		QueueWait: seconds(x.stats.avgWait),
-		Pending:   x.stats.pending,
+		Bytes:          int64(x.ranks) * int64(x.shard.Bytes()),
+		Work:           x.stats.avgWork,
+		Period:         seconds(x.stats.avgPeriod),
+		Phase:          x.stats.phase,
+		Burst:          seconds(x.stats.avgBurst),
+		QueueWait:      seconds(x.stats.avgWait),
+		Pending:        x.stats.pending,
+		BytesInPerSec:  in,
+		BytesOutPerSec: out,
 	}
+}
+
+// where is the runtime's node and NATS server, for its load reports: the server's name changes
+// when the connection moves to another server, and with it the node unless it is labelled.
+func (r *Runtime) where() (node, server string) {
+	server = r.nc.ConnectedServerName()
+	if node = r.node; node == "" {
+		node = server
+	}
+	return node, server
 }
 
 // report publishes the runtime's LoadReport every interval, and reportGap after reportSoon asks
@@ -112,7 +144,9 @@ func (r *Runtime) report(ctx context.Context, interval time.Duration) {
 			nsPerByte = ewma(nsPerByte, float64(work-lastWork)/float64(db))
 		}
 		lastWork, lastBytes = work, bytes
-		rep := wire.LoadReport{Runtime: r.id, Cores: r.cores, At: r.now().UTC(), NanosPerByte: nsPerByte}
+		node, server := r.where()
+		rep := wire.LoadReport{Runtime: r.id, Cores: r.cores, At: r.now().UTC(), NanosPerByte: nsPerByte,
+			Node: node, Server: server, NICBytesPerSec: r.nic}
 		for _, x := range r.shardExecs() {
 			rep.Shards = append(rep.Shards, x.loadSignals())
 		}

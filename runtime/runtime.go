@@ -36,6 +36,9 @@ type Runtime struct {
 	cores  int
 	now    func() time.Time
 
+	node string  // the node's label (WithNode); "" reports the NATS server's name
+	nic  float64 // the node's bandwidth each way in bytes per second (WithNICBandwidth); 0 unknown
+
 	metricsURL string // where this runtime's metrics are served; "" when nowhere
 
 	heartbeat time.Duration

@@ -460,6 +460,7 @@ func (x *shardExec) handleSeq(m jetstream.Msg, seq uint64) {
 		return
 	}
 	x.r.stats.bytesIn.Add(int64(len(data)))
+	x.stats.received(len(data))
 	x.met.Gradient(len(data))
 	switch {
 	case x.sync.mode == modeSSP && meta.Step > x.step+1:

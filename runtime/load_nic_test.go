@@ -1,0 +1,159 @@
+package runtime_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"testing"
+	"testing/fstest"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/lab/testutil"
+	"github.com/fanin-ml/fanin/runtime"
+	"github.com/fanin-ml/fanin/wire"
+)
+
+func TestParseBandwidth(t *testing.T) {
+	t.Parallel()
+	good := map[string]float64{
+		"100Mbit": 12.5e6, "10Gbit": 1.25e9, "2.5gbit": 312.5e6, "1kbit": 125, "8bit/s": 1,
+		"125MB": 125e6, "1GB/s": 1e9, "3B": 3, "0": 0, " 1Tbit ": 125e9,
+	}
+	for in, want := range good {
+		got, err := runtime.ParseBandwidth(in)
+		if err != nil || math.Abs(got-want) > 1e-9*want {
+			t.Errorf("ParseBandwidth(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "100", "Mbit", "100Mbps", "-1Gbit", "1..2Gbit", "5b", "1e3Mbit"} {
+		if got, err := runtime.ParseBandwidth(in); !errors.Is(err, runtime.ErrBandwidth) {
+			t.Errorf("ParseBandwidth(%q) = %v, %v; want an ErrBandwidth", in, got, err)
+		}
+	}
+	for _, v := range []float64{-1, math.NaN(), math.Inf(1)} {
+		if err := runtime.WithNICBandwidth(v)(nil); err == nil { // refused before it touches the runtime
+			t.Errorf("WithNICBandwidth(%v) accepted", v)
+		}
+	}
+}
+
+func TestLinkBandwidth(t *testing.T) {
+	t.Parallel()
+	route := "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n" +
+		"wlan0\t00000000\t010200C0\t0003\t0\t0\t600\t00000000\t0\t0\t0\n" +
+		"eth1\t00000000\t010200C0\t0003\t0\t0\t100\t00000000\t0\t0\t0\n" +
+		"eth0\t000200C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n"
+	noDefault := "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n" +
+		"eth0\t000200C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n"
+	cases := []struct {
+		name    string
+		fs      fstest.MapFS
+		dev     string
+		bytesPS float64
+	}{
+		{"the default route's lowest metric", fstest.MapFS{
+			"proc/net/route": {Data: []byte(route)}, "sys/class/net/eth1/speed": {Data: []byte("25000\n")},
+			"sys/class/net/wlan0/speed": {Data: []byte("100\n")}}, "eth1", 25e9 / 8},
+		{"speed -1 (a virtual interface)", fstest.MapFS{
+			"proc/net/route": {Data: []byte(route)}, "sys/class/net/eth1/speed": {Data: []byte("-1\n")}}, "eth1", 0},
+		{"no speed file", fstest.MapFS{"proc/net/route": {Data: []byte(route)}}, "eth1", 0},
+		{"no default route", fstest.MapFS{"proc/net/route": {Data: []byte(noDefault)}}, "", 0},
+		{"no route table", fstest.MapFS{}, "", 0},
+	}
+	for _, c := range cases {
+		dev, bps := runtime.LinkBandwidth(c.fs)
+		if dev != c.dev || bps != c.bytesPS {
+			t.Errorf("%s: LinkBandwidth = %q, %v; want %q, %v", c.name, dev, bps, c.dev, c.bytesPS)
+		}
+	}
+}
+
+// A runtime's load reports name its node, its NATS server and its NIC, and each shard's bytes in
+// and out per second: what a step brings in (every rank's f32 gradient) and takes out (one bf16
+// parameters message) over the step period.
+func TestLoadReportCountsShardBytes(t *testing.T) {
+	t.Parallel()
+	st := testutil.Stack(t, 1)
+	ctx := context.Background()
+	spec := job.Spec{
+		ID: "bytes", Ranks: 3, ParamDtype: wire.DtypeBF16,
+		Tensors:  []job.Tensor{{Name: "w", Shape: []int{30, 100}}},
+		Function: job.Function{Name: "sgd", Hyper: map[string]float64{"lr": 0.1}},
+		Init:     job.Init{Kind: "normal", Seed: 3, Scale: 0.1}, ShardSize: 4 << 10,
+	}
+	rec, err := st.Gateway.CreateJob(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Train(t, st.URL, rec, 12)
+
+	nc, err := nats.Connect(st.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	reports := make(chan wire.LoadReport, 64)
+	sub, err := nc.Subscribe(wire.LoadWildcard, func(m *nats.Msg) {
+		var rep wire.LoadReport
+		if json.Unmarshal(m.Data, &rep) == nil {
+			select {
+			case reports <- rep:
+			default:
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	sizes := map[string]job.Shard{}
+	for _, s := range rec.Layout.Shards {
+		sizes[wire.PlacementKey(rec.Spec.ID, s.ID)] = s
+	}
+	var rep wire.LoadReport
+	deadline := time.After(20 * time.Second)
+	for len(rep.Shards) < len(sizes) {
+		select {
+		case rep = <-reports:
+		case <-deadline:
+			t.Fatalf("no load report with the job's %d shards", len(sizes))
+		}
+	}
+	if want := st.NATS.Name(); rep.Server != want || rep.Node != want {
+		t.Errorf("report's server %q and node %q, want both the server's name %q", rep.Server, rep.Node, want)
+	}
+	if rep.NICBytesPerSec != 0 {
+		t.Errorf("NIC %v bytes/s reported by a runtime given none", rep.NICBytesPerSec)
+	}
+	for _, s := range rep.Shards {
+		sh, ok := sizes[s.Key]
+		if !ok {
+			continue
+		}
+		if s.Period <= 0 {
+			t.Fatalf("%s: no period after 12 steps", s.Key)
+		}
+		p := s.Period.Seconds()
+		in, out := float64(spec.Ranks*sh.Bytes()), float64(sh.Len*2)
+		if err := near(s.BytesInPerSec*p, in); err != nil {
+			t.Errorf("%s: bytes in per step: %v", s.Key, err)
+		}
+		if err := near(s.BytesOutPerSec*p, out); err != nil {
+			t.Errorf("%s: bytes out per step: %v", s.Key, err)
+		}
+	}
+}
+
+// near says how a measured figure misses the one expected, beyond the rounding of the period to
+// nanoseconds.
+func near(got, want float64) error {
+	if math.Abs(got-want) > 1e-6*want {
+		return fmt.Errorf("%.3f, want %.0f", got, want)
+	}
+	return nil
+}
