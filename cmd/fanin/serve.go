@@ -84,12 +84,16 @@ func (f *natsFlags) connect(name string) (*nats.Conn, error) {
 
 func runtimeCmd() *cobra.Command {
 	var nf natsFlags
-	var id, metricsAddr string
+	var id, metricsAddr, node, nic string
 	var cores int
 	cmd := &cobra.Command{
 		Use:   "runtime",
 		Short: "Run one runtime: serve the shards placed on it",
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			bw, err := nicBandwidth(nic)
+			if err != nil {
+				return err
+			}
 			nc, err := nf.connect("fanin-runtime")
 			if err != nil {
 				return err
@@ -108,6 +112,7 @@ func runtimeCmd() *cobra.Command {
 			if cores > 0 {
 				opts = append(opts, runtime.WithCores(cores))
 			}
+			opts = append(opts, runtime.WithNode(node), runtime.WithNICBandwidth(bw))
 			rt, err := runtime.New(nc, opts...)
 			if err != nil {
 				return err
@@ -119,7 +124,26 @@ func runtimeCmd() *cobra.Command {
 	metricsFlag(cmd, &metricsAddr)
 	cmd.Flags().StringVar(&id, "id", envOr("FANIN_RUNTIME_ID", ""), "runtime id (default: random)")
 	cmd.Flags().IntVar(&cores, "cores", 0, "concurrent shard invocations and reported capacity (default: GOMAXPROCS)")
+	cmd.Flags().StringVar(&node, "node", envOr("FANIN_NODE", ""),
+		"the machine this runtime runs on: runtimes with one label share one NIC in the autoscaler's model (default: the NATS server's name)")
+	cmd.Flags().StringVar(&nic, "nic-bandwidth", envOr("FANIN_NIC_BANDWIDTH", "auto"),
+		"the node's network bandwidth each way, e.g. 100Mbit, 10Gbit, 125MB; 0 is unknown (no limit); auto reads the default route's link speed")
 	return cmd
+}
+
+// nicBandwidth is --nic-bandwidth in bytes per second; "auto" reads the link speed the kernel
+// reports for the default route's interface (0 when it reports none).
+func nicBandwidth(flag string) (float64, error) {
+	if flag != "auto" {
+		bw, err := runtime.ParseBandwidth(flag)
+		if err != nil {
+			return 0, fmt.Errorf("--nic-bandwidth: %w", err)
+		}
+		return bw, nil
+	}
+	dev, bw := runtime.LinkBandwidth(os.DirFS("/"))
+	slog.Info("NIC bandwidth from the link speed", "interface", dev, "bits_per_sec", bw*8)
+	return bw, nil
 }
 
 func gatewayCmd() *cobra.Command {
