@@ -62,7 +62,11 @@ type round struct {
 	// mixed: the shards are of more than one priority class; prio: priorities are in force (mixed,
 	// and the pool short), see placement.go.
 	mixed, prio bool
-	reasons     []string
+	// nodeList are the runtimes' nodes (nic.go), nil when no runtime's NIC is known; forNIC are the
+	// shards that should move for their node's NIC (not for cores: no new runtime helps them).
+	nodeList []*nodeState
+	forNIC   map[int]bool
+	reasons  []string
 }
 
 func (r *round) say(format string, args ...any) {
@@ -77,12 +81,17 @@ func (d *Decider) Decide(p Policy, obs Observations, now time.Time) Decision {
 	demand := r.poolDemand()
 	d.record(p, now, demand)
 	r.health()
+	r.nodes()
 	if p.CoresPerRuntime == 0 { // runtimes sized to their machine: count in the cores they report
 		p.CoresPerRuntime = r.reportedCores()
 		r.p = p
 	}
 	held := r.current()
 	target, capped := d.scale(p, now, demand, held, r.capacity, r.healthy, len(r.shards) > 0, r.say)
+	if floor := min(r.nicFloor(), p.MaxRuntimes); target < floor {
+		r.say("holding %d runtimes, not %d: the shards' bytes need the NICs of %d nodes", floor, target, floor)
+		target = floor
+	}
 	if target < r.healthy {
 		chooseVictims(r.rts, r.shards, r.healthy-target)
 	}
@@ -124,6 +133,7 @@ func (r *round) observe(obs Observations, hr map[string]float64) {
 		}
 		cls := min(max(s.Priority, PriorityLow), PriorityHigh)
 		r.shards[k] = shardState{obs: s, g: r.m.groupOf[oi], w: plannedWork(s, hr), cls: cls, from: from, to: from}
+		r.shards[k].in, r.shards[k].out = plannedBytes(s, r.p)
 		r.mixed = r.mixed || cls != r.shards[0].cls
 	}
 }
@@ -229,7 +239,7 @@ func (r *round) current() (held float64) {
 		case r.rts[s.from].draining:
 			s.to, s.cause = -1, "runtime "+s.obs.Runtime+" is draining"
 		default:
-			r.rts[s.from].place(s.g, s.w, s.cls)
+			r.rts[s.from].place(s)
 			r.byRuntime[s.from] = append(r.byRuntime[s.from], k)
 			continue
 		}
@@ -278,6 +288,20 @@ func (r *round) voluntary() (strag, over, vict []int) {
 			over = append(over, ks...)
 		}
 	}
+	// Nodes whose NIC is past its move cap: bytes move to other nodes, after the cores' moves.
+	moving := map[int]bool{}
+	for _, k := range slices.Concat(strag, over) {
+		moving[k] = true
+	}
+	r.forNIC = map[int]bool{}
+	for _, n := range r.nodeList {
+		if n.overloaded() {
+			for _, k := range r.nicOverflow(n, moving) {
+				r.forNIC[k] = true
+				over = append(over, k)
+			}
+		}
+	}
 	for _, i := range victimOrder(r.rts) {
 		for _, k := range r.byRuntime[i] {
 			r.shards[k].cause = "consolidating to drain it"
@@ -294,6 +318,9 @@ func (r *round) place(strag, over, vict []int) (homeless float64) {
 	if n := pl.placeAll(r.mustPlace); n > 0 {
 		r.say("%d shards have no runtime to run on", n)
 	}
+	if pl.overNIC > 0 {
+		r.say("%d shards placed past their node's NIC: no node has room for their bytes", pl.overNIC)
+	}
 	budget := r.p.MigrationBudget
 	noRoom := 0
 	for li, list := range [][]int{strag, over, vict} {
@@ -306,7 +333,7 @@ func (r *round) place(strag, over, vict []int) (homeless float64) {
 				continue
 			}
 			noRoom++
-			if li == 1 { // an overloaded runtime's shard that fits nowhere else needs a new runtime
+			if li == 1 && !r.forNIC[k] { // an overloaded runtime's shard that fits nowhere else needs a new runtime
 				pl.homeless += pl.alone(k)
 			}
 		}

@@ -17,6 +17,8 @@ type shardState struct {
 	from  int     // observed runtime index; -1 unplaced or on a runtime that is not observed
 	to    int     // decided runtime index; -1 unplaced
 	cause string  // why it moves
+	// in and out are the bytes per second it is planned for through its runtime's node (nic.go).
+	in, out float64
 }
 
 type rtState struct {
@@ -25,6 +27,7 @@ type rtState struct {
 	hardCap float64 // cores x speed: above it work queues
 	fitCap  float64 // hardCap x target utilization: what placement fills to
 	load    load
+	node    *nodeState // its node's NIC; nil when no runtime's NIC is known (bytes are not counted)
 	// up is nil unless priorities are in force (see round.prio): then up[0] is the load of the
 	// normal and high shards, up[1] that of the high ones, what a shard of each class competes with.
 	up        []load
@@ -70,12 +73,20 @@ func (r *rtState) capFor(cls int) float64 {
 // capFor and the full capacity.
 func (r *rtState) moveCapFor(cls int) float64 { return (r.capFor(cls) + r.hardCap) / 2 }
 
-// ratioFor is how full the runtime is for a shard of class cls; without priorities, for any shard.
-func (r *rtState) ratioFor(cls int) float64 { return r.loadFor(cls).demand / max(r.capFor(cls), eps) }
+// ratioFor is how full the runtime is for a shard of class cls (without priorities, for any
+// shard): its cores' or its node's NIC's, whichever is fuller.
+func (r *rtState) ratioFor(cls int) float64 {
+	return max(r.loadFor(cls).demand/max(r.capFor(cls), eps), r.node.ratio())
+}
 
-// fits reports whether w more work of group g, class cls, fits on the runtime.
-func (r *rtState) fits(g int, w float64, cls int) bool {
-	return r.loadFor(cls).demandAfter(g, w) <= r.capFor(cls)+eps
+// ratioAfter is ratioFor once shard s is on the runtime.
+func (r *rtState) ratioAfter(s *shardState) float64 {
+	return max(r.loadFor(s.cls).demandAfter(s.g, s.w)/max(r.capFor(s.cls), eps), r.node.ratioAfter(s.in, s.out))
+}
+
+// fits reports whether shard s fits on the runtime: its cores, and its node's NIC.
+func (r *rtState) fits(s *shardState) bool {
+	return r.loadFor(s.cls).demandAfter(s.g, s.w) <= r.capFor(s.cls)+eps && r.node.fits(s.in, s.out)
 }
 
 // overloaded returns the class whose shards should move off the runtime, the highest whose load
@@ -93,7 +104,8 @@ func (r *rtState) overloaded() (cls int, demand, limit float64, ok bool) {
 }
 
 // chooseVictims marks the n emptiest healthy runtimes (fewest shards, then least work, then id) to
-// be emptied and drained.
+// be emptied and drained; while NICs are counted, those that share their node with another healthy
+// runtime go first, so that the pool keeps the nodes, and their NICs, it spans.
 func chooseVictims(rts []*rtState, shards []shardState, n int) {
 	count := make([]int, len(rts))
 	work := make([]float64, len(rts))
@@ -112,8 +124,28 @@ func chooseVictims(rts []*rtState, shards []shardState, n int) {
 	slices.SortStableFunc(cand, func(a, b int) int {
 		return cmp.Or(cmp.Compare(count[a], count[b]), cmp.Compare(work[a], work[b]))
 	})
-	for _, i := range cand[:min(n, len(cand))] {
-		rts[i].victim = true
+	if len(cand) == 0 || rts[cand[0]].node == nil {
+		for _, i := range cand[:min(n, len(cand))] {
+			rts[i].victim = true
+		}
+		return
+	}
+	left := map[*nodeState]int{} // healthy runtimes per node, victims not counted
+	for _, i := range cand {
+		left[rts[i].node]++
+	}
+	for range min(n, len(cand)) {
+		pick := -1
+		for _, i := range cand { // the emptiest sharing its node, else the emptiest
+			if rts[i].victim {
+				continue
+			}
+			if pick < 0 || left[rts[i].node] > 1 && left[rts[pick].node] <= 1 {
+				pick = i
+			}
+		}
+		rts[pick].victim = true
+		left[rts[pick].node]--
 	}
 }
 
@@ -153,15 +185,15 @@ func overflow(m *model, r *rtState, ks []int, shards []shardState, over int) []i
 		}
 		return cmp.Or(c, cmp.Compare(per[gb], per[ga]), cmp.Compare(m.groups[ga].job, m.groups[gb].job), cmp.Compare(ga, gb))
 	})
-	scratch := &rtState{hardCap: r.hardCap, fitCap: r.fitCap, load: m.newLoad()}
+	scratch := &rtState{hardCap: r.hardCap, fitCap: r.fitCap, load: m.newLoad()} // cores only: nicOverflow weighs bytes
 	if prio {
 		scratch.up = []load{m.newLoad(), m.newLoad()}
 	}
 	var out []int
 	for _, k := range sorted {
 		s := &shards[k]
-		if (prio && s.cls > over) || scratch.fits(s.g, s.w, s.cls) {
-			scratch.place(s.g, s.w, s.cls)
+		if (prio && s.cls > over) || scratch.fits(s) {
+			scratch.place(s)
 		} else {
 			out = append(out, k)
 		}
@@ -169,26 +201,28 @@ func overflow(m *model, r *rtState, ks []int, shards []shardState, over int) []i
 	return out
 }
 
-func (r *rtState) place(g int, w float64, cls int) {
-	r.load.add(g, w)
+func (r *rtState) place(s *shardState) {
+	r.load.add(s.g, s.w)
 	for c := range r.up {
-		if cls >= c {
-			r.up[c].add(g, w)
+		if s.cls >= c {
+			r.up[c].add(s.g, s.w)
 		}
 	}
+	r.node.add(s.in, s.out)
 	r.nShards++
-	r.work += w
+	r.work += s.w
 }
 
-func (r *rtState) unplace(g int, w float64, cls int) {
-	r.load.remove(g, w)
+func (r *rtState) unplace(s *shardState) {
+	r.load.remove(s.g, s.w)
 	for c := range r.up {
-		if cls >= c {
-			r.up[c].remove(g, w)
+		if s.cls >= c {
+			r.up[c].remove(s.g, s.w)
 		}
 	}
+	r.node.remove(s.in, s.out)
 	r.nShards--
-	r.work -= w
+	r.work -= s.w
 }
 
 // placer puts shards on the eligible runtimes (healthy, not draining, not victims): each on the
@@ -209,6 +243,9 @@ type placer struct {
 	slack bool
 	// homeless is the demand of the shards that fit on no runtime, each counted alone.
 	homeless float64
+	// overNIC counts the shards placed where their node's NIC is past its move cap: more runtimes
+	// on the same nodes would not help them, so they are not homeless.
+	overNIC int
 }
 
 // alone is the demand of shard k on an empty runtime.
@@ -228,9 +265,26 @@ func newPlacer(m *model, rts []*rtState, shards []shardState, prio, slack bool) 
 	return pl
 }
 
-// target returns the eligible runtime other than not where shard k fits at target utilization, or
-// -1. Of the candidates least loaded now it takes the one least loaded once the shard is on it: a
-// runtime that already holds the shard's job at its peak grows more than one that holds other jobs.
+// onLeader reports whether runtime i is connected to the NATS server that leads shard s's job's
+// parameter stream.
+func (pl *placer) onLeader(i int, s *shardState) bool {
+	return s.obs.Leader != "" && pl.rts[i].obs.Server == s.obs.Leader
+}
+
+// better reports whether runtime a, at ratio ra, is a better place for shard s than b at rb: less
+// full, or as full and connected to the leader of the job's parameter stream when b is not (its
+// parameters then cross the network once, not twice).
+func (pl *placer) better(s *shardState, a int, ra float64, b int, rb float64) bool {
+	if ra < rb-eps {
+		return true
+	}
+	return ra <= rb+eps && pl.onLeader(a, s) && !pl.onLeader(b, s)
+}
+
+// target returns the eligible runtime other than not where shard k fits at target utilization
+// (cores and NIC), or -1. Of the candidates least loaded now it takes the one least loaded once the
+// shard is on it: a runtime that already holds the shard's job at its peak grows more than one that
+// holds other jobs, and one on a node whose NIC carries the job's bytes more than one on another.
 func (pl *placer) target(k, not int) int {
 	s := &pl.shards[k]
 	var best [candidates]int
@@ -239,9 +293,9 @@ func (pl *placer) target(k, not int) int {
 		if i == not {
 			continue
 		}
-		// Insert i into the n least loaded so far, kept sorted by ratio then index.
+		// Insert i into the n least loaded so far, kept sorted by ratio, the leader, then index.
 		j := n
-		for j > 0 && pl.rts[i].ratioFor(s.cls) < pl.rts[best[j-1]].ratioFor(s.cls) {
+		for j > 0 && pl.better(s, i, pl.rts[i].ratioFor(s.cls), best[j-1], pl.rts[best[j-1]].ratioFor(s.cls)) {
 			j--
 		}
 		if j >= candidates {
@@ -256,8 +310,11 @@ func (pl *placer) target(k, not int) int {
 	to, toRatio := -1, math.Inf(1)
 	for _, i := range best[:n] {
 		r := pl.rts[i]
-		if d, c := r.loadFor(s.cls).demandAfter(s.g, s.w), r.capFor(s.cls); d <= c+eps && d/c < toRatio {
-			to, toRatio = i, d/c
+		if !r.fits(s) {
+			continue
+		}
+		if x := r.ratioAfter(s); to < 0 || pl.better(s, i, x, to, toRatio) {
+			to, toRatio = i, x
 		}
 	}
 	if to >= 0 || n < candidates {
@@ -271,7 +328,7 @@ func (pl *placer) target(k, not int) int {
 	cand := slices.DeleteFunc(slices.Clone(pl.elig), func(i int) bool { return i == not || slices.Contains(best[:n], i) })
 	slices.SortStableFunc(cand, func(a, b int) int { return cmp.Compare(pl.rts[a].ratioFor(s.cls), pl.rts[b].ratioFor(s.cls)) })
 	for _, i := range cand {
-		if pl.rts[i].fits(s.g, s.w, s.cls) {
+		if pl.rts[i].fits(s) {
 			return i
 		}
 	}
@@ -310,15 +367,18 @@ func (pl *placer) placeAll(ks []int) int {
 					to = i
 				}
 			}
-			if !pl.tolerates(to, k) {
+			switch {
+			case !pl.toleratesCores(to, k):
 				pl.homeless += pl.alone(k)
+			case !pl.toleratesNIC(to, k):
+				pl.overNIC++
 			}
 		}
 		if to < 0 {
 			failed++
 			continue
 		}
-		pl.rts[to].place(s.g, s.w, s.cls)
+		pl.rts[to].place(s)
 		s.to = to
 	}
 	return failed
@@ -337,8 +397,8 @@ func (pl *placer) move(k int) bool {
 
 // relocate moves placed shard s from its runtime to runtime to.
 func (pl *placer) relocate(s *shardState, to int) {
-	pl.rts[s.to].unplace(s.g, s.w, s.cls)
-	pl.rts[to].place(s.g, s.w, s.cls)
+	pl.rts[s.to].unplace(s)
+	pl.rts[to].place(s)
 	s.to = to
 }
 
@@ -350,13 +410,21 @@ func (pl *placer) relocate(s *shardState, to int) {
 // fragments. Without slack, or beyond the threshold, such a shard is homeless and the pool grows.
 
 // tolerates reports whether shard k, which fits within target nowhere, may go to runtime i without
-// a new runtime: the pool has slack, i is eligible, and k keeps i within its move threshold.
-func (pl *placer) tolerates(i, k int) bool {
+// a new runtime: the pool has slack, i is eligible, and k keeps i within its move threshold, and
+// i's node's NIC within its own.
+func (pl *placer) tolerates(i, k int) bool { return pl.toleratesCores(i, k) && pl.toleratesNIC(i, k) }
+
+func (pl *placer) toleratesCores(i, k int) bool {
 	if !pl.slack || i < 0 || !pl.rts[i].eligible() {
 		return false
 	}
 	s, r := &pl.shards[k], pl.rts[i]
 	return r.loadFor(s.cls).demandAfter(s.g, s.w) <= r.moveCapFor(s.cls)+eps
+}
+
+func (pl *placer) toleratesNIC(i, k int) bool {
+	s, n := &pl.shards[k], pl.rts[i].node
+	return !n.limited() || n.ratioAfter(s.in, s.out) <= n.moveCap()+eps
 }
 
 // spill moves a shard off an overloaded runtime that fits within target nowhere else to the
@@ -372,8 +440,7 @@ func (pl *placer) spill(k int) bool {
 		if i == s.to || !pl.tolerates(i, k) {
 			continue
 		}
-		r := pl.rts[i]
-		if x := r.loadFor(s.cls).demandAfter(s.g, s.w) / max(r.capFor(s.cls), eps); x < toRatio {
+		if x := pl.rts[i].ratioAfter(s); x < toRatio {
 			to, toRatio = i, x
 		}
 	}

@@ -15,6 +15,13 @@ type RuntimeObs struct {
 	// Speed is the runtime's measured throughput relative to its peers on the same kind of work:
 	// 1 is the pool's median, 0.5 half as fast. 0 means not measured yet (treated as 1).
 	Speed float64
+	// Node is the machine the runtime runs on: runtimes of one Node share its NIC. "" means not
+	// known: the runtime counts as a node of its own.
+	Node string
+	// Server is the NATS server the runtime is connected to, as JetStream names a stream's leader.
+	Server string
+	// NIC is the node's bandwidth each way in bytes per second; 0 means unknown: not a limit.
+	NIC float64
 }
 
 // ShardObs is what the control loop observes of one shard.
@@ -39,6 +46,15 @@ type ShardObs struct {
 	// Priority is the job's class (job.Spec.Priority): PriorityLow, PriorityNormal (the zero value)
 	// or PriorityHigh. When the pool is at MaxRuntimes, lower classes absorb the slowdown first.
 	Priority int
+	// BytesIn and BytesOut are the bytes per second the shard brings into its runtime's node (the
+	// ranks' gradients) and takes out of it (its parameters, once for each rank's worker), counted
+	// against the node's NIC. 0 means not measured: estimated as Bytes per step over the period
+	// (Policy.UnknownBurst while that is unknown).
+	BytesIn, BytesOut float64
+	// Leader is the NATS server leading the job's parameter stream ("" unknown): a runtime
+	// connected to it publishes the parameters without a hop, so among equal choices placement
+	// prefers it.
+	Leader string
 }
 
 // Priority classes of ShardObs.Priority.

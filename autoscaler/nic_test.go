@@ -1,0 +1,230 @@
+package autoscaler
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// mbit100 is a 100 Mbit/s NIC in bytes per second.
+const mbit100 = 12.5e6
+
+// onNodes puts runtimes on nodes (and their NATS servers, named as the nodes), each NIC nic.
+func onNodes(rts []RuntimeObs, nic float64, nodes ...string) []RuntimeObs {
+	for i := range rts {
+		rts[i].Node, rts[i].Server, rts[i].NIC = nodes[i], nodes[i], nic
+	}
+	return rts
+}
+
+// bytesJob is n unplaced shards of job id that need few cores (0.01 core-seconds a step every
+// second) and bytesPerSec each way through their node's NIC.
+func bytesJob(id string, n int, bytesPerSec float64) []ShardObs {
+	ss := jobShards(id, n, 0.01, time.Second, 0, 500*time.Millisecond)
+	for i := range ss {
+		ss[i].BytesIn, ss[i].BytesOut = bytesPerSec, bytesPerSec
+	}
+	return ss
+}
+
+// nodeLoad sums, per node, the bytes per second in of the shards a placement puts on it.
+func nodeLoad(rts []RuntimeObs, shards []ShardObs, placement map[string]string) map[string]float64 {
+	node := map[string]string{}
+	for _, r := range rts {
+		node[r.ID] = r.Node
+	}
+	out := map[string]float64{}
+	for _, s := range shards {
+		if rt, ok := placement[s.Key]; ok {
+			out[node[rt]] += s.BytesIn
+		}
+	}
+	return out
+}
+
+// settle runs decisions every 5 s for a minute, each observing the last one's placement, with
+// the runtimes it drained gone (stopped), and returns the last decision and the runtimes left.
+func settle(t *testing.T, p Policy, rts []RuntimeObs, shards []ShardObs) (Decision, []RuntimeObs) {
+	t.Helper()
+	d := NewDecider()
+	var dec Decision
+	for i := range 13 {
+		dec = d.Decide(p, Observations{Runtimes: rts, Shards: shards}, at(time.Duration(i)*5*time.Second))
+		for k := range shards {
+			shards[k].Runtime = dec.Placement[shards[k].Key]
+		}
+		rts = slices.DeleteFunc(rts, func(r RuntimeObs) bool { return slices.Contains(dec.Drain, r.ID) })
+	}
+	return dec, rts
+}
+
+// The case the issue measured: a job of 10 shards whose bytes fill three 100 Mbit/s NICs and whose
+// work fills a fraction of one core, on 4 runtimes on 4 nodes. By cores alone the pool shrinks to
+// one runtime and every shard lands on it; with the NICs known the job is spread so that no node
+// carries more than its NIC at target utilization, and the pool keeps the nodes it needs.
+func TestNICBoundJobSpreadsOverNodes(t *testing.T) {
+	t.Parallel()
+	p := DefaultPolicy()
+	nodes := []string{"n0", "n1", "n2", "n3"}
+
+	blind, _ := settle(t, p, onNodes(runtimes(4), 0, nodes...), bytesJob("big", 10, 3e6))
+	if n := runtimesUsed(blind.Placement); n != 1 {
+		t.Fatalf("with no NIC known: %d runtimes used, want the 1 that cores alone ask for", n)
+	}
+
+	shards := bytesJob("big", 10, 3e6)
+	rts := onNodes(runtimes(4), mbit100, nodes...)
+	dec, left := settle(t, p, rts, shards)
+	if len(dec.Placement) != 10 {
+		t.Fatalf("%d of 10 shards placed", len(dec.Placement))
+	}
+	load := nodeLoad(rts, shards, dec.Placement)
+	if len(load) < 3 {
+		t.Errorf("the job is on %d nodes (%v), its 30 MB/s need 3 NICs of 10 MB/s at 80%%", len(load), load)
+	}
+	for n, b := range load {
+		if b > mbit100*p.TargetUtilization+1 {
+			t.Errorf("node %s carries %.1f MB/s, over its NIC's %.1f at target", n, b/1e6, mbit100*p.TargetUtilization/1e6)
+		}
+	}
+	if dec.Desired < 3 || len(left) < 3 {
+		t.Errorf("pool desired %d with %d runtimes left, want at least the 3 nodes the bytes need; reasons %q", dec.Desired, len(left), dec.Reasons)
+	}
+}
+
+// Runtimes that share a node share its NIC: a job whose bytes exceed one NIC is not packed onto two
+// runtimes of one node, and scaling down drains the runtimes that share a node, keeping one on each.
+func TestNICSharedByRuntimesOfANode(t *testing.T) {
+	t.Parallel()
+	p := DefaultPolicy()
+	shards := bytesJob("big", 6, 2.5e6) // 15 MB/s: more than one NIC's 10 at target
+	rts := onNodes(runtimes(4), mbit100, "a", "a", "b", "b")
+	dec, left := settle(t, p, rts, shards)
+	load := nodeLoad(rts, shards, dec.Placement)
+	if len(load) != 2 || load["a"] > 10e6+1 || load["b"] > 10e6+1 {
+		t.Errorf("bytes per node %v, want both nodes within 10 MB/s", load)
+	}
+	nodesLeft := map[string]int{}
+	for _, r := range left {
+		nodesLeft[r.Node]++
+	}
+	if nodesLeft["a"] != 1 || nodesLeft["b"] != 1 {
+		t.Errorf("runtimes left per node %v, want one on each: the drained ones were those sharing a node", nodesLeft)
+	}
+}
+
+// A node whose NIC is past its move cap sheds shards to a node with room, saying why; the pool
+// does not grow for bytes (a new runtime could start on the full node), and when no node has room
+// the reasons say that the bytes need more nodes.
+func TestNICOverloadedNodeShedsShards(t *testing.T) {
+	t.Parallel()
+	p := DefaultPolicy()
+	rts := onNodes(runtimes(2), mbit100, "a", "b")
+	shards := bytesJob("big", 6, 3e6) // 18 MB/s on node a: past its move cap of 11.25
+	for i := range shards {
+		shards[i].Runtime = "rt-1"
+	}
+	dec := NewDecider().Decide(p, Observations{Runtimes: rts, Shards: shards}, t0)
+	moved := 0
+	for _, m := range dec.Moves {
+		if m.From == "rt-1" && m.To == "rt-2" && strings.Contains(m.Reason, "NIC") {
+			moved++
+		}
+	}
+	if moved != 3 {
+		t.Errorf("%d shards moved to node b for the NIC, want 3 (node a keeps 9 of its 10 MB/s); moves %+v", moved, dec.Moves)
+	}
+	if dec.Desired != 2 {
+		t.Errorf("desired %d, want 2: bytes do not grow the pool", dec.Desired)
+	}
+
+	full := bytesJob("huge", 8, 3e6) // 24 MB/s: more than both NICs at target
+	dec = NewDecider().Decide(p, Observations{Runtimes: rts, Shards: full}, t0)
+	if dec.Desired != 2 || !hasReason(dec, "need more than the 2 nodes' NICs") {
+		t.Errorf("desired %d, want 2 and the reason that the bytes need more nodes; reasons %q", dec.Desired, dec.Reasons)
+	}
+	if len(dec.Placement) != 8 || !hasReason(dec, "2 shards placed past their node's NIC") {
+		t.Errorf("%d of 8 shards placed, reasons %q; want all 8, the 2 that fit no NIC said so", len(dec.Placement), dec.Reasons)
+	}
+}
+
+// A scale-down drains a runtime that shares its node with another before the emptiest runtime of a
+// node of its own: the pool keeps the nodes, and their NICs, it spans.
+func TestVictimsShareANodeFirst(t *testing.T) {
+	t.Parallel()
+	p := DefaultPolicy()
+	rts := onNodes(runtimes(4), mbit100, "a", "b", "b", "c")
+	shards := append(steady("x", 3, 0.3, "rt-3"), steady("y", 5, 0.5, "rt-4")...)
+	r := &round{p: p, now: t0}
+	r.observe(Observations{Runtimes: rts, Shards: shards}, nil)
+	r.health()
+	r.nodes()
+	r.current()
+	chooseVictims(r.rts, r.shards, 1)
+	var victims []string
+	for _, rt := range r.rts {
+		if rt.victim {
+			victims = append(victims, rt.obs.ID)
+		}
+	}
+	if !slices.Equal(victims, []string{"rt-2"}) {
+		t.Errorf("victims %v, want [rt-2]: empty and sharing node b (rt-1 is empty too, but alone on a)", victims)
+	}
+}
+
+// Among equal runtimes a shard goes to the one connected to the NATS server that leads its job's
+// parameter stream; a busier one is not equal, and spreading comes first.
+func TestPlacementPrefersTheParamsLeader(t *testing.T) {
+	t.Parallel()
+	p := DefaultPolicy()
+	for _, nic := range []float64{0, mbit100} {
+		t.Run(fmt.Sprintf("nic=%v", nic), func(t *testing.T) {
+			t.Parallel()
+			rts := onNodes(runtimes(3), nic, "n0", "n1", "n2")
+			one := bytesJob("j", 1, 1e6)
+			one[0].Leader = "n2"
+			if dec := NewDecider().Decide(p, Observations{Runtimes: rts, Shards: one}, t0); dec.Placement["j.0"] != "rt-3" {
+				t.Errorf("shard placed on %s, want rt-3 on the leader n2", dec.Placement["j.0"])
+			}
+			busy := append(steady("other", 4, 2, "rt-3"), one...) // rt-3 holds 2 cores of work
+			if dec := NewDecider().Decide(p, Observations{Runtimes: rts, Shards: busy}, t0); dec.Placement["j.0"] == "rt-3" {
+				t.Errorf("shard placed on the leader's busy runtime rt-3, want an idle one")
+			}
+			three := bytesJob("k", 3, 1e6)
+			for i := range three {
+				three[i].Leader = "n1"
+			}
+			// The first decision drains one runtime (rt-1, the first of the emptiest) and spreads
+			// the job over the other two: its first shard on the leader's.
+			dec := NewDecider().Decide(p, Observations{Runtimes: rts, Shards: three}, t0)
+			if dec.Placement["k.0"] != "rt-2" || runtimesUsed(dec.Placement) != 2 {
+				t.Errorf("placement %v, want k.0 on rt-2 (on the leader n1) and the job on 2 runtimes", dec.Placement)
+			}
+		})
+	}
+}
+
+// Unmeasured shards are planned at their bytes per step over their period, or over UnknownBurst
+// before the period is known; measured rates win.
+func TestPlannedBytes(t *testing.T) {
+	t.Parallel()
+	p := DefaultPolicy()
+	p.UnknownBurst = 2 * time.Second
+	for _, c := range []struct {
+		s       ShardObs
+		in, out float64
+	}{
+		{ShardObs{Bytes: 8e6, Period: 500 * time.Millisecond}, 16e6, 16e6},
+		{ShardObs{Bytes: 8e6}, 4e6, 4e6},
+		{ShardObs{Bytes: 8e6, Period: time.Second, BytesIn: 3e6, BytesOut: 5e6}, 3e6, 5e6},
+		{ShardObs{Bytes: 8e6, Period: time.Second, BytesIn: 3e6}, 3e6, 8e6},
+	} {
+		in, out := plannedBytes(&c.s, p)
+		if math.Abs(in-c.in) > 1e-6 || math.Abs(out-c.out) > 1e-6 {
+			t.Errorf("%+v: planned %v in, %v out; want %v, %v", c.s, in, out, c.in, c.out)
+		}
+	}
+}
