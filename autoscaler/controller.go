@@ -94,6 +94,15 @@ type Controller struct {
 	registryCheck func(context.Context) bool // registryHealthy; tests replace it
 
 	ready chan struct{} // closed once Run follows the state (buckets set, current values in)
+
+	// leaders are, per job, the NATS server leading its parameter stream and when it was asked;
+	// only Step, which is never concurrent with itself, reads and writes them (paramsLeaders).
+	leaders map[string]streamLeader
+}
+
+type streamLeader struct {
+	server string
+	at     time.Time
 }
 
 const maxRecent = 100
@@ -156,7 +165,7 @@ func NewController(nc *nats.Conn, driver PoolDriver, opts ...ControllerOption) (
 	c := &Controller{
 		js: js, nc: nc, driver: driver, log: slog.Default(), id: "as-" + uuid.NewString()[:8],
 		interval: time.Second, now: time.Now, decider: NewDecider(), loop: true, policy: DefaultPolicy(),
-		draining: map[string]bool{}, dead: map[string]time.Time{},
+		draining: map[string]bool{}, dead: map[string]time.Time{}, leaders: map[string]streamLeader{},
 		wake: make(chan struct{}, 1), ready: make(chan struct{}),
 		tracing: telemetry.Default(), met: metrics.Default().Autoscaler(),
 	}
@@ -286,6 +295,7 @@ func (c *Controller) Step(ctx context.Context) (Decision, error) {
 	healthy := c.registryCheck(ctx)
 	now := c.now()
 	snap := c.view.Snapshot()
+	leaders := c.paramsLeaders(ctx, snap, now)
 	c.mu.Lock()
 	switch {
 	case !healthy:
@@ -297,6 +307,9 @@ func (c *Controller) Step(ctx context.Context) (Decision, error) {
 	pol := c.policy
 	obs := c.observe(snap, now, lapses)
 	c.mu.Unlock()
+	for i := range obs.Shards {
+		obs.Shards[i].Leader = leaders[obs.Shards[i].Job]
+	}
 	d := c.decider.Decide(pol, obs, now)
 	c.observeDecision(obs, d)
 	ctx, span := c.traceDecision(ctx, obs, d)
@@ -525,6 +538,7 @@ func (c *Controller) observe(snap view.Snapshot, now time.Time, lapses bool) Obs
 		ro := RuntimeObs{ID: id, Cores: max(1, runtimes[id].Cores), Draining: c.draining[id]}
 		if l, ok := loads[id]; ok {
 			ro.Cores = max(1, l.Cores)
+			ro.Node, ro.Server, ro.NIC = l.Node, l.Server, l.NICBytesPerSec
 			if l.NanosPerByte > 0 && median > 0 {
 				ro.Speed = median / l.NanosPerByte
 			}
@@ -558,6 +572,8 @@ func (c *Controller) observe(snap view.Snapshot, now time.Time, lapses bool) Obs
 			if l, ok := shardLoad[key]; ok {
 				so.Work, so.Period, so.Phase, so.Burst = l.Work, l.Period, l.Phase, l.Burst
 				so.QueueWait, so.Pending = l.QueueWait, int(l.Pending)
+				// Out of the node: the parameters go to every rank's worker.
+				so.BytesIn, so.BytesOut = l.BytesInPerSec, l.BytesOutPerSec*float64(rec.Spec.Ranks)
 			}
 			if so.Work == 0 {
 				so.Work = float64(so.Bytes) / estimatedBytesPerCoreSecond
@@ -566,6 +582,48 @@ func (c *Controller) observe(snap view.Snapshot, now time.Time, lapses bool) Obs
 		}
 	}
 	return obs
+}
+
+// leaderRefresh is how long the controller trusts the leader it was told of a job's parameter
+// stream, and leaderBudget how long one decision may spend asking.
+const (
+	leaderRefresh = 10 * time.Second
+	leaderBudget  = time.Second
+)
+
+// paramsLeaders returns, per job, the NATS server leading its parameter stream (for placement's
+// preference among equal runtimes), asked of JetStream at most every leaderRefresh per job and for
+// at most leaderBudget per decision; nil while no runtime reports its server (nothing to match).
+func (c *Controller) paramsLeaders(ctx context.Context, snap view.Snapshot, now time.Time) map[string]string {
+	servers := false
+	for _, l := range snap.Loads {
+		servers = servers || l.Server != ""
+	}
+	if !servers {
+		return nil
+	}
+	for id := range c.leaders {
+		if _, ok := snap.Jobs[id]; !ok {
+			delete(c.leaders, id)
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, leaderBudget)
+	defer cancel()
+	out := make(map[string]string, len(snap.Jobs))
+	for _, id := range sortedKeys(snap.Jobs) {
+		l, ok := c.leaders[id]
+		if (!ok || now.Sub(l.at) >= leaderRefresh) && ctx.Err() == nil {
+			l = streamLeader{at: now}
+			if st, err := c.js.Stream(ctx, wire.ParamsStream(id)); err == nil {
+				if cl := st.CachedInfo().Cluster; cl != nil {
+					l.server = cl.Leader
+				}
+			}
+			c.leaders[id] = l
+		}
+		out[id] = l.server
+	}
+	return out
 }
 
 // notDead removes from a snapshot's runtimes and loads what they hold of runtimes the driver
