@@ -228,3 +228,24 @@ func TestPlannedBytes(t *testing.T) {
 		}
 	}
 }
+
+// Runtimes of one node share its NIC: while that NIC is full, their cores still balance the shards
+// (a process pool on one machine whose link the bytes exceed).
+func TestRuntimesOfAFullNodeBalanceByCores(t *testing.T) {
+	t.Parallel()
+	p := DefaultPolicy()
+	p.MinRuntimes = 3
+	rts := onNodes(runtimes(3), mbit100, "a", "a", "a")
+	shards := steady("j", 6, 6) // a core each
+	for i := range shards {
+		shards[i].BytesIn, shards[i].BytesOut = 3e6, 3e6 // 18 MB/s: more than the NIC
+	}
+	dec := NewDecider().Decide(p, Observations{Runtimes: rts, Shards: shards}, t0)
+	per := map[string]int{}
+	for _, rt := range dec.Placement {
+		per[rt]++
+	}
+	if per["rt-1"] != 2 || per["rt-2"] != 2 || per["rt-3"] != 2 {
+		t.Errorf("shards per runtime %v, want 2 on each: the cores balance when the shared NIC cannot", per)
+	}
+}

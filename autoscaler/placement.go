@@ -2,7 +2,6 @@ package autoscaler
 
 import (
 	"cmp"
-	"math"
 	"slices"
 )
 
@@ -73,15 +72,36 @@ func (r *rtState) capFor(cls int) float64 {
 // capFor and the full capacity.
 func (r *rtState) moveCapFor(cls int) float64 { return (r.capFor(cls) + r.hardCap) / 2 }
 
-// ratioFor is how full the runtime is for a shard of class cls (without priorities, for any
-// shard): its cores' or its node's NIC's, whichever is fuller.
-func (r *rtState) ratioFor(cls int) float64 {
-	return max(r.loadFor(cls).demand/max(r.capFor(cls), eps), r.node.ratio())
+// fill is how full a runtime is, at target utilization: ratio, the fuller of its cores and its
+// node's NIC, and cores, its cores alone. Runtimes compare by ratio, then by cores: runtimes of one
+// node share its NIC's fill, and while that NIC is the fuller their cores still balance.
+type fill struct{ ratio, cores float64 }
+
+func newFill(cores, nic float64) fill { return fill{max(cores, nic), cores} }
+
+// compare orders fills, the emptier first; fills within eps of each other are equal.
+func (a fill) compare(b fill) int {
+	switch {
+	case a.ratio < b.ratio-eps:
+		return -1
+	case a.ratio > b.ratio+eps:
+		return 1
+	case a.cores < b.cores-eps:
+		return -1
+	case a.cores > b.cores+eps:
+		return 1
+	}
+	return 0
 }
 
-// ratioAfter is ratioFor once shard s is on the runtime.
-func (r *rtState) ratioAfter(s *shardState) float64 {
-	return max(r.loadFor(s.cls).demandAfter(s.g, s.w)/max(r.capFor(s.cls), eps), r.node.ratioAfter(s.in, s.out))
+// fillFor is how full the runtime is for a shard of class cls (without priorities, for any shard).
+func (r *rtState) fillFor(cls int) fill {
+	return newFill(r.loadFor(cls).demand/max(r.capFor(cls), eps), r.node.ratio())
+}
+
+// fillAfter is fillFor once shard s is on the runtime.
+func (r *rtState) fillAfter(s *shardState) fill {
+	return newFill(r.loadFor(s.cls).demandAfter(s.g, s.w)/max(r.capFor(s.cls), eps), r.node.ratioAfter(s.in, s.out))
 }
 
 // fits reports whether shard s fits on the runtime: its cores, and its node's NIC.
@@ -271,14 +291,14 @@ func (pl *placer) onLeader(i int, s *shardState) bool {
 	return s.obs.Leader != "" && pl.rts[i].obs.Server == s.obs.Leader
 }
 
-// better reports whether runtime a, at ratio ra, is a better place for shard s than b at rb: less
+// better reports whether runtime a, at fill fa, is a better place for shard s than b at fb: less
 // full, or as full and connected to the leader of the job's parameter stream when b is not (its
 // parameters then cross the network once, not twice).
-func (pl *placer) better(s *shardState, a int, ra float64, b int, rb float64) bool {
-	if ra < rb-eps {
-		return true
+func (pl *placer) better(s *shardState, a int, fa fill, b int, fb fill) bool {
+	if c := fa.compare(fb); c != 0 {
+		return c < 0
 	}
-	return ra <= rb+eps && pl.onLeader(a, s) && !pl.onLeader(b, s)
+	return pl.onLeader(a, s) && !pl.onLeader(b, s)
 }
 
 // target returns the eligible runtime other than not where shard k fits at target utilization
@@ -295,7 +315,7 @@ func (pl *placer) target(k, not int) int {
 		}
 		// Insert i into the n least loaded so far, kept sorted by ratio, the leader, then index.
 		j := n
-		for j > 0 && pl.better(s, i, pl.rts[i].ratioFor(s.cls), best[j-1], pl.rts[best[j-1]].ratioFor(s.cls)) {
+		for j > 0 && pl.better(s, i, pl.rts[i].fillFor(s.cls), best[j-1], pl.rts[best[j-1]].fillFor(s.cls)) {
 			j--
 		}
 		if j >= candidates {
@@ -307,14 +327,14 @@ func (pl *placer) target(k, not int) int {
 		copy(best[j+1:n], best[j:n-1])
 		best[j] = i
 	}
-	to, toRatio := -1, math.Inf(1)
+	to, toFill := -1, fill{}
 	for _, i := range best[:n] {
 		r := pl.rts[i]
 		if !r.fits(s) {
 			continue
 		}
-		if x := r.ratioAfter(s); to < 0 || pl.better(s, i, x, to, toRatio) {
-			to, toRatio = i, x
+		if x := r.fillAfter(s); to < 0 || pl.better(s, i, x, to, toFill) {
+			to, toFill = i, x
 		}
 	}
 	if to >= 0 || n < candidates {
@@ -326,7 +346,10 @@ func (pl *placer) target(k, not int) int {
 		return -1
 	}
 	cand := slices.DeleteFunc(slices.Clone(pl.elig), func(i int) bool { return i == not || slices.Contains(best[:n], i) })
-	slices.SortStableFunc(cand, func(a, b int) int { return cmp.Compare(pl.rts[a].ratioFor(s.cls), pl.rts[b].ratioFor(s.cls)) })
+	slices.SortStableFunc(cand, func(a, b int) int { // exact, for a strict order
+		fa, fb := pl.rts[a].fillFor(s.cls), pl.rts[b].fillFor(s.cls)
+		return cmp.Or(cmp.Compare(fa.ratio, fb.ratio), cmp.Compare(fa.cores, fb.cores))
+	})
 	for _, i := range cand {
 		if pl.rts[i].fits(s) {
 			return i
@@ -363,7 +386,7 @@ func (pl *placer) placeAll(ks []int) int {
 					continue
 				}
 				if to < 0 || r.eligible() && !pl.rts[to].eligible() ||
-					r.eligible() == pl.rts[to].eligible() && r.ratioFor(s.cls) < pl.rts[to].ratioFor(s.cls) {
+					r.eligible() == pl.rts[to].eligible() && r.fillFor(s.cls).compare(pl.rts[to].fillFor(s.cls)) < 0 {
 					to = i
 				}
 			}
@@ -435,13 +458,13 @@ func (pl *placer) spill(k int) bool {
 		return false
 	}
 	s := &pl.shards[k]
-	to, toRatio := -1, math.Inf(1)
+	to, toFill := -1, fill{}
 	for _, i := range pl.elig {
 		if i == s.to || !pl.tolerates(i, k) {
 			continue
 		}
-		if x := pl.rts[i].ratioAfter(s); x < toRatio {
-			to, toRatio = i, x
+		if x := pl.rts[i].fillAfter(s); to < 0 || x.compare(toFill) < 0 {
+			to, toFill = i, x
 		}
 	}
 	if to < 0 {
