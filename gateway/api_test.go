@@ -114,6 +114,9 @@ func TestAPIRoutes(t *testing.T) {
 	if rt.ID != pool.Runtimes[0].ID || rt.Cores < 1 {
 		t.Fatalf("runtime: %+v", rt)
 	}
+	if want := st.NATS.Name(); rt.Server != want || rt.Node != want { // no --node: the server names the node
+		t.Fatalf("runtime's server %q and node %q, want %q", rt.Server, rt.Node, want)
+	}
 	c.problem("GET", "/v1/runtimes/rt-99", "", "", 404, "runtime_not_found")
 
 	// Policy: the default, a replacement the autoscaler follows, its history; bad ones refused.

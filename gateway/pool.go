@@ -93,8 +93,11 @@ func runtimeStatus(info wire.RuntimeInfo, placed int, l view.Load, reported bool
 		rs.Reported = &at
 		rs.Shards = len(l.Shards)
 		rs.NanosPerByte = l.NanosPerByte
+		rs.Node, rs.Server, rs.NICBytesPerSec = l.Node, l.Server, l.NICBytesPerSec
 		busy := 0.0
 		for _, sl := range l.Shards {
+			rs.BytesInPerSec += sl.BytesInPerSec
+			rs.BytesOutPerSec += sl.BytesOutPerSec
 			if sl.Period > 0 {
 				busy += sl.Work / sl.Period.Seconds()
 			}

@@ -146,6 +146,15 @@ type RuntimeStatus struct {
 	NanosPerByte float64    `json:"nanos_per_byte"`
 	Reported     *time.Time `json:"reported,omitempty"` // when its latest load report was received
 	Placed       int        `json:"placed"`             // shards the placement bucket assigns to it
+	// Node, Server and NICBytesPerSec are from its load report (wire.LoadReport): the node whose
+	// NIC its shards' bytes are counted against, its NATS server, that NIC (0: unknown, no limit).
+	Node           string  `json:"node,omitempty"`
+	Server         string  `json:"server,omitempty"`
+	NICBytesPerSec float64 `json:"nic_bytes_per_sec,omitempty"`
+	// BytesInPerSec and BytesOutPerSec are its shards' gradient bytes received and parameter bytes
+	// published per second.
+	BytesInPerSec  float64 `json:"bytes_in_per_sec,omitempty"`
+	BytesOutPerSec float64 `json:"bytes_out_per_sec,omitempty"`
 }
 
 // TargetGroup is one entry of GET /v1/metrics/targets, in the format of Prometheus's HTTP service
