@@ -2,6 +2,7 @@ package autoscaler
 
 import (
 	"context"
+	"time"
 
 	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/internal/view"
@@ -28,3 +29,11 @@ func Snapshot(c *Controller) view.Snapshot { return c.view.Snapshot() }
 
 // LeaseFor is how long after a renewal began a leader acts without another.
 const LeaseFor = leaseFor
+
+// ParamsLeaders is what c learns, at now, of which server leads each job's parameter stream.
+func ParamsLeaders(c *Controller, ctx context.Context, snap view.Snapshot, now time.Time) map[string]string {
+	return c.paramsLeaders(ctx, snap, now)
+}
+
+// LeaderRefresh is how long c trusts what it learnt of a parameter stream's leader.
+const LeaderRefresh = leaderRefresh

@@ -1,0 +1,75 @@
+package autoscaler_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fanin-ml/fanin/autoscaler"
+	"github.com/fanin-ml/fanin/internal/view"
+	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/lab/testutil"
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// The control loop learns which server of a NATS cluster leads each job's parameter stream, asks
+// again only after leaderRefresh, forgets jobs that are gone, and asks nothing while no runtime
+// reports its server.
+func TestParamsLeadersFromACluster(t *testing.T) {
+	t.Parallel()
+	cl := testutil.StartCluster(t, 3)
+	nc, err := nats.Connect(cl.URLs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: wire.ParamsStream("j"), Subjects: []string{"test.params.j"}, Storage: jetstream.MemoryStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader := st.CachedInfo().Cluster.Leader
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	if cl.Index(leader) < 0 {
+		t.Fatalf("stream led by %q, not a node of the cluster", leader)
+	}
+	c, err := autoscaler.NewController(nc, nil, autoscaler.WithManualSteps())
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := view.Snapshot{Jobs: map[string]job.Record{"j": {}, "gone": {}}, Loads: map[string]view.Load{}}
+	if got := autoscaler.ParamsLeaders(c, ctx, snap, at); got != nil {
+		t.Fatalf("leaders %v asked for while no runtime reports its server", got)
+	}
+	snap.Loads["rt-a"] = view.Load{LoadReport: wire.LoadReport{Runtime: "rt-a", Server: "n0"}}
+	if got := autoscaler.ParamsLeaders(c, ctx, snap, at); got["j"] != leader || got["gone"] != "" {
+		t.Fatalf("leaders %v, want j led by %s and no leader for a job without streams", got, leader)
+	}
+	if err := js.DeleteStream(ctx, wire.ParamsStream("j")); err != nil {
+		t.Fatal(err)
+	}
+	if got := autoscaler.ParamsLeaders(c, ctx, snap, at.Add(autoscaler.LeaderRefresh-time.Millisecond)); got["j"] != leader {
+		t.Errorf("asked again before leaderRefresh: %v", got)
+	}
+	if got := autoscaler.ParamsLeaders(c, ctx, snap, at.Add(autoscaler.LeaderRefresh)); got["j"] != "" {
+		t.Errorf("after leaderRefresh the deleted stream still has leader %q", got["j"])
+	}
+	// A job that is gone is forgotten: created again with streams, it is asked about at once.
+	delete(snap.Jobs, "gone")
+	autoscaler.ParamsLeaders(c, ctx, snap, at.Add(autoscaler.LeaderRefresh))
+	st, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: wire.ParamsStream("gone"), Subjects: []string{"test.params.gone"}, Storage: jetstream.MemoryStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap.Jobs["gone"] = job.Record{}
+	if got := autoscaler.ParamsLeaders(c, ctx, snap, at.Add(autoscaler.LeaderRefresh)); got["gone"] != st.CachedInfo().Cluster.Leader {
+		t.Errorf("a job created again: leader %q, want %q", got["gone"], st.CachedInfo().Cluster.Leader)
+	}
+}
