@@ -569,15 +569,19 @@ func bigObservations(nShards, nRuntimes int, seed uint64) Observations {
 // max_runtimes, so that placement weighs every runtime per class.
 func BenchmarkDecide(b *testing.B) {
 	for _, c := range []struct {
-		shards, runtimes int
-		cold, classes    bool
-	}{{1000, 20, false, false}, {10000, 200, false, false}, {10000, 200, true, false}, {10000, 200, false, true}} {
+		shards, runtimes    int
+		cold, classes, nics bool
+	}{{1000, 20, false, false, false}, {10000, 200, false, false, false}, {10000, 200, true, false, false},
+		{10000, 200, false, true, false}, {10000, 200, false, false, true}} {
 		name := fmt.Sprintf("Shards=%d,Runtimes=%d,Placed", c.shards, c.runtimes)
 		if c.cold {
 			name = fmt.Sprintf("Shards=%d,Runtimes=%d,Cold", c.shards, c.runtimes)
 		}
 		if c.classes {
 			name += ",Classes=3,AtMax"
+		}
+		if c.nics {
+			name += ",NICs"
 		}
 		b.Run(name, func(b *testing.B) {
 			p := DefaultPolicy()
@@ -596,6 +600,14 @@ func BenchmarkDecide(b *testing.B) {
 				}
 				if d := NewDecider().Decide(p, obs, at(0)); !hasReason(d, "priorities in force") {
 					b.Fatalf("the pool is not short: %q", d.Reasons)
+				}
+			}
+			if c.nics { // 50 nodes of 4 runtimes, their NICs near full
+				for i := range obs.Runtimes {
+					obs.Runtimes[i].Node, obs.Runtimes[i].NIC = strconv.Itoa(i/4), 12.5e6
+				}
+				for i := range obs.Shards {
+					obs.Shards[i].BytesIn, obs.Shards[i].BytesOut = 40e3, 40e3
 				}
 			}
 			b.ReportAllocs()

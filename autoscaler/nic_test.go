@@ -3,6 +3,8 @@ package autoscaler
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -247,5 +249,36 @@ func TestRuntimesOfAFullNodeBalanceByCores(t *testing.T) {
 	}
 	if per["rt-1"] != 2 || per["rt-2"] != 2 || per["rt-3"] != 2 {
 		t.Errorf("shards per runtime %v, want 2 on each: the cores balance when the shared NIC cannot", per)
+	}
+}
+
+// With nodes and NICs the decisions still depend only on the observations, not their order.
+func TestDecideWithNICsDeterministic(t *testing.T) {
+	t.Parallel()
+	p := DefaultPolicy()
+	obs := bigObservations(2000, 40, 9)
+	for i := range obs.Runtimes {
+		obs.Runtimes[i].Node = fmt.Sprintf("node-%d", i%13) // some nodes hold several runtimes
+		obs.Runtimes[i].Server = obs.Runtimes[i].Node
+		obs.Runtimes[i].NIC = mbit100 * float64(1+i%3)
+	}
+	for i := range obs.Shards {
+		obs.Shards[i].BytesIn = float64(20e3 * (1 + i%7))
+		obs.Shards[i].Leader = fmt.Sprintf("node-%d", i%5)
+	}
+	want := NewDecider().Decide(p, obs, at(0))
+	if len(want.Moves) == 0 || !hasReason(want, "NIC") {
+		t.Fatalf("the scenario should move shards for NICs: %q", want.Reasons)
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	for range 3 {
+		shuffled := Observations{Runtimes: slices.Clone(obs.Runtimes), Shards: slices.Clone(obs.Shards)}
+		rng.Shuffle(len(shuffled.Runtimes), func(i, j int) {
+			shuffled.Runtimes[i], shuffled.Runtimes[j] = shuffled.Runtimes[j], shuffled.Runtimes[i]
+		})
+		rng.Shuffle(len(shuffled.Shards), func(i, j int) { shuffled.Shards[i], shuffled.Shards[j] = shuffled.Shards[j], shuffled.Shards[i] })
+		if got := NewDecider().Decide(p, shuffled, at(0)); !reflect.DeepEqual(got, want) {
+			t.Fatalf("decision depends on the order of the observations")
+		}
 	}
 }
