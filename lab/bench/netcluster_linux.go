@@ -264,7 +264,10 @@ func runFaninCluster(ctx context.Context, rs *runState, env *clusterEnv, c clust
 	for i := range clusterRuntimes(c) {
 		n := servers[i%len(servers)]
 		id := fmt.Sprintf("rt-%s-%d", n.Name, i)
-		p, err := startRuntimeCmd(id, n.command(ctx, env.exe, runtimeArgs(local, id, runtimeCores)...))
+		// The runtime tells the autoscaler its node's link rate, so that a job's shards are placed
+		// by the bytes each node's link can carry (a node's NATS server names the node).
+		args := append(runtimeArgs(local, id, runtimeCores), "--nic-bytes", strconv.Itoa(n.Mbit*1_000_000/8))
+		p, err := startRuntimeCmd(id, n.command(ctx, env.exe, args...))
 		if err != nil {
 			return clusterRun{}, err
 		}

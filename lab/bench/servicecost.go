@@ -49,6 +49,9 @@ const (
 type RuntimeConfig struct {
 	URL, ID string
 	Cores   int
+	// NIC is the node's link rate each way in bytes per second (runtime.WithNICBandwidth): the
+	// autoscaler places by bytes when runtimes report it. 0: unknown, not a limit.
+	NIC float64
 }
 
 // RuntimeSample is what a runtime process prints, one JSON line each time it reads a line: its
@@ -68,11 +71,12 @@ func ParseRuntime(args []string) (RuntimeConfig, error) {
 	f.StringVar(&cfg.URL, "nats", "", "NATS URL")
 	f.StringVar(&cfg.ID, "id", "", "runtime id")
 	f.IntVar(&cfg.Cores, "cores", 0, "cores the runtime reports and uses (default GOMAXPROCS)")
+	f.Float64Var(&cfg.NIC, "nic-bytes", 0, "the node's link rate each way, bytes per second (0: unknown)")
 	if err := f.Parse(args); err != nil {
 		return cfg, err
 	}
-	if cfg.URL == "" || cfg.ID == "" || cfg.Cores < 0 {
-		return cfg, fmt.Errorf("%s: --nats and --id are required, --cores must be >= 0", RuntimeCommand)
+	if cfg.URL == "" || cfg.ID == "" || cfg.Cores < 0 || cfg.NIC < 0 {
+		return cfg, fmt.Errorf("%s: --nats and --id are required, --cores and --nic-bytes must be >= 0", RuntimeCommand)
 	}
 	return cfg, nil
 }
@@ -88,6 +92,9 @@ func RunRuntime(ctx context.Context, cfg RuntimeConfig, in io.Reader, out io.Wri
 	opts := []runtime.Option{runtime.WithID(cfg.ID), runtime.WithLogger(slog.New(slog.DiscardHandler))}
 	if cfg.Cores > 0 {
 		opts = append(opts, runtime.WithCores(cfg.Cores))
+	}
+	if cfg.NIC > 0 {
+		opts = append(opts, runtime.WithNICBandwidth(cfg.NIC))
 	}
 	rt, err := runtime.New(nc, opts...)
 	if err != nil {
