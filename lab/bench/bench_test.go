@@ -24,7 +24,7 @@ func TestRunQuick(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Run: %v\nprogress:\n%s", err, progress.String())
 	}
-	want := map[string]int{"kernel": 4, "latency-small": 6, "elastic": 11}
+	want := map[string]int{"kernel": 5, "latency-small": 6, "elastic": 11}
 	got := map[string]int{}
 	for _, r := range res {
 		got[r.Scenario]++

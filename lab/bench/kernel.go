@@ -168,7 +168,7 @@ func runKernel(ctx context.Context, rs *runState) ([]Result, error) {
 	if err != nil {
 		return out, err
 	}
-	return append(out, r), nil
+	return append(out, r...), nil
 }
 
 func median(v []float64) float64 {
