@@ -14,6 +14,13 @@ import (
 // Requests for one subject coalesce: only the highest sequence matters. It owns its goroutine
 // (run).
 //
+// A purge that fails (a request lost in a reconnect, a JetStream API that does not answer in time)
+// is kept and tried again, like a delete, until it is done or its stream is gone: it is not left
+// for the next snapshot's purge. The gradient stream's bound refuses new gradients while it is
+// full, and a shard that applied everything the stream holds makes no next snapshot until a
+// worker's next gradient is stored: a purge dropped then is never asked for again, and the job
+// stalls for good (every worker retries its full stream until it gives up).
+//
 // A refused gradient is deleted by its own sequence, at once, not left for the next purge: the
 // gradient stream's bound (store.CreateJobStreams: ranks x shards x GradWindow messages, refusal
 // beyond) counts every stored message, and refusals of a step that never completes would
@@ -28,7 +35,9 @@ import (
 type purger struct {
 	log   *slog.Logger
 	wake  chan struct{}
-	retry time.Duration // how soon deletes that failed are tried again
+	retry time.Duration // how soon purges and deletes that failed are tried again
+	// purge removes the messages of k's subject below upTo; tests make it fail as a lost request.
+	purge func(ctx context.Context, k purgeKey, upTo uint64) error
 
 	mu      sync.Mutex // guards pending and refused
 	pending map[purgeKey]uint64
@@ -50,7 +59,11 @@ type refusedMsg struct {
 }
 
 func newPurger(log *slog.Logger) *purger {
-	return &purger{log: log, wake: make(chan struct{}, 1), retry: time.Second, pending: make(map[purgeKey]uint64)}
+	return &purger{log: log, wake: make(chan struct{}, 1), retry: time.Second, pending: make(map[purgeKey]uint64), purge: purgeSubject}
+}
+
+func purgeSubject(ctx context.Context, k purgeKey, upTo uint64) error {
+	return k.stream.stream.Purge(ctx, jetstream.WithPurgeSubject(k.subject), jetstream.WithPurgeSequence(upTo))
 }
 
 // schedule asks for the messages of subject below sequence upTo to be purged.
@@ -101,8 +114,8 @@ func (p *purger) run(ctx context.Context) {
 	}
 }
 
-// drain carries out the pending purges and deletes; it reports false when some delete failed
-// and is queued again.
+// drain carries out the pending purges and deletes; it reports false when some purge or delete
+// failed and is queued again.
 func (p *purger) drain(ctx context.Context) bool {
 	p.mu.Lock()
 	batch, refused := p.pending, p.refused
@@ -117,17 +130,24 @@ func (p *purger) drain(ctx context.Context) bool {
 		}
 		return err
 	}
+	unpurged := map[purgeKey]uint64{}
 	for k, upTo := range batch {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		err := current(pctx, k.stream)
 		if err == nil {
-			err = k.stream.stream.Purge(pctx, jetstream.WithPurgeSubject(k.subject), jetstream.WithPurgeSequence(upTo))
+			err = p.purge(pctx, k, upTo)
 		}
 		cancel()
-		if err != nil {
-			p.log.Debug("purge failed; gradients are kept until the next one", "subject", k.subject, "err", err)
-			delete(batch, k)
+		if err == nil {
+			continue
 		}
+		delete(batch, k)
+		if errors.Is(err, jetstream.ErrStreamNotFound) { // gone, or its job created again (errStreamReplaced)
+			p.log.Debug("purge dropped: the stream is gone", "subject", k.subject, "err", err)
+			continue
+		}
+		p.log.Debug("purge failed; retrying", "subject", k.subject, "below_seq", upTo, "err", err)
+		unpurged[k] = upTo
 	}
 	var failed []refusedMsg
 	for _, m := range refused {
@@ -145,14 +165,19 @@ func (p *purger) drain(ctx context.Context) bool {
 			failed = append(failed, m)
 		}
 	}
-	if len(failed) == 0 {
+	if len(failed) == 0 && len(unpurged) == 0 {
 		return true
 	}
 	if ctx.Err() != nil {
-		return false // stopping: a refused gradient left behind is refused and deleted again by the next owner
+		// Stopping: a refused gradient left behind is refused and deleted again by the next owner,
+		// and the gradients a snapshot covers are purged by the next owner's restore.
+		return false
 	}
 	p.mu.Lock()
 	p.refused = append(failed, p.refused...)
+	for k, upTo := range unpurged {
+		p.pending[k] = max(p.pending[k], upTo)
+	}
 	p.mu.Unlock()
 	return false
 }
