@@ -153,3 +153,62 @@ func TestFailedPurgeIsTriedAgain(t *testing.T) {
 	}
 	applyNext(t, h, x, ref, window+1)
 }
+
+// TestRestorePurgesBehindItsSnapshot: the owner of a shard dies (SIGKILL) after JetStream stored
+// its snapshots but before its purger purged the gradients they cover, and they fill the stream.
+// The new owner restores the newest snapshot and must purge what it covers: it needs none of those
+// gradients, and nothing else would purge them before its first step, whose gradient the full
+// stream refuses. For a stateless function the parameters message is the snapshot; for momentum,
+// and for parameters published in bf16, the checkpoint is.
+func TestRestorePurgesBehindItsSnapshot(t *testing.T) {
+	t.Parallel()
+	h := newShardHarness(t)
+	for _, c := range []struct {
+		name string
+		fn   job.Function
+		dt   string
+	}{
+		{"sum", job.Function{Name: "sum"}, ""},
+		{"momentum", job.Function{Name: "momentum", Hyper: map[string]float64{"lr": 0.1, "momentum": 0.9}}, ""},
+		{"sgd-bf16", job.Function{Name: "sgd", Hyper: map[string]float64{"lr": 0.1}}, wire.DtypeBF16},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rec, grads, params, ref := fillJob(t, h, job.Spec{ID: "takeover-" + c.name, Function: c.fn, ParamDtype: c.dt})
+			dead := h.runtime(t) // its purger never runs: it is killed before it purges anything
+			x := h.shard(t, dead, &rec, grads, params)
+			if err := x.restore(h.ctx); err != nil {
+				t.Fatal(err)
+			}
+			window := store.GradWindow(&rec.Spec)
+			stepWithoutPurges(t, h, x, ref, 1, window)
+			refusedFull(t, h, &rec, window+1)
+
+			r := h.runtime(t)
+			y := h.shard(t, r, &rec, grads, params)
+			if err := y.restore(h.ctx); err != nil {
+				t.Fatal(err)
+			}
+			if y.step < 1 {
+				t.Fatalf("restored step %d: the test needs a snapshot beyond step 0", y.step)
+			}
+			if !r.purger.drain(h.ctx) {
+				t.Fatal("a purge failed")
+			}
+			// The new owner replays what its snapshot does not cover, then takes the next step.
+			info, err := grads.Info(h.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for seq := y.seq + 1; seq <= info.State.LastSeq; seq++ {
+				m, err := grads.GetMsg(h.ctx, seq)
+				if err != nil {
+					t.Fatalf("replay from %d: %v", y.seq+1, err)
+				}
+				y.mu.Lock()
+				y.handleSeq(&fakeMsg{data: m.Data, hdr: m.Header}, seq)
+				y.mu.Unlock()
+			}
+			applyNext(t, h, y, ref, window+1)
+		})
+	}
+}

@@ -261,11 +261,34 @@ func (x *shardExec) serve(ctx context.Context) error {
 	}
 }
 
-// restore loads the newest snapshot of the shard: its checkpoint, or when the parameters message
-// is a snapshot (paramsSnap) its latest parameters if newer. A shard that checkpoints restores
-// from parameters only at step 0 (always f32), and then writes its first checkpoint. With neither
-// (init "upload"), it waits for the step-0 parameters.
+// restore loads the newest snapshot of the shard (restoreSnapshot) and asks for the gradients
+// before its replay start to be purged.
+//
+// The owner before may have stopped before its purger carried out the purge of that snapshot (a
+// SIGKILL, a purge still pending or failing at its stop). Its gradients hold places in the
+// stream's bound, and no later snapshot comes to purge them if they fill it: this owner would
+// wait for the next step's gradients, which the full stream refuses, for good. Purging them here
+// relies on the invariant every purge relies on: the gradients of a shard's subject below the
+// replay start of a stored snapshot are never read again, by this owner or any later one (each
+// restores the newest stored snapshot, whose replay start is no lower).
 func (x *shardExec) restore(ctx context.Context) error {
+	if err := x.restoreSnapshot(ctx); err != nil {
+		return err
+	}
+	x.mu.Lock()
+	from := x.seq + 1 // the snapshot's replay start (load)
+	x.mu.Unlock()
+	if from > 1 {
+		x.r.purger.schedule(x.ji.streams[0], x.gradSj, from)
+	}
+	return nil
+}
+
+// restoreSnapshot loads the newest snapshot of the shard: its checkpoint, or when the parameters
+// message is a snapshot (paramsSnap) its latest parameters if newer. A shard that checkpoints
+// restores from parameters only at step 0 (always f32), and then writes its first checkpoint.
+// With neither (init "upload"), it waits for the step-0 parameters.
+func (x *shardExec) restoreSnapshot(ctx context.Context) error {
 	for {
 		stream := wire.ParamsStream(x.ji.rec.Spec.ID) // read from its leader (lastFromLeader says why)
 		ck, ckErr := lastFromLeader(ctx, x.r.nc, stream, wire.CkptSubject(x.ji.rec.Spec.ID, x.shard.ID))
