@@ -63,14 +63,19 @@ func burnCPU(t *testing.T) {
 // A stall fails at once with the stream's and the consumer's state. Run in full with
 // FANIN_STRESS_STEPS=100000 go test -run TestFastSteppingLosesNothing -timeout 60m ./runtime/
 func TestFastSteppingLosesNothing(t *testing.T) {
-	t.Run("load", func(t *testing.T) { fastStepping(t, stressSteps(t), 0) })
+	t.Run("load", func(t *testing.T) { fastStepping(t, stressSteps(t), 0, false) })
 	// The server cuts the runtime's connection now and then, as it cuts a slow consumer: whatever
 	// it was sending is lost, the tail of the shard's gradients included.
-	t.Run("cuts", func(t *testing.T) { fastStepping(t, 0, 6) })
+	t.Run("cuts", func(t *testing.T) { fastStepping(t, 0, 6, false) })
+	// The cuts come while the gradient stream is full: the worker waits for room, the runtime
+	// has applied every gradient the stream holds, and the purge that would make room is in
+	// flight (or about to be) when the connection goes.
+	t.Run("cuts-when-full", func(t *testing.T) { fastStepping(t, 0, 6, true) })
 }
 
-// fastStepping steps the job until steps steps and cuts cuts of the runtime's connection are done.
-func fastStepping(t *testing.T, steps int64, cuts int) {
+// fastStepping steps the job until steps steps and cuts cuts of the runtime's connection are done;
+// with whenFull, each cut waits until the job's gradient stream is full.
+func fastStepping(t *testing.T, steps int64, cuts int, whenFull bool) {
 	st := testutil.Stack(t, 1)
 	burnCPU(t)
 	ctx := context.Background()
@@ -104,7 +109,11 @@ func fastStepping(t *testing.T, steps int64, cuts int) {
 	g := make([]float32, len(params))
 	start := time.Now()
 	var done atomic.Int64 // steps completed, for the cutter
-	cut := cutter(t, st.NATS, "fanin-runtime-", cuts, &done)
+	var when func() bool
+	if whenFull {
+		when = streamFull(t, st.URL, rec)
+	}
+	cut := cutter(t, st.NATS, "fanin-runtime-", cuts, &done, when)
 	step := int64(1)
 	for ; step <= steps || cut.Load() < int64(cuts); step++ {
 		done.Store(step - 1)
@@ -173,8 +182,9 @@ func jobState(url string, rec *job.Record) string {
 // cutter closes, from the server's side, the connections whose names start with prefix, 100 to
 // 600 ms after the stepping has gone three steps past the previous cut (one cut per step at most:
 // the reconnection takes seconds, and a step cut again and again would outlast its timeout
-// without anything lost), until it has made cuts; it counts them.
-func cutter(t *testing.T, srv *server.Server, prefix string, cuts int, stepped *atomic.Int64) *atomic.Int64 {
+// without anything lost), until it has made cuts; it counts them. With when, each cut also waits
+// (up to 5 s) until when reports true.
+func cutter(t *testing.T, srv *server.Server, prefix string, cuts int, stepped *atomic.Int64, when func() bool) *atomic.Int64 {
 	var n atomic.Int64
 	if cuts == 0 {
 		return &n
@@ -195,6 +205,13 @@ func cutter(t *testing.T, srv *server.Server, prefix string, cuts int, stepped *
 			if stepped.Load() < last+3 {
 				continue
 			}
+			for wait := time.Now().Add(5 * time.Second); when != nil && !when() && time.Now().Before(wait); {
+				select {
+				case <-done:
+					return
+				case <-time.After(time.Millisecond):
+				}
+			}
 			cz, err := srv.Connz(&server.ConnzOptions{})
 			if err != nil {
 				continue
@@ -208,4 +225,19 @@ func cutter(t *testing.T, srv *server.Server, prefix string, cuts int, stepped *
 		}
 	}()
 	return &n
+}
+
+// streamFull returns a check of whether rec's gradient stream holds as many messages as its bound.
+func streamFull(t *testing.T, url string, rec *job.Record) func() bool {
+	_, js := testutil.Connect(t, url)
+	s, err := js.Stream(context.Background(), wire.GradStream(rec.Spec.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		info, err := s.Info(ctx)
+		return err == nil && info.Config.MaxMsgs > 0 && int64(info.State.Msgs) >= info.Config.MaxMsgs
+	}
 }
