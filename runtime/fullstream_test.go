@@ -152,6 +152,15 @@ func TestFailedPurgeIsTriedAgain(t *testing.T) {
 		t.Fatal("the second purge failed")
 	}
 	applyNext(t, h, x, ref, window+1)
+
+	// A purge of a stream that is gone (its job deleted) is dropped, not tried for ever.
+	if err := h.js.DeleteStream(h.ctx, wire.GradStream(rec.Spec.ID)); err != nil {
+		t.Fatal(err)
+	}
+	r.purger.schedule(x.ji.streams[0], x.gradSj, x.replayFrom())
+	if !r.purger.drain(h.ctx) {
+		t.Fatal("the purge of a deleted stream is kept to be tried again")
+	}
 }
 
 // TestRestorePurgesBehindItsSnapshot: the owner of a shard dies (SIGKILL) after JetStream stored
