@@ -15,9 +15,15 @@ const maxSweptSubjects = 256
 
 // sweepUnknownShards rejects and removes gradients published to shard subjects the job's layout
 // does not have: no executor consumes them, so without this they would sit in the stream unanswered.
+//
+// Only in the stream of the executor's own incarnation: an executor of a deleted job may still be
+// stopping (its consumer notices the stream is gone only after missed heartbeats) when the job is
+// created again under its id with more shards, in a stream of the same name. Swept with the old
+// layout, the new job's gradients of its higher shards were rejected and purged: its first step
+// never completed.
 func (x *shardExec) sweepUnknownShards(ctx context.Context) {
 	info, err := x.ji.grads.Info(ctx, jetstream.WithSubjectFilter(wire.GradWildcard(x.ji.rec.Spec.ID)))
-	if err != nil {
+	if err != nil || !info.Created.Equal(x.ji.streams[0].created) {
 		return
 	}
 	n := x.ji.rec.Layout.NumShards()
@@ -82,6 +88,9 @@ func (x *shardExec) rejectSubjects(ctx context.Context, subjects []string, shard
 	}
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
+	if len(last) == 0 || x.ji.streams[0].current(pctx) != nil {
+		return // the sequences read are not the stream's now: the job was created again meanwhile
+	}
 	for subject, seq := range last {
 		_ = x.ji.grads.Purge(pctx, jetstream.WithPurgeSubject(subject), jetstream.WithPurgeSequence(seq+1))
 	}
