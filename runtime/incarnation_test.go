@@ -96,7 +96,7 @@ func trainChecked(t *testing.T, url string, rec *job.Record, steps int64) {
 		}
 		for range workers {
 			if err := <-results; err != nil {
-				t.Fatalf("job %s (%s), step %d: %v", rec.Spec.ID, rec.Spec.Function.Name, step, err)
+				t.Fatalf("job %s (%s), step %d: %v\n%s", rec.Spec.ID, rec.Spec.Function.Name, step, err, jobState(url, rec))
 			}
 		}
 		ref.Step(grads, nil)
