@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanin-ml/fanin/functions"
+	"github.com/fanin-ml/fanin/functions/wasmfn"
 	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/wire"
@@ -219,5 +220,24 @@ func TestRestorePurgesBehindItsSnapshot(t *testing.T) {
 			}
 			applyNext(t, h, y, ref, window+1)
 		})
+	}
+}
+
+// TestCheckpointsComeWithinTheWindow: for every function a job may have (built-in, or a user
+// function with up to wasmfn.MaxSlots state vectors) and any number of ranks, a shard writes its
+// next checkpoint while the gradients it needs, k+3 steps at most (checkpointEvery), still fit the
+// stream's window; an interval beyond it stalls the job for good.
+func TestCheckpointsComeWithinTheWindow(t *testing.T) {
+	t.Parallel()
+	for slots := range wasmfn.MaxSlots + 1 {
+		for ranks := 1; ranks <= 64; ranks++ {
+			k := checkpointEvery(slots, ranks)
+			if k < 1 || k+3 > store.StorageWindow {
+				t.Fatalf("%d state vectors, %d ranks: a checkpoint every %d steps, the gradient window is %d steps", slots, ranks, k, store.StorageWindow)
+			}
+		}
+	}
+	if k := checkpointEvery(2, 1); k != 3 { // adam, 1 rank: as before
+		t.Fatalf("adam with 1 rank checkpoints every %d steps, want 3", k)
 	}
 }

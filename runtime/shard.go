@@ -104,6 +104,25 @@ type shardExec struct {
 // a shard keeps 30 shards under 512 MiB (docs/PROTOCOL.md, "Server requirements").
 const maxPullBytes = 16 << 20
 
+// checkpointEvery is how many steps a shard with slots state vectors and ranks ranks applies between
+// two checkpoints: about as many as make the checkpoint's bytes (1+slots vectors) those of the
+// gradients it lets go (ranks vectors a step), and at most maxCheckpointEvery.
+//
+// The bound keeps every gradient a shard still needs within its stream's window (BSP; ssp's window
+// adds what its held steps need). When the checkpoint of step c+k is written, the gradients of steps
+// c+1..c+k are needed (the stored checkpoint is c's), and before JetStream acknowledges it the
+// workers may send steps up to c+k+3: the parameters of c+k and c+k+1 are published without waiting
+// (two buffers), and that of c+k+2 waits only for c+k's acknowledgement, which the checkpoint's
+// follows. So k+3 steps <= store.StorageWindow: then the stream refuses a gradient only while the
+// purge of gradients a stored checkpoint covers is due. A user function may declare 8 state
+// vectors: with 1 rank the unbounded interval is 9 steps, and the stream would fill with 8 steps no
+// checkpoint covers, refuse the ninth, and no checkpoint would ever come.
+func checkpointEvery(slots, ranks int) int64 {
+	return min(max(1, int64((1+slots)/ranks)), maxCheckpointEvery)
+}
+
+const maxCheckpointEvery = store.StorageWindow - 3
+
 // outBuf is a reusable outgoing message; it returns to its pool when JetStream acknowledges it.
 type outBuf struct {
 	msg  *nats.Msg
@@ -136,7 +155,7 @@ func newShardExec(r *Runtime, ji *jobInfo, shard int, epoch uint64) (*shardExec,
 		outs:      make(chan *outBuf, 2),
 		ckptFree:  make(chan struct{}, 1),
 		fnFailed:  make(chan error, 1),
-		ckptEvery: max(1, int64((1+fn.Slots())/n)),
+		ckptEvery: checkpointEvery(fn.Slots(), n),
 		met:       r.met.Job(ji.rec.Spec.ID),
 		created:   ji.rec.Created.UnixNano(),
 	}
