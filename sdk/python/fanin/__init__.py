@@ -32,6 +32,7 @@ import ctypes
 import json
 import math
 import urllib.error
+import urllib.parse
 import urllib.request
 import re
 import uuid
@@ -809,11 +810,14 @@ class Gateway:
         self.token = token
         self.timeout = timeout
 
-    def _do(self, method: str, path: str, body: Any = None) -> Any:
-        data = None if body is None else json.dumps(body).encode()
+    def _do(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+        if isinstance(body, (bytes, bytearray, memoryview)):
+            data: Optional[bytes] = bytes(body)
+        else:
+            data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.url + path, data=data, method=method)
         if data is not None:
-            req.add_header("Content-Type", "application/json")
+            req.add_header("Content-Type", content_type)
         if self.token:
             req.add_header("Authorization", "Bearer " + self.token)
         try:
@@ -848,6 +852,23 @@ class Gateway:
     def delete_job(self, job_id: str) -> None:
         """Drains and deletes a job with its streams, state and credentials."""
         self._do("DELETE", "/v1/jobs/" + job_id)
+
+    def push_function(self, name: str, version: str, module: bytes, owner: Optional[str] = None) -> dict[str, Any]:
+        """Uploads a user function, a WebAssembly module (docs/FUNCTIONS.md), as
+        <owner>/<name>@<version>: the token's team by default (the admin may name another owner).
+        The answer is its record; "function" is what a job spec names. The same bytes again are
+        accepted; other bytes under a stored name and version are refused (function_exists)."""
+        q = urllib.parse.urlencode({k: v for k, v in (("name", name), ("version", version), ("owner", owner)) if v})
+        return self._do("POST", "/v1/functions?" + q, module, content_type="application/wasm")
+
+    def functions(self) -> dict[str, Any]:
+        """The built-in functions and the user functions ("modules") the token reaches."""
+        return self._do("GET", "/v1/functions")
+
+    def delete_function(self, ref: str) -> None:
+        """Deletes a user function named owner/name@version; refused (function_in_use) while a job
+        names it."""
+        self._do("DELETE", "/v1/functions/" + ref)
 
 
 def version() -> str:
