@@ -117,6 +117,21 @@ func benchRuntimeCmd() *cobra.Command {
 	}
 }
 
+// benchNATSCmd is the NATS server process of `fanin bench --only broker-copies`: it prints its URL,
+// then its CPU and counters each time it reads a line, and stops when its stdin ends. Hidden: only
+// the bench runs it.
+func benchNATSCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:                bench.NATSCommand,
+		Short:              "Run the NATS server process of the broker-copies bench scenario",
+		Hidden:             true,
+		DisableFlagParsing: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return bench.RunNATS(cmd.InOrStdin(), cmd.OutOrStdout())
+		},
+	}
+}
+
 // benchElasticWorkerCmd is one elastic worker process of `fanin bench --only elastic` (the
 // absorb case SIGKILLs them). Hidden: only the bench runs it.
 func benchElasticWorkerCmd() *cobra.Command {

@@ -442,3 +442,28 @@ func TestAbsorbSplit(t *testing.T) {
 		t.Errorf("detection notes %q lack the time since the last beat", detect.Notes)
 	}
 }
+
+// TestBrokerCopiesModes runs a tiny workload in each mode of the broker-copies scenario against a
+// NATS server process: every mode ends with the same parameters bit for bit, the server's CPU is
+// counted, and every gradient byte went into the server.
+func TestBrokerCopiesModes(t *testing.T) {
+	t.Parallel()
+	rs := newRunState(Config{Quick: true, Log: testutil.Logger()}, nil)
+	w := workload{Ranks: 3, Elements: 50_000, ShardSize: 64 << 10, Runtimes: 1}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var sum uint32
+	for i, mode := range []bareMode{bareStoredPull, bareStoredSub, bareDirect} {
+		r, err := copiesMeasure(ctx, rs, w, mode, 1, 3)
+		if err != nil {
+			t.Fatalf("%s: %v", mode, err)
+		}
+		if i > 0 && r.sum != sum {
+			t.Fatalf("%s: parameters %08x, the first mode's %08x", mode, r.sum, sum)
+		}
+		sum = r.sum
+		if !(r.serverCPU > 0) || !(r.in >= r.gradBytes) {
+			t.Errorf("%s: server CPU %v, bytes in %.0f for %.0f gradient bytes", mode, r.serverCPU, r.in, r.gradBytes)
+		}
+	}
+}

@@ -13,7 +13,8 @@ import (
 // TestMain lets the test binary stand in for fanin as the elastic scenario's worker process (the
 // bench runs os.Executable with ElasticWorkerCommand and ElasticWorkerEnv set) and as the Go worker
 // process of the gloo, python and service-cost scenarios (WorkersCommand, WorkersEnv), and as the
-// service-cost scenario's runtime processes (RuntimeCommand, RuntimeEnv).
+// service-cost scenario's runtime processes (RuntimeCommand, RuntimeEnv), and as the broker-copies
+// scenario's NATS server process (NATSCommand, NATSEnv).
 func TestMain(m *testing.M) {
 	if os.Getenv(RuntimeEnv) != "" && len(os.Args) > 1 && os.Args[1] == RuntimeCommand {
 		cfg, err := ParseRuntime(os.Args[2:])
@@ -23,6 +24,13 @@ func TestMain(m *testing.M) {
 			stop()
 		}
 		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	if os.Getenv(NATSEnv) != "" && len(os.Args) > 1 && os.Args[1] == NATSCommand {
+		if err := RunNATS(os.Stdin, os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}

@@ -66,7 +66,7 @@ func startBaselineNATS(dir string) (*server.Server, error) {
 // connection and w.Ranks ranks on theirs. The aggregator applies the same function as fanin (sgd)
 // to the same rank-order sum, so the parameters after every step are bit-identical to fanin's.
 func startBareNATS(ctx context.Context, rs *runState, w workload, dir string) (*system, error) {
-	return startBare(ctx, w, dir, false)
+	return startBare(ctx, w, dir, bareCore)
 }
 
 // startBareJetStream is startBareNATS with fanin's JetStream data path and nothing else of fanin:
@@ -76,7 +76,22 @@ func startBareNATS(ctx context.Context, rs *runState, w workload, dir string) (*
 // stream, which also pushes them to the ranks' subscriptions. No validation, no bookkeeping, no
 // snapshot or replay logic: what remains of a fanin step when fanin's own code is taken out.
 func startBareJetStream(ctx context.Context, rs *runState, w workload, dir string) (*system, error) {
-	return startBare(ctx, w, dir, true)
+	return startBare(ctx, w, dir, bareStoredPull)
+}
+
+// bareMode is how the bare aggregator's gradients travel; its parameters go into a JetStream
+// stream in every mode but bareCore.
+type bareMode int
+
+const (
+	bareCore       bareMode = iota // core NATS both ways, nothing stored
+	bareStoredPull                 // gradients stored in a stream, delivered by a pull consumer per shard
+	bareStoredSub                  // gradients stored in a stream for replay only, received by a core subscription
+	bareDirect                     // gradients as core NATS requests, the aggregator's reply the receipt; nothing stored
+)
+
+func (m bareMode) String() string {
+	return [...]string{"core", "stored+pull", "stored+sub", "direct"}[m]
 }
 
 // Streams of the JetStream baseline.
@@ -85,18 +100,35 @@ const (
 	bareParamsStream = "BENCH_P"
 )
 
-func startBare(ctx context.Context, w workload, dir string, useJS bool) (_ *system, err error) {
+func startBare(ctx context.Context, w workload, dir string, mode bareMode) (*system, error) {
 	ns, err := startBaselineNATS(dir)
 	if err != nil {
 		return nil, err
 	}
+	sys, err := startBareOn(ctx, w, ns.ClientURL(), mode, ns.NumSlowConsumers)
+	if err != nil {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+		return nil, err
+	}
+	inner := sys.close
+	sys.close = func() {
+		inner()
+		ns.Shutdown()
+		ns.WaitForShutdown()
+	}
+	return sys, nil
+}
+
+// startBareOn brings the bare system up on the NATS server at url; slow, when not nil, counts the
+// server's slow consumers (a run that had one is invalid).
+func startBareOn(ctx context.Context, w workload, url string, mode bareMode, slow func() int64) (_ *system, err error) {
+	useJS := mode != bareCore
 	var conns []*nats.Conn
 	closeAll := func() {
 		for _, nc := range conns {
 			nc.Close()
 		}
-		ns.Shutdown()
-		ns.WaitForShutdown()
 	}
 	defer func() {
 		if err != nil {
@@ -105,7 +137,7 @@ func startBare(ctx context.Context, w workload, dir string, useJS bool) (_ *syst
 	}()
 	trip := newTripwire()
 	connect := func(name string) (*nats.Conn, error) {
-		nc, err := nats.Connect(ns.ClientURL(), nats.Name(name),
+		nc, err := nats.Connect(url, nats.Name(name),
 			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 				trip.trip(fmt.Errorf("connection %s: %w", name, err))
 			}),
@@ -125,13 +157,14 @@ func startBare(ctx context.Context, w workload, dir string, useJS bool) (_ *syst
 	if err != nil {
 		return nil, err
 	}
-	agg, err := newBareAggregator(anc, layout, w.Ranks, trip, !useJS)
+	agg, err := newBareAggregator(anc, layout, w.Ranks, trip, mode != bareStoredPull)
 	if err != nil {
 		return nil, err
 	}
+	agg.receipts = mode == bareDirect
 	var stopConsumers []jetstream.ConsumeContext
 	if useJS {
-		if stopConsumers, err = agg.consumeJetStream(ctx, layout); err != nil {
+		if stopConsumers, err = agg.consumeJetStream(ctx, layout, w.Ranks, mode); err != nil {
 			return nil, err
 		}
 		inner := closeAll
@@ -153,7 +186,9 @@ func startBare(ctx context.Context, w workload, dir string, useJS bool) (_ *syst
 		if err != nil {
 			return nil, err
 		}
-		if useJS {
+		if mode == bareDirect {
+			err = br.receiveReceipts()
+		} else if useJS {
 			if br.js, err = jetstream.New(nc); err != nil {
 				return nil, err
 			}
@@ -172,7 +207,7 @@ func startBare(ctx context.Context, w workload, dir string, useJS bool) (_ *syst
 		if err := trip.failed(); err != nil {
 			errs = append(errs, err)
 		}
-		if n := ns.NumSlowConsumers(); n > 0 {
+		if n := slowConsumers(slow); n > 0 {
 			errs = append(errs, fmt.Errorf("the NATS server saw %d slow consumers", n))
 		}
 		var subs []*nats.Subscription
@@ -190,10 +225,22 @@ func startBare(ctx context.Context, w workload, dir string, useJS bool) (_ *syst
 		return errors.Join(errs...)
 	}
 	sys.notes = fmt.Sprintf("%d shards, 1 aggregator goroutine on its own connection, core NATS", layout.NumShards())
-	if useJS {
+	switch mode {
+	case bareStoredPull:
 		sys.notes = fmt.Sprintf("%d shards, 1 aggregator on its own connection with a pull consumer per shard, JetStream memory streams", layout.NumShards())
+	case bareStoredSub:
+		sys.notes = fmt.Sprintf("%d shards, gradients stored in a JetStream memory stream and received by the aggregator's core subscription, parameters in a memory stream", layout.NumShards())
+	case bareDirect:
+		sys.notes = fmt.Sprintf("%d shards, gradients as core NATS requests answered by the aggregator (receipts), parameters in a memory stream", layout.NumShards())
 	}
 	return sys, nil
+}
+
+func slowConsumers(f func() int64) int64 {
+	if f == nil {
+		return 0
+	}
+	return f()
 }
 
 // noLimits lifts a subscription's client-side pending limits: the baseline must never drop a
@@ -210,6 +257,8 @@ type bareAggregator struct {
 	ranks  int
 	shards []*bareShard
 	trip   *tripwire // tripped by the first inconsistency: the run is then invalid
+	// receipts: answer every gradient (a core NATS request) with an empty reply, its receipt.
+	receipts bool
 }
 
 type bareShard struct {
@@ -249,20 +298,34 @@ func newBareAggregator(nc *nats.Conn, layout job.Layout, ranks int, trip *tripwi
 // consumeJetStream creates the JetStream baseline's two streams and consumes each shard's
 // gradients from its own pull consumer, as fanin's runtimes do (each consumer's callbacks run on
 // one goroutine, and touch only their shard's state).
-func (a *bareAggregator) consumeJetStream(ctx context.Context, layout job.Layout) ([]jetstream.ConsumeContext, error) {
+func (a *bareAggregator) consumeJetStream(ctx context.Context, layout job.Layout, ranks int, mode bareMode) ([]jetstream.ConsumeContext, error) {
 	js, err := jetstream.New(a.nc)
 	if err != nil {
 		return nil, err
 	}
 	a.js = js
-	gs, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: bareGradStream, Subjects: []string{bareGrad + ">"},
-		Storage: jetstream.MemoryStorage, Duplicates: 2 * time.Minute})
-	if err != nil {
-		return nil, err
+	if mode == bareStoredPull || mode == bareStoredSub {
+		// Three steps of gradients, the oldest discarded: the stream holds what a replay would
+		// need, as fanin's purges keep it bounded.
+		model := int64(0)
+		for _, s := range layout.Shards {
+			model += int64(s.Bytes()) + 1024
+		}
+		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: bareGradStream, Subjects: []string{bareGrad + ">"},
+			Storage: jetstream.MemoryStorage, Duplicates: 2 * time.Minute, MaxBytes: 3 * int64(ranks) * model, Discard: jetstream.DiscardOld}); err != nil {
+			return nil, err
+		}
 	}
 	// Two steps of parameters, as fanin keeps.
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: bareParamsStream, Subjects: []string{bareParams + ">"},
 		Storage: jetstream.MemoryStorage, MaxMsgs: int64(2 * layout.NumShards()), Duplicates: 2 * time.Minute}); err != nil {
+		return nil, err
+	}
+	if mode != bareStoredPull {
+		return nil, nil // the gradients come through the core subscription
+	}
+	gs, err := js.Stream(ctx, bareGradStream)
+	if err != nil {
 		return nil, err
 	}
 	var ccs []jetstream.ConsumeContext
@@ -304,6 +367,14 @@ func (a *bareAggregator) handle(m *nats.Msg) {
 		return
 	}
 	x := a.shards[shard]
+	if a.receipts {
+		// Received is all a receipt says: the aggregator holds the gradient (the bare system keeps
+		// no replay, so it takes a loss as a failed run, not a retry).
+		if err := m.Respond(nil); err != nil {
+			a.fail("receipt of shard %d rank %d: %v", shard, rank, err)
+			return
+		}
+	}
 	if step != x.step+1 || x.have[rank] || len(m.Data) != x.s.Bytes() {
 		a.fail("shard %d at step %d got rank %d step %d (%d bytes): a message was lost or repeated", shard, x.step, rank, step, len(m.Data))
 		return
@@ -379,6 +450,29 @@ type bareRank struct {
 	got     []int64
 	missing int
 	ready   chan struct{} // closed when missing reaches 0
+
+	// Direct mode: each shard's gradient is a request whose reply (the receipt) comes to inbox.
+	inbox    string
+	rsub     *nats.Subscription
+	receipts chan struct{} // one per receipt, written by rsub's callback
+}
+
+// receiveReceipts makes the rank send its gradients as core NATS requests (bareDirect).
+func (r *bareRank) receiveReceipts() error {
+	r.inbox = nats.NewInbox()
+	r.receipts = make(chan struct{}, r.layout.NumShards())
+	var err error
+	r.rsub, err = r.nc.Subscribe(r.inbox, func(m *nats.Msg) {
+		if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
+			r.trip.trip(fmt.Errorf("rank %d: a gradient found no responders", r.rank))
+			return
+		}
+		r.receipts <- struct{}{}
+	})
+	if err != nil {
+		return err
+	}
+	return noLimits(r.rsub)
 }
 
 func newBareRank(nc *nats.Conn, layout job.Layout, rank int, trip *tripwire) (*bareRank, error) {
@@ -407,6 +501,12 @@ func (r *bareRank) Step(ctx context.Context, grads []float32) ([]float32, error)
 			buf = r.enc[4*s.Off:]
 		}
 		subject, data := bareGrad+strconv.Itoa(s.ID)+suffix, wireBytes(grads[s.Off:s.Off+s.Len], buf)
+		if r.rsub != nil {
+			if err := r.nc.PublishMsg(&nats.Msg{Subject: subject, Reply: r.inbox, Data: data}); err != nil {
+				return nil, fmt.Errorf("rank %d: publish shard %d: %w", r.rank, s.ID, err)
+			}
+			continue
+		}
 		if r.js != nil {
 			m := nats.NewMsg(subject)
 			m.Data = data
@@ -420,6 +520,15 @@ func (r *bareRank) Step(ctx context.Context, grads []float32) ([]float32, error)
 		}
 		if err := r.nc.Publish(subject, data); err != nil {
 			return nil, fmt.Errorf("rank %d: publish shard %d: %w", r.rank, s.ID, err)
+		}
+	}
+	for range r.layout.NumShards() * btoi(r.rsub != nil) { // received, as a direct Step waits for
+		select {
+		case <-r.receipts:
+		case <-r.trip.done():
+			return nil, fmt.Errorf("rank %d: step %d: %w", r.rank, t, r.trip.failed())
+		case <-ctx.Done():
+			return nil, ctx.Err()
 		}
 	}
 	for _, f := range futs { // stored, as fanin's Step waits for
@@ -463,4 +572,11 @@ func (r *bareRank) onParams(m *nats.Msg) {
 	if r.missing--; r.missing == 0 {
 		close(r.ready)
 	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
