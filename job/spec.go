@@ -42,7 +42,24 @@ type Spec struct {
 	// checkpoints stay f32). f16 is not offered: a parameter beyond ±65504 would become Inf in the
 	// workers' copy. See ParamsDtype and docs/PROTOCOL.md, section 3.
 	ParamDtype string `json:"param_dtype,omitempty"`
+	// Gradients is how the workers' gradients reach the runtimes: stored (the default; empty
+	// means stored, as in records stored before the field existed) publishes them into the job's
+	// gradient stream, which the runtimes replay after a crash; direct sends them to the runtime
+	// that serves the shard as core NATS requests, stored nowhere: the workers keep each step's
+	// gradients until they hold the next step's parameters and send them again on a gap (bsp
+	// only; docs/PROTOCOL.md, "Direct gradients").
+	Gradients string `json:"gradients,omitempty"`
 }
+
+// Gradient delivery modes of Spec.Gradients.
+const (
+	GradientsStored = "stored"
+	GradientsDirect = "direct"
+)
+
+// DirectGradients reports whether the job's gradients go straight to the runtimes
+// (gradients: direct), not through a stream.
+func (s *Spec) DirectGradients() bool { return s.Gradients == GradientsDirect }
 
 // ParamsDtype is the dtype of the job's parameters messages after step 0: wire.BF16 for
 // param_dtype bf16, otherwise wire.F32.
@@ -321,6 +338,15 @@ func (s *Spec) Validate() error {
 		bad("param_dtype", "f16 is not offered for parameters: a parameter beyond ±65504 would become Inf in the workers' copy; use bf16 (float32's range) or f32")
 	default:
 		bad("param_dtype", "must be f32 (default) or bf16, got %q", s.ParamDtype)
+	}
+	switch s.Gradients {
+	case "", GradientsStored:
+	case GradientsDirect:
+		if s.Sync != "bsp" {
+			bad("gradients", "direct is offered for bsp only: %s applies gradients in the order the gradient stream stored them, and a direct job has no gradient stream; use gradients: stored", s.Sync)
+		}
+	default:
+		bad("gradients", "must be stored (default) or direct, got %q", s.Gradients)
 	}
 	if len(errs) == 0 && total > 0 {
 		if n := s.shardCount(); n > MaxShards {

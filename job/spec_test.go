@@ -54,6 +54,9 @@ func TestValidateSpecificErrors(t *testing.T) {
 		{"param_dtype f16", func(s *Spec) { s.ParamDtype = "f16" }, "param_dtype", "±65504 would become Inf"},
 		{"param_dtype", func(s *Spec) { s.ParamDtype = "fp8" }, "param_dtype", `must be f32 (default) or bf16, got "fp8"`},
 		{"param_dtype case", func(s *Spec) { s.ParamDtype = "BF16" }, "param_dtype", `got "BF16"`},
+		{"gradients", func(s *Spec) { s.Gradients = "core" }, "gradients", `must be stored (default) or direct, got "core"`},
+		{"gradients ssp", func(s *Spec) { s.Sync, s.Staleness, s.Gradients = "ssp", 2, "direct" }, "gradients", "direct is offered for bsp only: ssp applies"},
+		{"gradients asp", func(s *Spec) { s.Sync, s.Gradients = "asp", "direct" }, "gradients", "direct is offered for bsp only: asp applies"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
