@@ -11,6 +11,7 @@ import (
 //	fanin.v1.<job>.params.<shard>  parameters after each step, runtime -> workers (stream PARAMS_<job>)
 //	fanin.v1.<job>.ckpt.<shard>    shard checkpoints, runtime -> runtime (stream PARAMS_<job>)
 //	fanin.v1.<job>.init.<shard>    initial parameters of an init "upload" job, worker -> runtime (stream INIT_<job>), once
+//	fanin.v1.<job>.resend.<shard>  direct-gradient jobs: "send your gradients again from step s", runtime -> workers (core NATS)
 //	fanin.v1.<job>.rejects         rejected inputs, runtime -> observers (core NATS, not stored)
 //	fanin.v1.<job>.inbox.>         the job's reply namespace: its workers' inboxes (InboxPrefix)
 const Prefix = "fanin.v1."
@@ -78,6 +79,14 @@ func ValidReplyTo(job, subject string) bool {
 
 // RejectsSubject carries every rejection of the job's inputs, for observers.
 func RejectsSubject(job string) string { return Prefix + job + ".rejects" }
+
+// ResendSubject is where the runtime that takes over a shard of a direct-gradient job (spec
+// gradients: direct) asks the workers to send their gradients again, from the step in its
+// HdrStep: the gradients it received before were in memory only.
+func ResendSubject(job string, shard int) string { return shardSubject(job, ".resend.", shard) }
+
+// ResendWildcard matches the resend notices of every shard of a job.
+func ResendWildcard(job string) string { return Prefix + job + ".resend.*" }
 
 // GradWildcard matches the gradients of every shard of a job.
 func GradWildcard(job string) string { return Prefix + job + ".grad.*" }

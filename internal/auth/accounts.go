@@ -30,6 +30,7 @@ import (
 //	service  $JS.API.DIRECT.GET.KV_fanin-assign.$KV.fanin-assign.<job>   the elastic workers' assignment
 //	service  fanin.v1.<job>.workers                                  elastic workers' beats, to the autoscaler (not while throttled)
 //	stream   fanin.v1.<job>.params.*                                 parameters, pushed after every step
+//	stream   fanin.v1.<job>.resend.*                                 direct-gradient jobs: a new owner's "send again from step s"
 //	stream   fanin.v1.<job>.rejects                                  the job's rejections
 //	stream   fanin.v1.<job>.inbox.>                                  rejections sent to a Fanin-Reply-To
 //
@@ -61,6 +62,7 @@ func exportsOfFanin() jwt.Exports {
 		svc("$JS.API.DIRECT.GET.*"),
 		svc("$JS.API.DIRECT.GET.*.>"),
 		str(wire.ParamsWildcard(job)),
+		str(wire.ResendWildcard(job)),
 		str(wire.RejectsSubject(job)),
 		str(wire.InboxWildcard(job)),
 	}
@@ -89,6 +91,7 @@ func jobImports(j JobAccount) []jobImport {
 		{wire.JobRecordGet(job), jwt.Service},
 		{wire.AssignmentGet(job), jwt.Service},
 		{wire.ParamsWildcard(job), jwt.Stream},
+		{wire.ResendWildcard(job), jwt.Stream},
 		{wire.RejectsSubject(job), jwt.Stream},
 		{wire.InboxWildcard(job), jwt.Stream},
 	}...)

@@ -15,13 +15,14 @@ func JobTag(job string) string { return jobTagPrefix + job }
 // boundary is what isolates jobs from fanin and from each other (accounts.go); these permissions
 // narrow, within the job, what its credentials can do:
 //
-//	publish   fanin.v1.<job>.grad.*                        gradients (JetStream publish, acknowledged)
+//	publish   fanin.v1.<job>.grad.*                        gradients (JetStream publish, acknowledged; direct: a request the runtime answers)
 //	          fanin.v1.<job>.init.*                        step-0 parameters, only for init "upload"
 //	          $JS.API.DIRECT.GET.FANIN_PARAMS_<job>[.fanin.v1.<job>.params.*]   fetch parameters
 //	          $JS.API.DIRECT.GET.KV_fanin-jobs.$KV.fanin-jobs.<job>             read the job's record
 //	          $JS.API.DIRECT.GET.KV_fanin-assign.$KV.fanin-assign.<job>         read the workers' assignment
 //	          fanin.v1.<job>.workers                       elastic workers' beats (core NATS)
 //	subscribe fanin.v1.<job>.params.*                      pushed parameters
+//	          fanin.v1.<job>.resend.*                      direct-gradient jobs: "send again from step s"
 //	          fanin.v1.<job>.rejects                       the job's rejections
 //	          fanin.v1.<job>.inbox.>, _INBOX.>             replies (wire.InboxPrefix; _INBOX for clients
 //	                                                       that cannot set an inbox prefix)
@@ -42,6 +43,6 @@ func JobPermissions(job string, upload bool) jwt.Permissions {
 	if upload {
 		p.Pub.Allow.Add(wire.InitWildcard(job))
 	}
-	p.Sub.Allow.Add(wire.ParamsWildcard(job), wire.RejectsSubject(job), wire.InboxWildcard(job), "_INBOX.>")
+	p.Sub.Allow.Add(wire.ParamsWildcard(job), wire.ResendWildcard(job), wire.RejectsSubject(job), wire.InboxWildcard(job), "_INBOX.>")
 	return p
 }

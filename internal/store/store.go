@@ -330,20 +330,24 @@ func CreateJobStreams(ctx context.Context, js jetstream.JetStream, rec *job.Reco
 	}
 	gradBytes, _ := JobStorageBound(rec)
 	shards := int64(rec.Layout.NumShards())
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
-		Name:        wire.GradStream(id),
-		Description: "fanin gradients of job " + id,
-		Subjects:    []string{wire.GradWildcard(id)},
-		Storage:     storage,
-		Replicas:    rec.Spec.Replicas,
-		Retention:   jetstream.LimitsPolicy,
-		Discard:     jetstream.DiscardNew,
-		MaxMsgSize:  min(GradMaxMsgSize(rec), int32(min(maxPayload, 1<<31-1))),
-		MaxBytes:    gradBytes,
-		MaxMsgs:     int64(rec.Spec.Ranks) * shards * GradWindow(&rec.Spec),
-		Duplicates:  2 * time.Minute,
-	}); err != nil {
-		return fmt.Errorf("create gradient stream of job %s: %w", id, err)
+	// A direct-gradients job has no gradient stream: its gradients go to the runtimes as core NATS
+	// requests, and a stream bound to their subjects would store them and answer for the runtime.
+	if !rec.Spec.DirectGradients() {
+		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
+			Name:        wire.GradStream(id),
+			Description: "fanin gradients of job " + id,
+			Subjects:    []string{wire.GradWildcard(id)},
+			Storage:     storage,
+			Replicas:    rec.Spec.Replicas,
+			Retention:   jetstream.LimitsPolicy,
+			Discard:     jetstream.DiscardNew,
+			MaxMsgSize:  min(GradMaxMsgSize(rec), int32(min(maxPayload, 1<<31-1))),
+			MaxBytes:    gradBytes,
+			MaxMsgs:     int64(rec.Spec.Ranks) * shards * GradWindow(&rec.Spec),
+			Duplicates:  2 * time.Minute,
+		}); err != nil {
+			return fmt.Errorf("create gradient stream of job %s: %w", id, err)
+		}
 	}
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
 		Name:              wire.ParamsStream(id),
