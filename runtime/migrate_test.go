@@ -80,8 +80,14 @@ func movableJob(tb testing.TB, spec job.Spec) (*devstack.Stack, placer, *job.Rec
 // itself (placer), and returns a connection's JetStream to the stack; all end with the test.
 func placeableStack(tb testing.TB) (*devstack.Stack, jetstream.JetStream, placer) {
 	tb.Helper()
+	return placeableStackOf(tb, 2)
+}
+
+// placeableStackOf is placeableStack with runtimes rt-0 .. rt-<runtimes-1>.
+func placeableStackOf(tb testing.TB, runtimes int) (*devstack.Stack, jetstream.JetStream, placer) {
+	tb.Helper()
 	st, err := devstack.Start(context.Background(), devstack.Config{
-		DataDir: tb.TempDir(), NATSPort: -1, Runtimes: 2, NoAutoscaler: true, Logger: testutil.Logger(),
+		DataDir: tb.TempDir(), NATSPort: -1, Runtimes: runtimes, NoAutoscaler: true, Logger: testutil.Logger(),
 	})
 	if err != nil {
 		tb.Fatal(err)

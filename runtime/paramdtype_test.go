@@ -347,6 +347,7 @@ func (x *bf16Run) checkPushed() {
 // crashableRuntime is a runtime on a connection of its own, which crash cuts: it stops without
 // a final checkpoint or a handover record, as after a SIGKILL.
 type crashableRuntime struct {
+	rt   *runtime.Runtime
 	nc   *nats.Conn
 	stop context.CancelFunc
 	done chan struct{}
@@ -364,7 +365,7 @@ func startRuntime(t *testing.T, url, id string) *crashableRuntime {
 		t.Fatal(err)
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	c := &crashableRuntime{nc: nc, stop: stop, done: make(chan struct{})}
+	c := &crashableRuntime{rt: rt, nc: nc, stop: stop, done: make(chan struct{})}
 	go func() {
 		defer close(c.done)
 		_ = rt.Run(ctx)

@@ -568,9 +568,11 @@ func (r *Runtime) acquireJob(ctx context.Context, id string) (*jobInfo, error) {
 	if rec.Paused {
 		return nil, fmt.Errorf("%w: job %s is paused", errPermanent, id)
 	}
-	grads, err := r.js.Stream(ctx, wire.GradStream(id))
-	if err != nil {
-		return nil, fmt.Errorf("open gradient stream of job %s: %w", id, err)
+	var grads jetstream.Stream // a direct-gradients job has no gradient stream
+	if !rec.Spec.DirectGradients() {
+		if grads, err = r.js.Stream(ctx, wire.GradStream(id)); err != nil {
+			return nil, fmt.Errorf("open gradient stream of job %s: %w", id, err)
+		}
 	}
 	params, err := r.js.Stream(ctx, wire.ParamsStream(id))
 	if err != nil {
@@ -595,9 +597,14 @@ func (r *Runtime) acquireJob(ctx context.Context, id string) (*jobInfo, error) {
 
 // newJobInfo is the jobInfo of one incarnation of rec's job, with one reference.
 func newJobInfo(rec *job.Record, grads, params, init jetstream.Stream) *jobInfo {
-	return &jobInfo{rec: rec, grads: grads, params: params, init: init, refs: 1,
-		incarnation: rec.Spec.ID + "@" + strconv.FormatInt(rec.Created.UnixNano(), 36),
-		streams:     []streamRef{newStreamRef(grads), newStreamRef(params)}}
+	ji := &jobInfo{rec: rec, grads: grads, params: params, init: init, refs: 1,
+		incarnation: rec.Spec.ID + "@" + strconv.FormatInt(rec.Created.UnixNano(), 36)}
+	if grads != nil {
+		ji.streams = []streamRef{newStreamRef(grads), newStreamRef(params)}
+	} else { // direct gradients: nothing may use streams[0] as the gradient stream (purgeGrads)
+		ji.streams = []streamRef{newStreamRef(params)}
+	}
+	return ji
 }
 
 func (r *Runtime) releaseJob(ji *jobInfo) {

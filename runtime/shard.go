@@ -73,6 +73,9 @@ type shardExec struct {
 	wsum    float64
 
 	sync syncState // ssp and asp (syncmodes.go)
+	// direct is the state of a shard of a direct-gradients job (direct.go); nil when its gradients
+	// are stored in the job's gradient stream.
+	direct *directState
 
 	// Load signals, averaged over recent steps (see load.go).
 	stats shardStats
@@ -160,6 +163,10 @@ func newShardExec(r *Runtime, ji *jobInfo, shard int, epoch uint64) (*shardExec,
 		created:   ji.rec.Created.UnixNano(),
 	}
 	x.paramsSnap = fn.Slots() == 0 && x.paramsDt == wire.F32
+	if ji.rec.Spec.DirectGradients() {
+		x.direct = newDirectState(n)
+		x.ckptEvery = 1 // its snapshots bound what the workers must keep (direct.go, rule 2)
+	}
 	x.initSync(ji.rec.Spec.Sync, ji.rec.Spec.Staleness)
 	for range 2 {
 		x.outs <- &outBuf{msg: nats.NewMsg(wire.ParamsSubject(ji.rec.Spec.ID, shard)), data: make([]byte, s.Len*x.paramsDt.ElemSize())}
@@ -226,6 +233,9 @@ func (x *shardExec) serve(ctx context.Context) error {
 	select { // a failure of the function before this restore is behind us
 	case <-x.fnFailed:
 	default:
+	}
+	if x.direct != nil {
+		return x.serveDirect(ctx, released)
 	}
 	// Pull room for at least two of the largest messages the job's stream accepts: a message the
 	// consumer could not pull would stall the shard for good.
@@ -678,11 +688,13 @@ func (x *shardExec) publishParams() {
 	if x.paramsSnap { // the parameters are the snapshot: once stored, older gradients can go
 		purgeTo = x.replayFrom()
 	}
+	step := x.step
 	x.r.acks.submit(ob.msg, x.ji.current, func(ok bool) {
 		done.acked(ok)
-		if ok && purgeTo > 0 {
-			x.r.purger.schedule(x.ji.streams[0], x.gradSj, purgeTo)
+		if ok {
+			x.purgeGrads(purgeTo)
 		}
+		x.direct.noteStored(step, true, ok)
 		x.outs <- ob
 	})
 }
@@ -698,11 +710,10 @@ func (x *shardExec) checkpointAsync() {
 	step := x.step
 	x.r.acks.submit(x.ckptBuf.msg, x.ji.current, func(ok bool) {
 		if ok {
-			x.r.purger.schedule(x.ji.streams[0], x.gradSj, purgeTo)
-		}
-		if ok {
+			x.purgeGrads(purgeTo)
 			storeMax(&x.ckptAt, step)
 		}
+		x.direct.noteStored(step, false, ok)
 		x.ckptBusy.Store(false)
 		select { // wake a checkpointSync waiting for the buffer
 		case x.ckptFree <- struct{}{}:
@@ -753,8 +764,17 @@ func (x *shardExec) checkpointSync(ctx context.Context, onlyNewer bool) error {
 		return fmt.Errorf("checkpoint at step %d: %w", step, err)
 	}
 	storeMax(&x.ckptAt, step)
-	x.r.purger.schedule(x.ji.streams[0], x.gradSj, purgeTo)
+	x.purgeGrads(purgeTo)
+	x.direct.noteStored(step, false, true)
 	return nil
+}
+
+// purgeGrads asks for the shard's gradients below sequence upTo to be purged from the job's
+// gradient stream; a direct-gradients job has none.
+func (x *shardExec) purgeGrads(upTo uint64) {
+	if x.direct == nil && upTo > 0 {
+		x.r.purger.schedule(x.ji.streams[0], x.gradSj, upTo)
+	}
 }
 
 func storeMax(a *atomic.Int64, v int64) {
