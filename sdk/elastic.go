@@ -182,6 +182,9 @@ func (c *Client) Elastic(ctx context.Context, id string, opts ...ElasticOption) 
 	if rec.Spec.Sync == "asp" {
 		return nil, fmt.Errorf("job %q is asp: it never waits for a worker, so there is nothing to assign; use Worker", id)
 	}
+	if rec.Spec.DirectGradients() {
+		return nil, fmt.Errorf("job %q: %w", id, errDirectElastic)
+	}
 	all := make([]int, rec.Spec.Ranks)
 	for r := range all {
 		all[r] = r

@@ -53,6 +53,9 @@ type Worker struct {
 	// one may both have published it). newest is the newest step of any parameters pushed.
 	as asyncState // ssp and asp (sync.go)
 
+	// direct sends the gradients of a direct-gradients job (direct.go); nil for other jobs.
+	direct *directSender
+
 	waitHook func(ctx context.Context, t int64) error
 	elastic  bool
 	// pubVersions (ssp and asp): per shard, the version the gradients publish computes from
@@ -226,6 +229,12 @@ func (c *Client) workerRanks(ctx context.Context, id string, ranks []int, opts .
 		w.psub.Unsubscribe()
 		return nil, err
 	}
+	if rec.Spec.DirectGradients() {
+		if w.direct, err = newDirectSender(w); err != nil {
+			_ = w.Close()
+			return nil, err
+		}
+	}
 	return w, nil
 }
 
@@ -243,7 +252,11 @@ func (w *Worker) StepCount() int64 { return w.step }
 
 // Close stops the worker's subscriptions.
 func (w *Worker) Close() error {
-	return errors.Join(w.psub.Unsubscribe(), w.rsub.Unsubscribe())
+	err := errors.Join(w.psub.Unsubscribe(), w.rsub.Unsubscribe())
+	if w.direct != nil {
+		err = errors.Join(err, w.direct.close())
+	}
+	return err
 }
 
 // Params fetches the parameters of every shard from the stream, all of one step: how a worker that
@@ -396,11 +409,17 @@ func (w *Worker) StepRanks(ctx context.Context, grads [][]float32) ([]float32, e
 	defer w.expect(0)
 	w.trace = w.traceStep(ctx, t)
 	start := time.Now()
-	err := w.publish(ctx, t, w.all, grads)
-	w.trace.published(err)
-	if err == nil {
-		w.met.published(start, 4*len(grads)*w.rec.Layout.Elements)
-		err = w.await(ctx, t)
+	var err error
+	if w.direct != nil {
+		err = w.stepDirect(ctx, t, grads) // publishes and awaits, sending again on a gap
+		w.trace.published(err)
+	} else {
+		err = w.publish(ctx, t, w.all, grads)
+		w.trace.published(err)
+		if err == nil {
+			w.met.published(start, 4*len(grads)*w.rec.Layout.Elements)
+			err = w.await(ctx, t)
+		}
 	}
 	w.trace.done(err)
 	w.trace = nil
