@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -258,7 +259,8 @@ type bareAggregator struct {
 	shards []*bareShard
 	trip   *tripwire // tripped by the first inconsistency: the run is then invalid
 	// receipts: answer every gradient (a core NATS request) with an empty reply, its receipt.
-	receipts bool
+	receipts    bool
+	pullRetries atomic.Int64 // pull requests answered "no responders", pulled again by nats.go
 }
 
 type bareShard struct {
@@ -338,7 +340,18 @@ func (a *bareAggregator) consumeJetStream(ctx context.Context, layout job.Layout
 		msgBytes := s.Bytes() + 1024
 		cc, err := cons.Consume(func(m jetstream.Msg) { a.handle(&nats.Msg{Subject: m.Subject(), Data: m.Data()}) },
 			jetstream.PullMaxBytes(max(min(2*a.ranks*msgBytes, 16<<20), 2*msgBytes)),
+			// Patient pulls: on a loaded machine a server starved of CPU for a few seconds missed
+			// the default heartbeat, and the messages of the pull nats.go then gave up were lost.
+			jetstream.PullExpiry(2*time.Minute), jetstream.PullHeartbeat(30*time.Second),
 			jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+				if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoHeartbeat) {
+					// A pull request the server did not answer, or a heartbeat it did not send, in
+					// time (seen with the server in a process of its own on a loaded machine):
+					// nats.go pulls again, and a message lost for good would stall the step and
+					// fail the run.
+					a.pullRetries.Add(1)
+					return
+				}
 				a.fail("consumer of shard %d: %v", s.ID, err)
 			}))
 		if err != nil {
