@@ -71,24 +71,43 @@ func TestServiceCostQuick(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	by := map[string]Result{}
+	// Per mode (gradients stored, and direct), the parts; and direct against stored.
+	by := map[string]map[string]Result{"stored": {}, "direct": {}}
+	var versus []Result
 	for _, r := range res {
-		by[strings.Split(r.Case, ",")[0]] = r
+		if strings.HasPrefix(r.Case, "whole service, direct vs stored") {
+			versus = append(versus, r)
+			continue
+		}
+		mode := "stored"
+		if strings.Contains(r.Case, "Gradients=direct") {
+			mode = "direct"
+		}
+		by[mode][strings.Split(r.Case, ",")[0]] = r
 		if !(r.Fanin > 0) || r.Base != bytepsGBPerCoreSecond || r.Metric != "GB of gradient per core-second" {
 			t.Errorf("%s: want a positive figure against BytePS's", r)
 		}
 	}
-	whole, broker, rts, work := by["whole service"], by["NATS server"], by["runtimes"], by["runtimes' work"]
-	if len(res) != 4 || whole.Fanin == 0 || broker.Fanin == 0 || rts.Fanin == 0 || work.Fanin == 0 {
-		t.Fatalf("results %v, want the whole service, the NATS server, the runtimes and their work", res)
+	if len(res) != 9 || len(versus) != 1 || !(versus[0].Fanin > 0 && versus[0].Base > 0) {
+		t.Fatalf("results %v, want for stored and direct gradients the whole service, the NATS server, the runtimes and their work, and direct against stored", res)
 	}
-	// Costs per byte add up: 1/whole = 1/broker + 1/runtimes; the work is a part of the runtimes'.
-	if got := 1 / (1/broker.Fanin + 1/rts.Fanin); math.Abs(got-whole.Fanin) > 1e-9*whole.Fanin {
-		t.Errorf("whole service %v GB/core-s, from its parts %v", whole.Fanin, got)
+	for mode, parts := range by {
+		whole, broker, rts, work := parts["whole service"], parts["NATS server"], parts["runtimes"], parts["runtimes' work"]
+		if whole.Fanin == 0 || broker.Fanin == 0 || rts.Fanin == 0 || work.Fanin == 0 {
+			t.Fatalf("%s: results %v, want the whole service, the NATS server, the runtimes and their work", mode, parts)
+		}
+		// Costs per byte add up: 1/whole = 1/broker + 1/runtimes; the work is a part of the runtimes'.
+		if got := 1 / (1/broker.Fanin + 1/rts.Fanin); math.Abs(got-whole.Fanin) > 1e-9*whole.Fanin {
+			t.Errorf("%s: whole service %v GB/core-s, from its parts %v", mode, whole.Fanin, got)
+		}
+		if !(work.Fanin >= rts.Fanin) {
+			t.Errorf("%s: the runtimes' work %v GB/core-s is less than their whole CPU's %v: it is a part of it", mode, work.Fanin, rts.Fanin)
+		}
 	}
-	if !(work.Fanin >= rts.Fanin) {
-		t.Errorf("the runtimes' work %v GB/core-s is less than their whole CPU's %v: it is a part of it", work.Fanin, rts.Fanin)
+	if !near(versus[0].Fanin, by["direct"]["whole service"].Fanin) || !near(versus[0].Base, by["stored"]["whole service"].Fanin) {
+		t.Errorf("direct vs stored %s: want the two modes' whole-service figures", versus[0])
 	}
+	rts, work, whole := by["stored"]["runtimes"], by["stored"]["runtimes' work"], by["stored"]["whole service"]
 	c, err := sim.ReadServiceCost(out)
 	if err != nil {
 		t.Fatal(err)

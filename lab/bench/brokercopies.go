@@ -207,6 +207,7 @@ const copiesBaseline = "gradients stored in a stream and delivered by a pull con
 func runBrokerCopies(ctx context.Context, rs *runState) ([]Result, error) {
 	n, model := rs.e2eElements()
 	p := rs.e2ePlan()
+	p.reps = max(p.reps, 3) // alternating is what makes the modes comparable: --quick too
 	w := workload{Ranks: 8, Elements: n, ShardSize: securedShardSize, Runtimes: e2eRuntimes}
 	modes := []bareMode{bareStoredPull, bareStoredSub, bareDirect}
 	runs := map[bareMode][]copiesRun{}

@@ -20,6 +20,7 @@ type workload struct {
 	ShardSize  int
 	Runtimes   int
 	ParamDtype string // the job's param_dtype: "" (f32) or bf16
+	Gradients  string // the job's gradients: "" (stored) or direct
 }
 
 // learningRate of the sgd every system applies.
@@ -35,6 +36,7 @@ func (w workload) spec(id string) job.Spec {
 		Storage:   "memory",
 	}
 	s.ParamDtype = w.ParamDtype
+	s.Gradients = w.Gradients
 	s.Normalize()
 	return s
 }
@@ -50,6 +52,9 @@ func (w workload) name() string {
 	s := fmt.Sprintf("N=%d,Shard=%s", w.Ranks, mib(w.ShardSize))
 	if w.Runtimes != e2eRuntimes {
 		s += fmt.Sprintf(",Runtimes=%d", w.Runtimes)
+	}
+	if w.Gradients != "" {
+		s += ",Gradients=" + w.Gradients
 	}
 	return s
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"strings"
+
+	"github.com/fanin-ml/fanin/job"
 )
 
 // Model sizes of the end-to-end scenarios.
@@ -139,7 +141,26 @@ func runE2E(ctx context.Context, rs *runState) ([]Result, error) {
 	r := e2eResult("e2e-resnet50", bareJSBaseline, w, model, rs.e2ePlan(), 0, f, b)
 	r.Case += " vs bare JetStream"
 	r.Notes += ". The bare aggregator takes every shard on one connection; fanin's runtimes have one each"
+	out = append(out, r)
+	// Direct gradients (core NATS requests, nothing stored) against the stored path.
+	wd := w
+	wd.Gradients = job.GradientsDirect
+	f, b, err = rs.compareStarters(ctx, wd, startFanin, startFaninStored, storedBaseline)
+	if err != nil {
+		return out, err
+	}
+	r = e2eResult("e2e-resnet50", storedBaseline, wd, model, rs.e2ePlan(), 0, f, b)
+	r.Notes += ". Both are fanin; the baseline's job has gradients: stored"
 	return append(out, r), nil
+}
+
+// storedBaseline is what direct gradients are compared with.
+const storedBaseline = "the same fanin job with its gradients stored (gradients: stored, the default)"
+
+// startFaninStored is startFanin with the job's gradients stored, whatever the workload asks.
+func startFaninStored(ctx context.Context, rs *runState, w workload, dir string) (*system, error) {
+	w.Gradients = ""
+	return startFanin(ctx, rs, w, dir)
 }
 
 // openBaseline is the baseline of the e2e-secured scenario.

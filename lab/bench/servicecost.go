@@ -25,6 +25,7 @@ import (
 	"github.com/fanin-ml/fanin/autoscaler"
 	"github.com/fanin-ml/fanin/gateway"
 	"github.com/fanin-ml/fanin/internal/embed"
+	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/runtime"
 	"github.com/fanin-ml/fanin/sim"
 )
@@ -408,17 +409,45 @@ func runServiceCost(ctx context.Context, rs *runState) ([]Result, error) {
 	n, model := rs.e2eElements()
 	p := rs.e2ePlan()
 	w := workload{Ranks: 8, Elements: n, ShardSize: securedShardSize, Runtimes: e2eRuntimes}
-	var runs []costRun
+	wd := w
+	wd.Gradients = job.GradientsDirect
+	var runs, direct []costRun
 	for i := range p.reps {
-		rs.printf("   service-cost %s run %d/%d ...", w.name(), i+1, p.reps)
-		r, err := serviceCostRun(ctx, rs, w, p.warmup, p.steps)
-		if err != nil {
-			return nil, fmt.Errorf("service-cost %s: %w", w.name(), err)
+		for _, x := range []workload{w, wd} { // stored and direct, alternating
+			rs.printf("   service-cost %s run %d/%d ...", x.name(), i+1, p.reps)
+			r, err := serviceCostRun(ctx, rs, x, p.warmup, p.steps)
+			if err != nil {
+				return nil, fmt.Errorf("service-cost %s: %w", x.name(), err)
+			}
+			rs.printf("   service-cost %s: broker %.1f s, runtimes %.1f s (work %.1f s) of CPU for %.2f GB of gradient, %.3f steps/s",
+				x.name(), r.brokerCPU.Seconds(), r.runtimeCPU.Seconds(), r.work.Seconds(), r.gradBytes/1e9, r.stepsPerSec)
+			if x.Gradients == "" {
+				runs = append(runs, r)
+			} else {
+				direct = append(direct, r)
+			}
 		}
-		rs.printf("   service-cost %s: broker %.1f s, runtimes %.1f s (work %.1f s) of CPU for %.2f GB of gradient",
-			w.name(), r.brokerCPU.Seconds(), r.runtimeCPU.Seconds(), r.work.Seconds(), r.gradBytes/1e9)
-		runs = append(runs, r)
 	}
+	out, m, err := costRows(rs, w, p, model, runs)
+	if err != nil {
+		return out, err
+	}
+	dout, d, err := costRows(rs, wd, p, model, direct)
+	out = append(out, dout...)
+	if err != nil {
+		return out, err
+	}
+	whole := func(r costRun) float64 { return r.gradBytes / 1e9 / (r.brokerCPU + r.runtimeCPU).Seconds() }
+	out = append(out, throughput(Result{Scenario: "service-cost", Case: "whole service, direct vs stored," + w.name(), Metric: "GB of gradient per core-second",
+		Baseline: storedBaseline, Fanin: whole(d), Base: whole(m), Setup: out[0].Setup,
+		Notes: fmt.Sprintf("the medians of each mode's runs; NATS server alone: %.3g (direct) vs %.3g (stored) GB per core-second; steps/s %.3f vs %.3f",
+			d.gradBytes/1e9/d.brokerCPU.Seconds(), m.gradBytes/1e9/m.brokerCPU.Seconds(), d.stepsPerSec, m.stepsPerSec)}))
+	return out, nil
+}
+
+// costRows are the service-cost rows of one workload's runs: the median run by the whole
+// service's CPU per byte, which it also returns. Only the stored workload writes --cost-out.
+func costRows(rs *runState, w workload, p e2ePlan, model string, runs []costRun) ([]Result, costRun, error) {
 	// The median run by the whole service's CPU per byte.
 	slices.SortFunc(runs, func(a, b costRun) int {
 		return cmp.Compare((a.brokerCPU+a.runtimeCPU).Seconds()/a.gradBytes, (b.brokerCPU+b.runtimeCPU).Seconds()/b.gradBytes)
@@ -433,7 +462,7 @@ func runServiceCost(ctx context.Context, rs *runState) ([]Result, error) {
 		}
 		all = append(all, fmt.Sprintf("%s (broker %.1f s, runtimes %.1f s; load average %s%s)", num(r.gradBytes/1e9/(r.brokerCPU+r.runtimeCPU).Seconds()), r.brokerCPU.Seconds(), r.runtimeCPU.Seconds(), r.load, again))
 	}
-	setup := fmt.Sprintf("%s, %d ranks, sgd, shards of %s, JetStream memory storage; this process runs the NATS server, the gateway and an autoscaler placing shards (no pool driver); %d runtime processes (`fanin %s`, %d cores each) and one worker process holding the ranks; CPU is each process's user and system time over the worker process's run (%d warm-up and %d timed steps), the NATS server's bytes in and out are its own counters; the median of %d runs by the whole service's CPU per byte",
+	setup := fmt.Sprintf("%s, %d ranks, sgd, shards of %s, JetStream memory storage; this process runs the NATS server, the gateway and an autoscaler placing shards (no pool driver); %d runtime processes (`fanin %s`, %d cores each) and one worker process holding the ranks; CPU is each process's user and system time over the worker process's run (%d warm-up and %d timed steps), the NATS server's bytes in and out are its own counters; the median of %d runs by the whole service's CPU per byte; gradients stored and direct alternating",
 		model, w.Ranks, mib(w.ShardSize), w.Runtimes, RuntimeCommand, runtimeCores, p.warmup, p.steps, p.reps)
 	notes := "every run, whole service: " + strings.Join(all, ", ")
 	row := func(part string, cpu time.Duration, note string) Result {
@@ -447,14 +476,14 @@ func runServiceCost(ctx context.Context, rs *runState) ([]Result, error) {
 		row("runtimes", m.runtimeCPU, fmt.Sprintf("the processes' whole CPU: %.3g ns per gradient byte", 1e9*m.runtimeCPU.Seconds()/m.gradBytes)),
 		row("runtimes' work", m.work, "fold and function (what the runtimes report as a shard's Work): the kernels alone"),
 	}
-	if rs.cfg.CostOut != "" {
+	if rs.cfg.CostOut != "" && w.Gradients == "" {
 		c := serviceCost(m, w, p, model)
 		if err := os.WriteFile(rs.cfg.CostOut, c.MarshalIndent(), 0o644); err != nil {
-			return out, fmt.Errorf("service-cost: %w", err)
+			return out, m, fmt.Errorf("service-cost: %w", err)
 		}
 		rs.printf("   wrote %s", rs.cfg.CostOut)
 	}
-	return out, nil
+	return out, m, nil
 }
 
 // serviceCost is the simulator's input from a run. The NATS server's CPU is charged to the bytes
