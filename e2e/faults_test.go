@@ -422,9 +422,13 @@ func TestFaultsWorkerKilledMidStep(t *testing.T) {
 		os.Exit(workerMain())
 	}
 	skipShort(t)
+	testWorkerKilledMidStep(t, clusterSpec("workerkill", "adam"))
+}
+
+// testWorkerKilledMidStep is TestFaultsWorkerKilledMidStep for a job of spec (made 2 ranks).
+func testWorkerKilledMidStep(t *testing.T, spec job.Spec) {
 	nn := startNATS(t, 1)
 	f := startFanin(t, nn, 1)
-	spec := clusterSpec("workerkill", "adam")
 	spec.Ranks = 2
 	tt := f.train(spec) // the reference, and the initial parameters
 	const steps, crashAt = 12, 5
@@ -498,10 +502,17 @@ func workerMain() int {
 		if s == crash {
 			sh := rec.Layout.Shards[0]
 			m := wire.GradMsg(wire.Grad{Job: id, Shard: sh.ID, Step: s, Rank: rank}, f32bytes(g[sh.Off:sh.Off+sh.Len]))
-			js, _ := jetstream.New(c.Conn())
-			if _, err := js.PublishMsg(ctx, m); err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				return 1
+			if rec.Spec.DirectGradients() { // a request the shard's runtime answers with its receipt
+				if _, err := c.Conn().RequestMsgWithContext(ctx, m); err != nil {
+					fmt.Fprintln(os.Stderr, err)
+					return 1
+				}
+			} else {
+				js, _ := jetstream.New(c.Conn())
+				if _, err := js.PublishMsg(ctx, m); err != nil {
+					fmt.Fprintln(os.Stderr, err)
+					return 1
+				}
 			}
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			select {}

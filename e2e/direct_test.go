@@ -1,0 +1,74 @@
+package e2e
+
+import (
+	"math/rand/v2"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fanin-ml/fanin/job"
+)
+
+// directSpec is clusterSpec with gradients: direct: no gradient stream, the workers keep each
+// step's gradients until the next step's parameters arrive and send them again on a gap.
+func directSpec(id, fn string) job.Spec {
+	s := clusterSpec(id, fn)
+	s.Gradients = job.GradientsDirect
+	return s
+}
+
+// TestFaultsDirectGradients runs the fault suite's runtime, nats-server and worker faults on jobs
+// whose gradients go straight to the runtimes: runtime processes SIGKILLed at random moments (some
+// during the recovery from the one before), nats-server SIGKILLed and restarted with file storage
+// (the parameters and checkpoints survive; gradients in flight are sent again), and a worker
+// process SIGKILLed in the middle of a step and restarted. Every step stays bit-exact.
+func TestFaultsDirectGradients(t *testing.T) {
+	skipShort(t)
+	t.Run("runtime-kills", func(t *testing.T) {
+		nn := startNATS(t, 1)
+		f := startFanin(t, nn, 1)
+		tt := f.train(directSpec("direct-kills", "adam"))
+		tt.run(5)
+		rng := rand.New(rand.NewPCG(5, 6))
+		const kills = 6
+		for k := range kills {
+			tt.run(tt.step + int64(rng.IntN(4)))
+			ids := slices.Sorted(func(yield func(string) bool) {
+				for id := range runtimePids() {
+					if !yield(id) {
+						return
+					}
+				}
+			})
+			if len(ids) == 0 {
+				tt.run(tt.step + 1)
+				continue
+			}
+			victim := ids[rng.IntN(len(ids))]
+			for _, pid := range runtimePids()[victim] {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+			t.Logf("kill %d: runtime %s at step %d", k+1, victim, tt.step)
+		}
+		tt.run(tt.step + 5)
+		tt.checkUpdates(nn.url())
+		checkOneProcessPerID(t)
+		t.Logf("%d steps bit-exact across %d runtime SIGKILLs; longest gap between steps %v", tt.step, kills, tt.longestGap().Round(time.Millisecond))
+	})
+	t.Run("nats-kill", func(t *testing.T) {
+		nn := startNATS(t, 1)
+		f := startFanin(t, nn, 1)
+		tt := f.train(directSpec("direct-natskill", "momentum"))
+		tt.run(8)
+		nn.kill(0)
+		time.Sleep(time.Second) // NATS stays down a while, as a crashed server does
+		nn.restart(0)
+		tt.run(20)
+		tt.checkUpdates(nn.url())
+		t.Logf("%d steps bit-exact across a nats-server SIGKILL; longest gap %v", tt.step, tt.longestGap().Round(time.Millisecond))
+	})
+	t.Run("worker-kill", func(t *testing.T) {
+		testWorkerKilledMidStep(t, directSpec("direct-workerkill", "adam"))
+	})
+}
