@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/wire"
 )
 
 // directSpec is clusterSpec with gradients: direct: no gradient stream, the workers keep each
@@ -70,5 +71,36 @@ func TestFaultsDirectGradients(t *testing.T) {
 	})
 	t.Run("worker-kill", func(t *testing.T) {
 		testWorkerKilledMidStep(t, directSpec("direct-workerkill", "adam"))
+	})
+	t.Run("cluster-node-loss", func(t *testing.T) {
+		// 3 nodes, the parameters and checkpoints replicated on all: the node leading the
+		// parameter stream is SIGKILLed (the runtimes and workers connected to it reconnect
+		// elsewhere; gradients in flight are sent again), restarted, then stopped with SIGTERM.
+		nn := startNATS(t, 3)
+		f := startFanin(t, nn, 1)
+		spec := directSpec("direct-replicated", "adam")
+		spec.Replicas = 3
+		tt := f.train(spec)
+		tt.run(6)
+		params := wire.ParamsStream(spec.ID)
+		leader := nn.leaderOf(params)
+		t.Logf("killing %s, leader of the parameter stream", leader)
+		killed := time.Now()
+		nn.kill(nn.index(leader))
+		tt.run(14)
+		killGap := tt.longestGapSince(killed)
+		nn.restart(nn.index(leader))
+		nn.waitCurrent()
+		tt.run(18)
+		leader = nn.leaderOf(params)
+		t.Logf("stopping %s (SIGTERM), leader of the parameter stream", leader)
+		stopped := time.Now()
+		nn.stop(nn.index(leader))
+		tt.run(24)
+		stopGap := tt.longestGapSince(stopped)
+		nn.restart(nn.index(leader))
+		tt.run(28)
+		tt.checkUpdates(nn.url())
+		t.Logf("%d steps bit-exact across two node losses; longest gap after the kill %v, after the stop %v", tt.step, killGap.Round(time.Millisecond), stopGap.Round(time.Millisecond))
 	})
 }
