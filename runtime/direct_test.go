@@ -110,6 +110,7 @@ func testDirectFaults(t *testing.T, fn string) {
 		17: {"rt-b", func() { placeAll(all, "rt-0") }},
 	}
 	const steps = 20
+	sent := make([]int64, len(workers))
 	for step := int64(1); step <= steps; step++ {
 		for r := range workers {
 			testutil.Gradient(grads[r], params, step, r)
@@ -154,6 +155,18 @@ func testDirectFaults(t *testing.T, fn string) {
 			}
 		}
 		params = append(params[:0], results[0]...)
+		switch step { // steps 2 and 3, served and without a fault: every gradient sent once
+		case 1:
+			for r, w := range workers {
+				sent[r] = w.DirectSends() // step 1 may have met "no responders" while the shards started
+			}
+		case 3:
+			for r, w := range workers {
+				if n, want := w.DirectSends()-sent[r], 2*int64(rec.Layout.NumShards()); n != want {
+					t.Fatalf("rank %d sent %d gradient requests in steps 2 and 3, without a fault, want %d", r, n, want)
+				}
+			}
+		}
 	}
 	var resent int64
 	for _, w := range workers {

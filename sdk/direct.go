@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -284,16 +285,14 @@ func (d *directSender) dueMissing(t int64) {
 }
 
 // sendDue sends the requests that are due, oldest step first, within the window; a request
-// without a receipt past its timeout is due again. The shards whose step-t parameters are in need
-// nothing more.
+// without a receipt past its timeout is due again. A request of step k for a shard whose step-k
+// parameters are in needs no receipt: it is not sent again unless asked (a notice, a stall), but
+// it stays kept, for a new owner that restored step k-1 may ask for it.
 func (d *directSender) sendDue(t int64, now time.Time) error {
 	w := d.w
 	n := w.rec.Layout.NumShards()
 	w.mu.Lock()
-	done := make([]bool, n)
-	for i, g := range w.got {
-		done[i] = g >= t
-	}
+	got := slices.Clone(w.got)
 	w.mu.Unlock()
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -308,11 +307,11 @@ func (d *directSender) sendDue(t int64, now time.Time) error {
 		}
 		for x := range k.reqs {
 			r := &k.reqs[x]
-			if done[x%n] && k.step <= t {
+			if got[x%n] >= k.step && (r.state == reqSent || r.state == reqNoResponders) {
 				if r.state == reqSent {
 					d.inFly -= len(r.msg.Data)
 				}
-				r.state = reqReceipted // its parameters are in: nothing more to do for it
+				r.state = reqReceipted // applied: its parameters are in
 				continue
 			}
 			switch {
