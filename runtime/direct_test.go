@@ -311,3 +311,98 @@ func sdkParams(url, id string) (int64, []float32, error) {
 	step, p, err := w.Params(ctx)
 	return step, append([]float32(nil), p...), err
 }
+
+// TestDirectGradientsSecured: with security on, a direct job's workers are users of the job's own
+// account: their requests cross into fanin's account through the job's service import and the
+// receipts come back to their inboxes, and a new owner's resend notice reaches them through the
+// stream import. A runtime is stopped mid-training (its shards move to the other), and every step
+// stays bit-exact.
+func TestDirectGradientsSecured(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st, err := devstack.Start(ctx, devstack.Config{DataDir: t.TempDir(), NATSPort: -1, Runtimes: 2, Logger: testutil.Logger(), Auth: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	spec := testSpec("direct-secured", "adam", map[string]float64{"lr": 0.05})
+	spec.Gradients = job.GradientsDirect
+	created, err := st.Gateway.SubmitJob(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &created.Record
+	cr := created.Credentials
+	workers := make([]*sdk.Worker, spec.Ranks)
+	for r := range workers {
+		c, err := sdk.Connect(ctx, st.URL, sdk.WithJobCredentials(cr))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Close)
+		if workers[r], err = c.Worker(ctx, rec.Spec.ID, r); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = workers[r].Close() })
+	}
+	notices := make(chan *nats.Msg, 64)
+	nc, err := nats.Connect(st.URL, nats.UserJWTAndSeed(cr.JWT, cr.Seed), nats.CustomInboxPrefix(cr.InboxPrefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	if _, err := nc.ChanSubscribe(wire.ResendWildcard(rec.Spec.ID), notices); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	_, init, err := workers[0].Params(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, _ := rec.Spec.NewFunc()
+	ref := functions.NewReference(f, spec.Ranks, rec.Layout.Ranges(), init)
+	params := append([]float32(nil), init...)
+	grads := make([][]float32, spec.Ranks)
+	for r := range grads {
+		grads[r] = make([]float32, len(params))
+	}
+	for step := int64(1); step <= 8; step++ {
+		if step == 4 {
+			st.StopRuntime(st.Runtimes()[0].ID())
+		}
+		for r := range workers {
+			testutil.Gradient(grads[r], params, step, r)
+		}
+		results := make([][]float32, spec.Ranks)
+		errs := make([]error, spec.Ranks)
+		sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		var wg sync.WaitGroup
+		for r, w := range workers {
+			wg.Go(func() { results[r], errs[r] = w.Step(sctx, grads[r]) })
+		}
+		wg.Wait()
+		cancel()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		ref.Step(grads, nil)
+		for r := range results {
+			if !bytes.Equal(f32bytes(results[r]), f32bytes(ref.Params())) {
+				t.Fatalf("step %d: rank %d's parameters differ from the reference", step, r)
+			}
+		}
+		params = append(params[:0], results[0]...)
+	}
+	for { // the first serve of each shard sent one (from step 1); the move, from step 4
+		select {
+		case m := <-notices:
+			if s, err := wire.ParseStep(m.Header); err == nil && s == 4 {
+				return
+			}
+		default:
+			t.Fatal("no resend notice from step 4 reached the job's account after its shards moved")
+		}
+	}
+}
