@@ -406,3 +406,22 @@ func TestDirectGradientsSecured(t *testing.T) {
 		}
 	}
 }
+
+// TestDirectRejectionReachesTheWorker: a gradient the runtime refuses (NaN, in a job that does not
+// allow it) fails the worker's Step with the rejection, as with stored gradients.
+func TestDirectRejectionReachesTheWorker(t *testing.T) {
+	t.Parallel()
+	_, pl, rec, workers := directStack(t, testSpec("direct-nan", "sgd", map[string]float64{"lr": 0.05}))
+	for _, s := range rec.Layout.Shards {
+		pl.place(t, wire.PlacementKey(rec.Spec.ID, s.ID), "rt-0")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	g := make([]float32, rec.Layout.Elements)
+	g[rec.Layout.Shards[2].Off] = float32(nanValue())
+	_, err := workers[0].Step(ctx, g)
+	var rej *wire.Reject
+	if !errors.As(err, &rej) || rej.Reason != wire.ReasonNonFinite || rej.Shard != rec.Layout.Shards[2].ID || rej.Rank != 0 || rej.Step != 1 {
+		t.Fatalf("Step with a NaN: %v, want the non_finite rejection of shard %d, rank 0, step 1", err, rec.Layout.Shards[2].ID)
+	}
+}
