@@ -104,6 +104,11 @@ func (x *shardExec) serveDirect(ctx context.Context, released time.Time) error {
 	case <-x.direct.failed:
 	default:
 	}
+	// Before subscribing: the notice should follow the subscription at once, or a worker whose
+	// gradient the new subscription already folded is asked for it again (harmless, but bytes).
+	if err := x.republishRestored(ctx); err != nil {
+		return err
+	}
 	sub, err := x.r.nc.Subscribe(x.gradSj, x.handleDirect)
 	if err != nil {
 		return fmt.Errorf("subscribe to %s: %w", x.gradSj, err)
@@ -122,9 +127,6 @@ func (x *shardExec) serveDirect(ctx context.Context, released time.Time) error {
 			return nil
 		}
 		return fmt.Errorf("subscribe to %s: %w", x.gradSj, err)
-	}
-	if err := x.republishRestored(ctx); err != nil {
-		return err
 	}
 	resend := nats.NewMsg(wire.ResendSubject(x.ji.rec.Spec.ID, x.shard.ID))
 	resend.Header.Set(wire.HdrStep, strconv.FormatInt(from, 10))

@@ -157,8 +157,10 @@ func testDirectFaults(t *testing.T, fn string) {
 		params = append(params[:0], results[0]...)
 		switch step { // steps 2 and 3, served and without a fault: every gradient sent once
 		case 1:
+			// Step 1 may have met "no responders" while the shards started, and a shard's first
+			// notice may have come after it folded a gradient (it asks for it again).
 			for r, w := range workers {
-				sent[r] = w.DirectSends() // step 1 may have met "no responders" while the shards started
+				sent[r] = w.DirectSends()
 			}
 		case 3:
 			for r, w := range workers {
