@@ -72,7 +72,7 @@ func rootCmd() (_ *cobra.Command, stopTracing *func(context.Context) error) {
 		*stopTracing = stop
 		return nil
 	}
-	root.AddCommand(devCmd(), runtimeCmd(), gatewayCmd(), autoscalerCmd(), jobsCmd(), simCmd(), benchCmd(), benchWorkersCmd(), benchRuntimeCmd(), benchNATSCmd(), benchElasticWorkerCmd(), poolCmd(), policyCmd(), topCmd(), tokensCmd(), functionsCmd(), authCmd(), versionCmd())
+	root.AddCommand(devCmd(), runtimeCmd(), gatewayCmd(), autoscalerCmd(), jobsCmd(), simCmd(), benchCmd(), benchWorkersCmd(), benchRuntimeCmd(), benchNATSCmd(), benchElasticWorkerCmd(), poolCmd(), policyCmd(), topCmd(), tokensCmd(), functionsCmd(), authCmd(), natsCmd(), versionCmd())
 	return root, stopTracing
 }
 
