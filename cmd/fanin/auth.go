@@ -19,7 +19,7 @@ import (
 
 func authCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "auth", Short: "Set up fanin's security for an external NATS server"}
-	var dir string
+	var dir, resolverDir string
 	initCmd := &cobra.Command{
 		Use:   "init --dir DIR",
 		Short: "Create (or reuse) the NATS operator, accounts and credentials, and the API's admin token",
@@ -41,6 +41,9 @@ it again reuses the keys and writes fresh credentials.`,
 			if dir == "" {
 				return fmt.Errorf("--dir is required")
 			}
+			if resolverDir != "" && !filepath.IsAbs(resolverDir) {
+				return fmt.Errorf("--resolver-dir %q: want an absolute path (nats-server resolves a relative one from its working directory)", resolverDir)
+			}
 			a, err := auth.Load(dir)
 			if err != nil {
 				return err
@@ -49,7 +52,11 @@ it again reuses the keys and writes fresh credentials.`,
 			if err != nil {
 				return err
 			}
-			conf, err := a.ServerConfig(filepath.Join(abs, "accounts"))
+			resolver := filepath.Join(abs, "accounts")
+			if resolverDir != "" {
+				resolver = filepath.Clean(resolverDir)
+			}
+			conf, err := a.ServerConfig(resolver)
 			if err != nil {
 				return err
 			}
@@ -89,6 +96,7 @@ jetstream: {
 		},
 	}
 	initCmd.Flags().StringVar(&dir, "dir", envOr("FANIN_AUTH_DIR", ""), "directory of the keys and credentials (env FANIN_AUTH_DIR)")
+	initCmd.Flags().StringVar(&resolverDir, "resolver-dir", "", "where the NATS servers keep the job accounts the gateway pushes, as nats-auth.conf says (default DIR/accounts; deploy/kubernetes: /data/accounts, on each server's volume)")
 	cmd.AddCommand(initCmd)
 	return cmd
 }

@@ -288,4 +288,30 @@ func TestAuthInit(t *testing.T) {
 	if strings.Contains(out.String(), strings.TrimSpace(string(tok))) {
 		t.Fatal("auth init printed the admin token")
 	}
+	if want := fmt.Sprintf("dir: %q", filepath.Join(dir, "accounts")); !strings.Contains(string(conf), want) {
+		t.Fatalf("server security configuration without --resolver-dir: no %s:\n%s", want, conf)
+	}
+
+	// --resolver-dir: the servers' own directory (deploy/kubernetes: on each server's volume); the
+	// keys are reused.
+	seed, _ := os.ReadFile(filepath.Join(dir, "account.nk"))
+	cmd = authCmd()
+	cmd.SetOut(&out)
+	cmd.SetArgs([]string{"init", "--dir", dir, "--resolver-dir", "/data/accounts"})
+	if err := cmd.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	conf, _ = os.ReadFile(filepath.Join(dir, "nats-auth.conf"))
+	if !strings.Contains(string(conf), `dir: "/data/accounts"`) {
+		t.Fatalf("server security configuration with --resolver-dir /data/accounts:\n%s", conf)
+	}
+	if again, _ := os.ReadFile(filepath.Join(dir, "account.nk")); string(again) != string(seed) {
+		t.Fatal("auth init --resolver-dir made new keys")
+	}
+	cmd = authCmd()
+	cmd.SetOut(&out)
+	cmd.SetArgs([]string{"init", "--dir", dir, "--resolver-dir", "data/accounts"})
+	if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), "--resolver-dir") {
+		t.Fatalf("auth init --resolver-dir data/accounts: %v, want an error for the relative path", err)
+	}
 }
