@@ -22,7 +22,9 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 
+	"github.com/fanin-ml/fanin/internal/auth"
 	"github.com/fanin-ml/fanin/internal/store"
+	"github.com/fanin-ml/fanin/lab/image"
 	"github.com/fanin-ml/fanin/lab/testutil"
 )
 
@@ -33,23 +35,48 @@ type natsManifest struct {
 	client   *corev1.Service // what fanin's components connect to
 	conf     string          // nats.conf of the ConfigMap the pods mount
 	podEnv   string          // the variable holding the pod's name
+	authConf string          // where nats.conf's include finds nats-auth.conf, relative to nats.conf
+	// authority stands for the Secret fanin-auth: its nats-auth.conf is what options puts where
+	// nats.conf includes it.
+	authority *auth.Authority
 }
+
+// natsConfDir is where the pods mount nats.conf.
+const natsConfDir = "/etc/nats"
 
 func loadNATSManifest(t *testing.T, objs []runtime.Object) natsManifest {
 	t.Helper()
 	m := natsManifest{sts: find[*appsv1.StatefulSet](t, objs, "nats"), client: find[*corev1.Service](t, objs, "nats")}
 	m.headless = find[*corev1.Service](t, objs, m.sts.Spec.ServiceName)
 	c := m.container(t)
-	if !slices.Equal(c.Args, []string{"--config", "/etc/nats/nats.conf"}) {
-		t.Fatalf("nats args %q, want --config /etc/nats/nats.conf", c.Args)
+	if !slices.Equal(c.Args, []string{"nats", "--config", natsConfDir + "/nats.conf"}) {
+		t.Fatalf("nats args %q, want nats --config %s/nats.conf (fanin nats: nats-server)", c.Args, natsConfDir)
 	}
 	var cmName string
 	for _, v := range m.sts.Spec.Template.Spec.Volumes {
-		if v.ConfigMap != nil && slices.ContainsFunc(c.VolumeMounts, func(vm corev1.VolumeMount) bool { return vm.Name == v.Name && vm.MountPath == "/etc/nats" }) {
+		if v.ConfigMap != nil && slices.ContainsFunc(c.VolumeMounts, func(vm corev1.VolumeMount) bool { return vm.Name == v.Name && vm.MountPath == natsConfDir }) {
 			cmName = v.ConfigMap.Name
 		}
 	}
 	m.conf = find[*corev1.ConfigMap](t, objs, cmName).Data["nats.conf"]
+	// Operator mode: nats.conf includes nats-auth.conf from the Secret fanin-auth (an include is
+	// relative to the including file).
+	for line := range strings.Lines(m.conf) {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == "include" {
+			m.authConf = strings.Trim(f[1], `"'`)
+		}
+	}
+	if m.authConf == "" {
+		t.Fatalf("nats.conf includes no nats-auth.conf: the servers would run without operator mode:\n%s", m.conf)
+	}
+	if s, k := secretFile(m.sts.Spec.Template.Spec, c, natsConfDir+"/"+m.authConf); s != authSecret || k != "nats-auth.conf" {
+		t.Fatalf("nats.conf includes %s/%s, which comes from Secret %q key %q; want %s key nats-auth.conf", natsConfDir, m.authConf, s, k, authSecret)
+	}
+	a, err := auth.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.authority = a
 	for _, e := range c.Env {
 		if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.name" {
 			m.podEnv = e.Name
@@ -85,11 +112,23 @@ func (m natsManifest) port(t *testing.T, name string) int {
 func (m natsManifest) pod(i int) string { return fmt.Sprintf("%s-%d", m.sts.Name, i) }
 
 // options parses nats.conf with nats-server's own parser as the server of pod i reads it, with the
-// pod's name in the environment as the kubelet puts it there.
-func (m natsManifest) options(t *testing.T, i int) *server.Options {
+// pod's name in the environment as the kubelet puts it there, and the authority's nats-auth.conf
+// where the Secret puts it, its resolver in resolverDir (fanin auth init --resolver-dir).
+func (m natsManifest) options(t *testing.T, i int, resolverDir string) *server.Options {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "nats.conf")
+	dir := t.TempDir()
+	path := filepath.Join(dir, "nats.conf")
 	if err := os.WriteFile(path, []byte(m.conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	authConf, err := m.authority.ServerConfig(resolverDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, m.authConf)), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, m.authConf), []byte(authConf), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	t.Setenv(m.podEnv, m.pod(i))
@@ -148,8 +187,9 @@ func TestKubernetesNATSManifest(t *testing.T) {
 	if sts.Spec.PodManagementPolicy != appsv1.ParallelPodManagement {
 		t.Errorf("podManagementPolicy %q, want Parallel", sts.Spec.PodManagementPolicy)
 	}
-	if want := "nats:" + natsServerVersion(t) + "-alpine"; c.Image != want {
-		t.Errorf("nats image %q, want %q (the nats-server of go.mod)", c.Image, want)
+	// fanin's image: `fanin nats` is the nats-server of go.mod, the version fanin's tests run.
+	if c.Image != image.Name {
+		t.Errorf("nats image %q, want %q (fanin nats, the nats-server %s of go.mod)", c.Image, image.Name, natsServerVersion(t))
 	}
 	podLabels := labels.Set(sts.Spec.Template.Labels)
 	if h := m.headless; h.Spec.ClusterIP != corev1.ClusterIPNone || !h.Spec.PublishNotReadyAddresses || !labels.SelectorFromSet(h.Spec.Selector).Matches(podLabels) {
@@ -187,7 +227,14 @@ func TestKubernetesNATSManifest(t *testing.T) {
 	}
 
 	for i := range int(*sts.Spec.Replicas) {
-		o := m.options(t, i)
+		o := m.options(t, i, filepath.Join(t.TempDir(), "accounts"))
+		if o.AccountResolver != nil {
+			o.AccountResolver.Close() // parsing started its store; no server will close it
+		}
+		if len(o.TrustedOperators) != 1 || o.SystemAccount == "" || o.AccountResolver == nil {
+			t.Errorf("pod %s: %d trusted operators, system account %q, resolver %v; want operator mode with the full resolver",
+				m.pod(i), len(o.TrustedOperators), o.SystemAccount, o.AccountResolver)
+		}
 		if o.ServerName != m.pod(i) {
 			t.Errorf("pod %s: server_name %q, want the pod's name", m.pod(i), o.ServerName)
 		}
@@ -238,7 +285,7 @@ func TestKubernetesNATSCluster(t *testing.T) {
 	dir := t.TempDir()
 	var opts []*server.Options
 	for i := range n {
-		o := m.options(t, i)
+		o := m.options(t, i, filepath.Join(dir, m.pod(i), "accounts"))
 		o.Host, o.Port = "127.0.0.1", testutil.FreePort(t)
 		o.HTTPHost, o.HTTPPort = "127.0.0.1", testutil.FreePort(t)
 		o.Cluster.Host, o.Cluster.Port = "127.0.0.1", routePorts[i]
@@ -275,7 +322,16 @@ func TestKubernetesNATSCluster(t *testing.T) {
 		})
 	}
 
-	nc, err := nats.Connect(fmt.Sprintf("nats://127.0.0.1:%d", opts[0].Port))
+	url := fmt.Sprintf("nats://127.0.0.1:%d", opts[0].Port)
+	if nc, err := nats.Connect(url); err == nil {
+		nc.Close()
+		t.Fatal("connected to the NATS cluster without credentials")
+	}
+	creds, err := m.authority.ComponentCredentials("fanin-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(url, creds.NATSOptions()...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -158,6 +158,7 @@ func TestKubernetesManifests(t *testing.T) {
 		t.Errorf("Deployments %v, want %v", deployments, want)
 	}
 	checkKustomization(t)
+	checkSecured(t, objs)
 
 	rt := find[*appsv1.Deployment](t, objs, "fanin-runtime")
 	c := rt.Spec.Template.Spec.Containers[0]
@@ -235,6 +236,76 @@ func TestKubernetesManifests(t *testing.T) {
 	}
 }
 
+// AuthSecret is the Secret that holds what `fanin auth init --dir DIR` writes to DIR, made by
+// `kubectl create secret generic fanin-auth --from-file=DIR` (docs/KUBERNETES.md "Security").
+const authSecret = "fanin-auth"
+
+// secretFile says which key of which Secret the file at path is in container c of pod spec ps, or
+// "", "" if no Secret volume mounted there provides it.
+func secretFile(ps corev1.PodSpec, c corev1.Container, path string) (secret, key string) {
+	for _, vm := range c.VolumeMounts {
+		rel, ok := strings.CutPrefix(path, strings.TrimSuffix(vm.MountPath, "/")+"/")
+		if !ok || vm.SubPath != "" {
+			continue
+		}
+		i := slices.IndexFunc(ps.Volumes, func(v corev1.Volume) bool { return v.Name == vm.Name })
+		if i < 0 || ps.Volumes[i].Secret == nil {
+			continue
+		}
+		sv := ps.Volumes[i].Secret
+		if len(sv.Items) == 0 {
+			if !strings.Contains(rel, "/") {
+				return sv.SecretName, rel
+			}
+			continue
+		}
+		for _, it := range sv.Items {
+			if it.Path == rel {
+				return sv.SecretName, it.Key
+			}
+		}
+	}
+	return "", ""
+}
+
+// flagValue is the value after flag in args, or "".
+func flagValue(args []string, flag string) string {
+	if i := slices.Index(args, flag); i >= 0 && i+1 < len(args) {
+		return args[i+1]
+	}
+	return ""
+}
+
+// checkSecured checks that the manifests deploy fanin's security: the gateway holds the authority
+// directory (every file of the Secret at --auth-dir), the runtimes and the autoscaler connect with
+// their own credentials from it, and the NATS servers include its nats-auth.conf (operator mode;
+// kube_nats_test.go parses it). Without the Secret no fanin pod starts: there is no open mode.
+func checkSecured(t *testing.T, objs []runtime.Object) {
+	t.Helper()
+	gw := find[*appsv1.Deployment](t, objs, "fanin-gateway").Spec.Template.Spec
+	dir := flagValue(gw.Containers[0].Args, "--auth-dir")
+	if dir == "" {
+		t.Errorf("gateway args %v: no --auth-dir (per-job NATS credentials and accounts)", gw.Containers[0].Args)
+	}
+	for _, f := range []string{"operator.nk", "system.nk", "account.nk", "signer.nk", "admin.token", "gateway.creds"} {
+		if s, k := secretFile(gw, gw.Containers[0], dir+"/"+f); s != authSecret || k != f {
+			t.Errorf("gateway: %s/%s comes from Secret %q key %q, want %s key %s", dir, f, s, k, authSecret, f)
+		}
+	}
+	for _, e := range gw.Containers[0].Env {
+		if e.Name == "FANIN_TOKEN" {
+			t.Errorf("gateway: FANIN_TOKEN set; the admin token is the authority's admin.token")
+		}
+	}
+	for name, creds := range map[string]string{"fanin-runtime": "runtime.creds", "fanin-autoscaler": "autoscaler.creds"} {
+		ps := find[*appsv1.Deployment](t, objs, name).Spec.Template.Spec
+		path := flagValue(ps.Containers[0].Args, "--creds")
+		if s, k := secretFile(ps, ps.Containers[0], path); s != authSecret || k != creds {
+			t.Errorf("%s: --creds %q comes from Secret %q key %q, want %s key %s", name, path, s, k, authSecret, creds)
+		}
+	}
+}
+
 // checkKustomization checks that kustomization.yaml lists every other manifest of the directory
 // and has an images: entry for image.Name; where kubectl is installed, that `kubectl kustomize`
 // sets the image every fanin container pulls from that entry.
@@ -303,8 +374,8 @@ func checkKustomization(t *testing.T) {
 		t.Fatalf("kubectl kustomize: %v\n%s", err, out)
 	}
 	pinned := "image: registry.example/fanin@sha256:" + strings.Repeat("ab", 32)
-	if n := strings.Count(string(out), pinned); n != 3 {
-		t.Errorf("kubectl kustomize with the image set: %d containers say %q, want 3:\n%s", n, pinned, out)
+	if n := strings.Count(string(out), pinned); n != 4 {
+		t.Errorf("kubectl kustomize with the image set: %d containers say %q, want 4 (gateway, autoscaler, runtime, NATS):\n%s", n, pinned, out)
 	}
 }
 
