@@ -43,23 +43,29 @@ type trainer struct {
 // those dtypes, and the reference is fed the gradients rounded to them.
 func newTrainer(t *testing.T, url string, rec *job.Record, dts ...wire.Dtype) *trainer {
 	t.Helper()
+	return newTrainerWith(t, url, rec, nil, dts...)
+}
+
+// newTrainerWith is newTrainer whose workers connect with opts (a secured cluster's credentials).
+func newTrainerWith(t *testing.T, url string, rec *job.Record, opts []sdk.Option, dts ...wire.Dtype) *trainer {
+	t.Helper()
 	ctx := context.Background()
 	tr := &trainer{t: t, workers: make([]*sdk.Worker, rec.Spec.Ranks)}
 	if len(dts) > 0 {
 		tr.dts = dts[:rec.Spec.Ranks]
 	}
 	for r := range tr.workers {
-		c, err := sdk.Connect(ctx, url)
+		c, err := sdk.Connect(ctx, url, opts...)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(c.Close)
-		var opts []sdk.WorkerOption
+		var wopts []sdk.WorkerOption
 		if tr.dts != nil {
-			opts = append(opts, sdk.WithGradDtype(tr.dts[r]))
+			wopts = append(wopts, sdk.WithGradDtype(tr.dts[r]))
 			tr.rounded = append(tr.rounded, make([]float32, rec.Layout.Elements))
 		}
-		if tr.workers[r], err = c.Worker(ctx, rec.Spec.ID, r, opts...); err != nil {
+		if tr.workers[r], err = c.Worker(ctx, rec.Spec.ID, r, wopts...); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -1,0 +1,478 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/fanin-ml/fanin/internal/store"
+	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/lab/testutil"
+	"github.com/fanin-ml/fanin/sdk"
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// The node test's environment: what `scripts/kube-node.sh up` prints.
+const (
+	envNodeKubeconfig = "FANIN_KUBE_NODE"  // the node's admin kubeconfig
+	envNodeImage      = "FANIN_NODE_IMAGE" // fanin's image, imported into the node's containerd
+	envKubeBins       = "FANIN_KUBE"       // the directory of kubectl (scripts/kube.sh --node)
+)
+
+// nodePolicy makes the test's small load look large to the autoscaler (as burstPolicy does), so
+// that it grows the runtime Deployment within seconds and shrinks it once the load is gone.
+const nodePolicy = `
+min_runtimes: 1
+max_runtimes: 3
+target_utilization: 0.02
+stable_window: 3s
+scale_down_cooldown: 1s
+panic_window: 2s
+startup_grace: 1s
+`
+
+// kubeNode is the one-node cluster of scripts/kube-node.sh.
+type kubeNode struct {
+	t          *testing.T
+	kubeconfig string
+	kubectlBin string
+	cs         kubernetes.Interface
+}
+
+func (k *kubeNode) kubectl(args ...string) (string, error) {
+	cmd := exec.Command(k.kubectlBin, append([]string{"--kubeconfig", k.kubeconfig}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("kubectl %s: %w\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
+func (k *kubeNode) mustKubectl(args ...string) string {
+	k.t.Helper()
+	out, err := k.kubectl(args...)
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	return out
+}
+
+// reset removes fanin from the cluster: the namespace with everything in it, and the volumes its
+// NATS servers claimed, emptied and made available again (the storage class keeps released volumes,
+// reclaimPolicy Retain, and the node's are directories on this host).
+func (k *kubeNode) reset() error {
+	ctx := context.Background()
+	err := k.cs.CoreV1().Namespaces().Delete(ctx, "fanin", metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	// The runtimes' grace period is 60 s for their checkpoint; here nothing needs one.
+	grace := int64(0)
+	_ = k.cs.CoreV1().Pods("fanin").DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &grace}, metav1.ListOptions{})
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		_, err := k.cs.CoreV1().Namespaces().Get(ctx, "fanin", metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("namespace fanin still there after 3 minutes: %v", err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	pvs, err := k.cs.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	for _, pv := range pvs.Items {
+		if pv.Spec.ClaimRef == nil || pv.Spec.ClaimRef.Namespace != "fanin" || pv.Spec.HostPath == nil {
+			continue
+		}
+		dir := pv.Spec.HostPath.Path
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			return fmt.Errorf("volume %s: %w", pv.Name, err)
+		}
+		for _, e := range entries {
+			if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+				return err
+			}
+		}
+		pv.Spec.ClaimRef = nil
+		if _, err := k.cs.CoreV1().PersistentVolumes().Update(ctx, &pv, metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("volume %s: %w", pv.Name, err)
+		}
+	}
+	return nil
+}
+
+// diagnose logs the pods and the tail of each one's log.
+func (k *kubeNode) diagnose() {
+	out, _ := k.kubectl("-n", "fanin", "get", "pods", "-o", "wide")
+	k.t.Logf("pods:\n%s", out)
+	pods, err := k.cs.CoreV1().Pods("fanin").List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		return
+	}
+	for _, p := range pods.Items {
+		out, _ := k.kubectl("-n", "fanin", "logs", p.Name, "--tail", "25")
+		k.t.Logf("%s:\n%s", p.Name, out)
+	}
+}
+
+// serviceURL is the address of a Service's first port: its cluster IP, which kube-proxy routes from
+// this host too.
+func (k *kubeNode) serviceURL(scheme, name string) string {
+	k.t.Helper()
+	svc, err := k.cs.CoreV1().Services("fanin").Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	return fmt.Sprintf("%s://%s:%d", scheme, svc.Spec.ClusterIP, svc.Spec.Ports[0].Port)
+}
+
+// runtimeReplicas is the runtime Deployment's spec.replicas: what the autoscaler asked for.
+func (k *kubeNode) runtimeReplicas() (int, error) {
+	s, err := k.cs.AppsV1().Deployments("fanin").GetScale(context.Background(), "fanin-runtime", metav1.GetOptions{})
+	if err != nil {
+		return 0, err
+	}
+	return int(s.Spec.Replicas), nil
+}
+
+// TestKubeNode deploys fanin on a real one-node cluster (scripts/kube-node.sh: kubelet, containerd,
+// runc, CNI, kube-proxy, CoreDNS) as docs/KUBERNETES.md says, secured, and trains through it:
+//
+//   - `fanin auth init` and the Secret fanin-auth from its directory, then `kubectl apply -k` of
+//     an overlay that only sets the image (imported into the node) and smaller runtime requests;
+//   - every pod Ready; the three NATS servers route to each other by their DNS names (CoreDNS) and
+//     give fanin's state 3 replicas;
+//   - nothing connects to NATS without credentials, the API refuses a request without a token, and
+//     one job's credentials do not open another job;
+//   - a job created through the gateway's Service trains with its credentials, from workers on this
+//     host (through the NATS Service), bit-exact against the reference, from apply to the first
+//     step without a manual step;
+//   - deleting the runtime pod that serves it, and then the NATS pod that holds its parameters
+//     (one replica: the stream is on that server's volume alone), mid-training, changes no bit;
+//     the step gaps are logged;
+//   - under load the autoscaler grows the runtime Deployment, and shrinks it once the load is gone.
+//
+// It runs where scripts/kube-node.sh runs (root, this machine's network): CI's node lane starts the
+// node, exports the variables it prints, and stops it after.
+func TestKubeNode(t *testing.T) {
+	skipShort(t)
+	kc, img, bins := os.Getenv(envNodeKubeconfig), os.Getenv(envNodeImage), os.Getenv(envKubeBins)
+	if kc == "" || img == "" || bins == "" {
+		t.Skipf("%s, %s or %s is not set: start a node with scripts/kube-node.sh up and export what it prints, as %s=$KUBECONFIG (CI's node lane does)",
+			envNodeKubeconfig, envNodeImage, envKubeBins, envNodeKubeconfig)
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := &kubeNode{t: t, kubeconfig: kc, kubectlBin: filepath.Join(bins, "kubectl"), cs: cs}
+	if err := k.reset(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			k.diagnose()
+		}
+		if err := k.reset(); err != nil {
+			t.Errorf("removing fanin from the node: %v", err)
+		}
+	})
+	ctx := context.Background()
+
+	// The Secret, as docs/KUBERNETES.md says.
+	authDir := filepath.Join(t.TempDir(), "fanin-auth")
+	if out, err := exec.Command(faninBin, "auth", "init", "--dir", authDir, "--resolver-dir", "/data/accounts").CombinedOutput(); err != nil {
+		t.Fatalf("fanin auth init: %v\n%s", err, out)
+	}
+	manifests, err := filepath.Abs("../deploy/kubernetes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.mustKubectl("apply", "-f", filepath.Join(manifests, "namespace.yaml"))
+	k.mustKubectl("-n", "fanin", "create", "secret", "generic", "fanin-auth", "--from-file="+authDir)
+
+	// The overlay a platform team writes: the image, and requests that fit a 2-core node.
+	name, tag, ok := strings.Cut(img, ":")
+	if !ok {
+		t.Fatalf("%s=%s: want NAME:TAG", envNodeImage, img)
+	}
+	overlay := t.TempDir()
+	base, err := filepath.Rel(overlay, manifests) // kustomize takes no absolute path
+	if err != nil {
+		t.Fatal(err)
+	}
+	kustomization := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources: [%q]
+images:
+  - name: fanin
+    newName: %s
+    newTag: %s
+patches:
+  - target: {kind: Deployment, name: fanin-runtime}
+    patch: |
+      - op: replace
+        path: /spec/template/spec/containers/0/resources/requests
+        value: {cpu: 100m, memory: 256Mi}
+`, base, name, tag)
+	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	applied := time.Now()
+	k.mustKubectl("apply", "-k", overlay)
+	for _, w := range []string{"statefulset/nats", "deployment/fanin-gateway", "deployment/fanin-autoscaler", "deployment/fanin-runtime"} {
+		k.mustKubectl("-n", "fanin", "rollout", "status", w, "--timeout", "4m")
+	}
+	t.Logf("every pod Ready %v after kubectl apply", time.Since(applied).Round(time.Second))
+
+	// The NATS servers found each other by DNS: each routes to the other two.
+	pods, err := cs.CoreV1().Pods("fanin").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=nats"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods.Items {
+		var routez struct {
+			Routes []struct {
+				RemoteName string `json:"remote_name"`
+			} `json:"routes"`
+		}
+		testutil.CheckFor(t, 60*time.Second, 500*time.Millisecond, func() error {
+			resp, err := http.Get(fmt.Sprintf("http://%s:8222/routez", p.Status.PodIP))
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			if err := json.NewDecoder(resp.Body).Decode(&routez); err != nil {
+				return err
+			}
+			var peers []string
+			for _, r := range routez.Routes {
+				if r.RemoteName != p.Name && !slices.Contains(peers, r.RemoteName) {
+					peers = append(peers, r.RemoteName)
+				}
+			}
+			if len(peers) != 2 {
+				return fmt.Errorf("%s routes to %v, want the two other servers", p.Name, peers)
+			}
+			return nil
+		})
+	}
+
+	natsURL, api := k.serviceURL("nats", "nats"), k.serviceURL("http", "fanin-gateway")
+	if nc, err := nats.Connect(natsURL); err == nil {
+		nc.Close()
+		t.Fatal("connected to the cluster's NATS without credentials")
+	}
+	op, err := nats.Connect(natsURL, nats.UserCredentials(filepath.Join(authDir, "operator.creds")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer op.Close()
+	testutil.CheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
+		if r := store.StateReplicas(op); r != 3 {
+			return fmt.Errorf("StateReplicas %d through the Service (servers known: %v), want 3", r, op.Servers())
+		}
+		return nil
+	})
+	js, err := jetstream.New(op)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := sdk.NewAdmin(api).Jobs(ctx); !errors.Is(err, wire.ErrReason(wire.ReasonUnauthorized)) {
+		t.Fatalf("the API without a token: %v, want unauthorized", err)
+	}
+	token, err := os.ReadFile(filepath.Join(authDir, "admin.token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := sdk.NewAdmin(api, sdk.WithToken(strings.TrimSpace(string(token))))
+	spec := clusterSpec("kube", "adam")
+	spec.Storage = "file"
+	created, err := admin.SubmitJob(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := clusterSpec("kube-other", "sgd")
+	if _, err := admin.SubmitJob(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	quiet := sdk.WithNATSOptions(nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	probe, err := sdk.Connect(ctx, natsURL, sdk.WithJobCredentials(created.Credentials), quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 3*time.Second)
+	if _, err := probe.Worker(short, other.ID, 0); err == nil {
+		t.Fatalf("job %s's credentials opened job %s", spec.ID, other.ID)
+	}
+	cancel()
+	probe.Close()
+
+	// Deleting a job at the end closes its account: its workers' reconnections are refused.
+	creds := []sdk.Option{sdk.WithJobCredentials(created.Credentials), quiet}
+	tr := newTrainerWith(t, natsURL, &created.Record, creds)
+	tr.onStall = k.diagnose
+	tr.run(1)
+	t.Logf("first step trained %v after kubectl apply", time.Since(applied).Round(time.Second))
+	tr.run(10)
+
+	// step runs one step and returns how long it took.
+	step := func() time.Duration {
+		start := time.Now()
+		tr.run(tr.step + 1)
+		return time.Since(start)
+	}
+	var normal time.Duration
+	for range 5 {
+		normal = max(normal, step())
+	}
+
+	// The runtime pod that serves the job: deleted (SIGTERM: it checkpoints and hands over).
+	pl, err := admin.Placement(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var serving string
+	for _, p := range pl {
+		if p.Job == spec.ID && p.Runtime != "" {
+			serving = p.Runtime
+		}
+	}
+	if serving == "" {
+		t.Fatalf("no runtime serves job %s: %+v", spec.ID, pl)
+	}
+	k.mustKubectl("-n", "fanin", "delete", "pod", serving, "--wait=false")
+	var gap time.Duration
+	for range 10 {
+		gap = max(gap, step())
+	}
+	t.Logf("runtime pod %s deleted mid-training: longest step %v (before: %v)", serving, gap.Round(time.Millisecond), normal.Round(time.Millisecond))
+
+	// The NATS pod that holds the job's parameters, its only replica: the stream comes back from
+	// that pod's volume, or training could not go on.
+	info, err := js.Stream(ctx, wire.ParamsStream(spec.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	si, err := info.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder := si.Cluster.Leader
+	if si.Config.Replicas != 1 || !strings.HasPrefix(holder, "nats-") {
+		t.Fatalf("stream %s: %d replicas on %q, want 1 on a nats pod", si.Config.Name, si.Config.Replicas, holder)
+	}
+	msgs := si.State.Msgs
+	before, err := cs.CoreV1().Pods("fanin").Get(ctx, holder, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.mustKubectl("-n", "fanin", "delete", "pod", holder, "--wait=false")
+	gap = 0
+	for range 10 {
+		gap = max(gap, step())
+	}
+	after, err := cs.CoreV1().Pods("fanin").Get(ctx, holder, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.UID == before.UID {
+		t.Fatalf("pod %s was not replaced", holder)
+	}
+	testutil.CheckFor(t, 30*time.Second, 500*time.Millisecond, func() error {
+		if si, err = info.Info(ctx); err != nil {
+			return err
+		}
+		if si.Cluster == nil || si.Cluster.Leader != holder || si.State.Msgs < msgs {
+			return fmt.Errorf("stream %s after its server's pod was replaced: on %+v with %d messages, want on %s with at least %d",
+				si.Config.Name, si.Cluster, si.State.Msgs, holder, msgs)
+		}
+		return nil
+	})
+	t.Logf("NATS pod %s (the parameters' only replica) deleted mid-training: longest step %v; its stream came back from its volume with %d messages",
+		holder, gap.Round(time.Millisecond), si.State.Msgs)
+	tr.run(tr.step + 5)
+
+	// Under load the autoscaler grows the runtime Deployment, and shrinks it after.
+	if _, err := admin.SetPolicy(ctx, []byte(nodePolicy)); err != nil {
+		t.Fatal(err)
+	}
+	load := job.Spec{ID: "kube-load", Ranks: 4, ShardSize: 256 << 10, Tensors: []job.Tensor{{Name: "w", Shape: []int{1 << 20}}},
+		Function: job.Function{Name: "sgd", Hyper: map[string]float64{"lr": 0.01}}, Init: job.Init{Kind: "uniform", Seed: 3, Scale: 0.1}}
+	loadJob, err := admin.SubmitJob(ctx, load)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lt := newTrainerWith(t, natsURL, &loadJob.Record, []sdk.Option{sdk.WithJobCredentials(loadJob.Credentials), quiet})
+	lt.onStall = k.diagnose
+	loadStart := time.Now()
+	var timeline []string // the replicas the autoscaler asked for, as they changed
+	last := 1
+	watch := func() {
+		if n, err := k.runtimeReplicas(); err == nil && n != last {
+			timeline = append(timeline, fmt.Sprintf("%v: %d", time.Since(loadStart).Round(100*time.Millisecond), n))
+			last = n
+		}
+	}
+	peak, grown := 1, time.Now()
+	for lt.step < 300 && peak < 2 {
+		lt.run(lt.step + 1)
+		if watch(); last > peak {
+			peak, grown = last, time.Now()
+		}
+	}
+	if peak < 2 {
+		t.Fatalf("the runtime Deployment stayed at 1 replica through %d steps of load", lt.step)
+	}
+	grewAt := lt.step
+	for range 30 { // bit-exact while the pool grows and shards move
+		lt.run(lt.step + 1)
+		watch()
+	}
+	t.Logf("under load the autoscaler grew the runtime Deployment to %d replicas at step %d; replicas over the load (time: replicas): %s",
+		peak, grewAt, strings.Join(timeline, ", "))
+	for _, id := range []string{load.ID, spec.ID, other.ID} {
+		if err := admin.DeleteJob(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stopped := time.Now()
+	testutil.CheckFor(t, 3*time.Minute, time.Second, func() error {
+		n, err := k.runtimeReplicas()
+		if err != nil {
+			return err
+		}
+		if n != 1 {
+			return fmt.Errorf("runtime Deployment at %d replicas %v after the load ended, want 1", n, time.Since(stopped).Round(time.Second))
+		}
+		return nil
+	})
+	t.Logf("the runtime Deployment shrank back to 1 replica %v after the load ended (%v after it grew)",
+		time.Since(stopped).Round(time.Second), time.Since(grown).Round(time.Second))
+}
