@@ -169,8 +169,8 @@ func (k *kubeNode) runtimeReplicas() (int, error) {
 //     host (through the NATS Service), bit-exact against the reference, from apply to the first
 //     step without a manual step;
 //   - deleting the runtime pod that serves it, and then the NATS pod that holds its parameters
-//     (one replica: the stream is on that server's volume alone), mid-training, changes no bit;
-//     the step gaps are logged;
+//     (one replica: the stream is on that server's volume alone), mid-training, changes no bit,
+//     nor does rolling the runtime Deployment (an upgrade); the step gaps are logged;
 //   - under load the autoscaler grows the runtime Deployment, and shrinks it once the load is gone.
 //
 // It runs where scripts/kube-node.sh runs (root, this machine's network): CI's node lane starts the
@@ -418,6 +418,29 @@ patches:
 	t.Logf("NATS pod %s (the parameters' only replica) deleted mid-training: longest step %v; its stream came back from its volume with %d messages",
 		holder, gap.Round(time.Millisecond), si.State.Msgs)
 	tr.run(tr.step + 5)
+
+	// An upgrade: the runtime Deployment rolled (new pods, one at a time; each old one hands its
+	// shards over on SIGTERM).
+	k.mustKubectl("-n", "fanin", "rollout", "restart", "deployment/fanin-runtime")
+	rolled := make(chan error, 1)
+	go func() {
+		_, err := k.kubectl("-n", "fanin", "rollout", "status", "deployment/fanin-runtime", "--timeout", "4m")
+		rolled <- err
+	}()
+	gap = 0
+	for done := false; !done; {
+		gap = max(gap, step())
+		select {
+		case err := <-rolled:
+			if err != nil {
+				t.Fatal(err)
+			}
+			done = true
+		default:
+		}
+	}
+	tr.run(tr.step + 5)
+	t.Logf("runtime Deployment rolled during training: longest step %v", gap.Round(time.Millisecond))
 
 	// Under load the autoscaler grows the runtime Deployment, and shrinks it after.
 	if _, err := admin.SetPolicy(ctx, []byte(nodePolicy)); err != nil {
