@@ -170,7 +170,11 @@ func (g *gatewayFlags) options(natsURL string) ([]gateway.Option, func(), error)
 		if err != nil {
 			return nil, closeAll, err
 		}
-		sys, err := nats.Connect(natsURL, append(sc.NATSOptions(), nats.Name("fanin-gateway-system"), nats.MaxReconnects(-1))...)
+		// Like the gateway's own connection, it keeps trying while NATS starts (a pod may start
+		// before its servers): without RetryOnFailedConnect the gateway exited, and Kubernetes
+		// restarted it after a crash-loop back-off.
+		sys, err := nats.Connect(natsURL, append(sc.NATSOptions(), nats.Name("fanin-gateway-system"), nats.MaxReconnects(-1),
+			nats.RetryOnFailedConnect(true))...)
 		if err != nil {
 			return nil, closeAll, fmt.Errorf("connect to NATS's system account: %w", err)
 		}

@@ -85,3 +85,23 @@ func TestNATSCommand(t *testing.T) {
 		t.Fatal("fanin nats still serves 30 s after its context ended")
 	}
 }
+
+// fanin gateway --auth-dir starts while NATS does not answer yet (a pod before its servers): its
+// system account connection keeps trying rather than failing the command.
+func TestGatewayAuthBeforeNATS(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	if _, err := execute(context.Background(), authCmd(), "init", "--dir", dir); err != nil {
+		t.Fatal(err)
+	}
+	g := gatewayFlags{authDir: dir}
+	url := fmt.Sprintf("nats://127.0.0.1:%d", testutil.FreePort(t)) // nothing listens there
+	opts, closeAll, err := g.options(url)
+	if err != nil {
+		t.Fatalf("gateway options with NATS not there yet: %v", err)
+	}
+	defer closeAll()
+	if len(opts) == 0 {
+		t.Fatal("no gateway options")
+	}
+}
