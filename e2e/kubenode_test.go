@@ -16,6 +16,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -36,10 +37,14 @@ const (
 )
 
 // nodePolicy makes the test's small load look large to the autoscaler (as burstPolicy does), so
-// that it grows the runtime Deployment within seconds and shrinks it once the load is gone.
+// that it grows the runtime Deployment within seconds and shrinks it once the load is gone. The
+// runtimes' size is set (one core: what their 100m request rounds up to) rather than taken from
+// their reports: with a capacity of 4 cores per runtime, a busy machine's load of 0.02-0.06 cores
+// stayed under one runtime's 2% in one of four runs.
 const nodePolicy = `
 min_runtimes: 1
 max_runtimes: 3
+cores_per_runtime: 1
 target_utilization: 0.02
 stable_window: 3s
 scale_down_cooldown: 1s
@@ -147,6 +152,72 @@ func (k *kubeNode) serviceURL(scheme, name string) string {
 	return fmt.Sprintf("%s://%s:%d", scheme, svc.Spec.ClusterIP, svc.Spec.Ports[0].Port)
 }
 
+// trainUntil trains step by step until done returns nil (checked after each step; 3 minutes at
+// most), then 5 steps more, and returns the longest step.
+func (k *kubeNode) trainUntil(step func() time.Duration, done func() error) time.Duration {
+	k.t.Helper()
+	var longest time.Duration
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		longest = max(longest, step())
+		err := done()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			k.t.Fatal(err)
+		}
+	}
+	for range 5 {
+		longest = max(longest, step())
+	}
+	return longest
+}
+
+// gone is nil once pod p no longer exists.
+func (k *kubeNode) gone(p *corev1.Pod) error {
+	cur, err := k.cs.CoreV1().Pods(p.Namespace).Get(context.Background(), p.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) || (err == nil && cur.UID != p.UID) {
+		return nil
+	}
+	return fmt.Errorf("pod %s still there after 3 minutes (err %v)", p.Name, err)
+}
+
+// replaced is nil once pod p (a StatefulSet's) has been replaced by a Ready pod of its name.
+func (k *kubeNode) replaced(p *corev1.Pod) error {
+	cur, err := k.cs.CoreV1().Pods(p.Namespace).Get(context.Background(), p.Name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	if cur.UID == p.UID {
+		return fmt.Errorf("pod %s not replaced after 3 minutes", p.Name)
+	}
+	for _, c := range cur.Status.Conditions {
+		if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+			return nil
+		}
+	}
+	return fmt.Errorf("pod %s replaced but not Ready after 3 minutes", p.Name)
+}
+
+// restarts lists the containers that restarted: a component that exits while another starts
+// (NATS) costs a crash-loop back-off.
+func (k *kubeNode) restarts() []string {
+	pods, err := k.cs.CoreV1().Pods("fanin").List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	var r []string
+	for _, p := range pods.Items {
+		for _, c := range p.Status.ContainerStatuses {
+			if c.RestartCount > 0 {
+				r = append(r, fmt.Sprintf("%s/%s: %d", p.Name, c.Name, c.RestartCount))
+			}
+		}
+	}
+	return r
+}
+
 // runtimeReplicas is the runtime Deployment's spec.replicas: what the autoscaler asked for.
 func (k *kubeNode) runtimeReplicas() (int, error) {
 	s, err := k.cs.AppsV1().Deployments("fanin").GetScale(context.Background(), "fanin-runtime", metav1.GetOptions{})
@@ -249,6 +320,9 @@ patches:
 		k.mustKubectl("-n", "fanin", "rollout", "status", w, "--timeout", "4m")
 	}
 	t.Logf("every pod Ready %v after kubectl apply", time.Since(applied).Round(time.Second))
+	if r := k.restarts(); len(r) > 0 {
+		t.Errorf("containers restarted while the deployment started: %v", r)
+	}
 
 	// The NATS servers found each other by DNS: each routes to the other two.
 	pods, err := cs.CoreV1().Pods("fanin").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=nats"})
@@ -367,11 +441,12 @@ patches:
 	if serving == "" {
 		t.Fatalf("no runtime serves job %s: %+v", spec.ID, pl)
 	}
-	k.mustKubectl("-n", "fanin", "delete", "pod", serving, "--wait=false")
-	var gap time.Duration
-	for range 10 {
-		gap = max(gap, step())
+	old, err := cs.CoreV1().Pods("fanin").Get(ctx, serving, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
 	}
+	k.mustKubectl("-n", "fanin", "delete", "pod", serving, "--wait=false")
+	gap := k.trainUntil(step, func() error { return k.gone(old) })
 	t.Logf("runtime pod %s deleted mid-training: longest step %v (before: %v)", serving, gap.Round(time.Millisecond), normal.Round(time.Millisecond))
 
 	// The NATS pod that holds the job's parameters, its only replica: the stream comes back from
@@ -394,17 +469,7 @@ patches:
 		t.Fatal(err)
 	}
 	k.mustKubectl("-n", "fanin", "delete", "pod", holder, "--wait=false")
-	gap = 0
-	for range 10 {
-		gap = max(gap, step())
-	}
-	after, err := cs.CoreV1().Pods("fanin").Get(ctx, holder, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if after.UID == before.UID {
-		t.Fatalf("pod %s was not replaced", holder)
-	}
+	gap = k.trainUntil(step, func() error { return k.replaced(before) })
 	testutil.CheckFor(t, 30*time.Second, 500*time.Millisecond, func() error {
 		if si, err = info.Info(ctx); err != nil {
 			return err
