@@ -311,6 +311,7 @@ up() {
     echo "$b=$(sysctl -n "$b" 2>/dev/null || echo)" >>"$dir/sysctl.saved"
   done
   ls /run/netns 2>/dev/null | sort >"$dir/netns.before" || true
+  mountpoint -q /run/netns && touch "$dir/netns.mounted" || true
   nft list tables 2>/dev/null | sort >"$dir/nft.before" || true
   certs
   configs
@@ -417,6 +418,11 @@ down() {
   for ns in $(comm -13 "$dir/netns.before" <(ls /run/netns 2>/dev/null | sort) 2>/dev/null); do
     case "$ns" in cni-*) ip netns delete "$ns" 2>/dev/null || true ;; esac
   done
+  # /run/netns becomes a mount point of its own (made shared, as ip netns does) once network
+  # namespaces are made there; unmounted if it was none before and holds none now.
+  if [ ! -e "$dir/netns.mounted" ] && mountpoint -q /run/netns && [ -z "$(ls -A /run/netns 2>/dev/null)" ]; then
+    umount /run/netns 2>/dev/null || true
+  fi
   # Mounts under the node's directory (the containers' root file systems, the pods' volumes),
   # deepest first.
   local m
