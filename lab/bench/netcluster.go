@@ -50,7 +50,14 @@ var clusterCases = []clusterCase{
 	{name: "service node,4x link,bf16", layout: onServiceNode, link: 4, bf16: true, goal: 2.3},
 	{name: "spread", layout: spreadOverWorkers, goal: 1},
 	{name: "spread,bf16", layout: spreadOverWorkers, bf16: true, goal: 1.8},
+	// Direct gradients (PROTOCOL.md) go from a worker's server to the runtime's without a stream:
+	// no node holds all of a job's gradients, so spread, each byte crosses the network once.
+	{name: "spread,direct", layout: spreadOverWorkers, spec: directGradients, goal: 1},
+	{name: "spread,direct,bf16", layout: spreadOverWorkers, bf16: true, spec: directGradients, goal: 1.8},
 }
+
+// directGradients makes a job send its gradients to the runtimes as core NATS requests.
+func directGradients(s *job.Spec) { s.Gradients = job.GradientsDirect }
 
 const (
 	clusterWorkers         = 4
