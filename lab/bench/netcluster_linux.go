@@ -388,6 +388,8 @@ func streamLeaders(ctx context.Context, nc *nats.Conn, jobID string) string {
 	for _, name := range []string{wire.GradStream(jobID), wire.ParamsStream(jobID)} {
 		s, err := js.Stream(ctx, name)
 		switch {
+		case errors.Is(err, jetstream.ErrStreamNotFound) && name == wire.GradStream(jobID):
+			parts = append(parts, "no gradient stream (direct gradients)")
 		case err != nil:
 			parts = append(parts, name+": "+err.Error())
 		case s.CachedInfo().Cluster == nil:
