@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"math/rand/v2"
-	"slices"
-	"syscall"
 	"testing"
 	"time"
 
@@ -31,31 +29,7 @@ func TestFaultsDirectGradients(t *testing.T) {
 		f := startFanin(t, nn, 1)
 		tt := f.train(directSpec("direct-kills", "adam"))
 		tt.run(5)
-		rng := rand.New(rand.NewPCG(5, 6))
-		const kills = 6
-		for k := range kills {
-			tt.run(tt.step + int64(rng.IntN(4)))
-			ids := slices.Sorted(func(yield func(string) bool) {
-				for id := range runtimePids() {
-					if !yield(id) {
-						return
-					}
-				}
-			})
-			if len(ids) == 0 {
-				tt.run(tt.step + 1)
-				continue
-			}
-			victim := ids[rng.IntN(len(ids))]
-			for _, pid := range runtimePids()[victim] {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
-			t.Logf("kill %d: runtime %s at step %d", k+1, victim, tt.step)
-		}
-		tt.run(tt.step + 5)
-		tt.checkUpdates(nn.url())
-		checkOneProcessPerID(t)
-		t.Logf("%d steps bit-exact across %d runtime SIGKILLs; longest gap between steps %v", tt.step, kills, tt.longestGap().Round(time.Millisecond))
+		killRuntimesWhileTraining(t, tt, nn, rand.New(rand.NewPCG(5, 6)), 6)
 	})
 	t.Run("nats-kill", func(t *testing.T) {
 		nn := startNATS(t, 1)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -197,25 +198,21 @@ func TestFaultsRuntimeKills(t *testing.T) {
 	f := startFanin(t, nn, 1)
 	tt := f.train(clusterSpec("kills", "adam"))
 	tt.run(5)
-	rng := rand.New(rand.NewPCG(1, 2))
-	const kills = 12
+	killRuntimesWhileTraining(t, tt, nn, rand.New(rand.NewPCG(1, 2)), 12)
+	f.afterFaults("after-kills")
+}
+
+// killRuntimesWhileTraining SIGKILLs a random runtime process kills times, between 0 and 3 steps
+// apart (a kill may come while the previous one is being recovered), then checks that every step
+// was bit-exact and that no runtime id runs twice, and reports the longest gap between steps.
+func killRuntimesWhileTraining(t *testing.T, tt *timedTrainer, nn *natsNodes, rng *rand.Rand, kills int) {
+	t.Helper()
 	for k := range kills {
-		// Between 0 and 3 steps: a kill may come while the previous one is being recovered.
 		tt.run(tt.step + int64(rng.IntN(4)))
-		ids := slices.Sorted(func(yield func(string) bool) {
-			for id := range runtimePids() {
-				if !yield(id) {
-					return
-				}
-			}
-		})
-		if len(ids) == 0 {
+		victim, ok := killRandomRuntime(rng)
+		if !ok {
 			tt.run(tt.step + 1)
 			continue
-		}
-		victim := ids[rng.IntN(len(ids))]
-		for _, pid := range runtimePids()[victim] {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 		t.Logf("kill %d: runtime %s at step %d", k+1, victim, tt.step)
 	}
@@ -223,7 +220,21 @@ func TestFaultsRuntimeKills(t *testing.T) {
 	tt.checkUpdates(nn.url())
 	checkOneProcessPerID(t)
 	t.Logf("%d steps bit-exact across %d runtime SIGKILLs; longest gap between steps %v", tt.step, kills, tt.longestGap().Round(time.Millisecond))
-	f.afterFaults("after-kills")
+}
+
+// killRandomRuntime SIGKILLs the processes of one runtime id picked by rng among those running
+// (sorted, so that a seed picks the same victims), and reports which; false when none runs.
+func killRandomRuntime(rng *rand.Rand) (string, bool) {
+	pids := runtimePids()
+	if len(pids) == 0 {
+		return "", false
+	}
+	ids := slices.Sorted(maps.Keys(pids))
+	victim := ids[rng.IntN(len(ids))]
+	for _, pid := range pids[victim] {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	return victim, true
 }
 
 // nats-server SIGKILLed and restarted (file storage) in the middle of training: training goes on

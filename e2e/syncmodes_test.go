@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"context"
 	"math/rand/v2"
-	"slices"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -61,20 +59,9 @@ func TestSyncModesRuntimeKills(t *testing.T) {
 				return
 			case <-time.After(time.Duration(200+rng.IntN(300)) * time.Millisecond):
 			}
-			ids := slices.Sorted(func(yield func(string) bool) {
-				for id := range runtimePids() {
-					if !yield(id) {
-						return
-					}
-				}
-			})
-			if len(ids) == 0 {
-				continue
+			if _, ok := killRandomRuntime(rng); ok {
+				kills++
 			}
-			for _, pid := range runtimePids()[ids[rng.IntN(len(ids))]] {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
-			kills++
 		}
 	}()
 	var wg sync.WaitGroup
