@@ -145,15 +145,7 @@ func testDirectFaults(t *testing.T, fn string) {
 		wg.Go(func() { results[3], errs[3] = workers[3].Step(sctx, grads[3]) })
 		wg.Wait()
 		cancel()
-		if err := errors.Join(errs...); err != nil {
-			t.Fatalf("step %d: %v", step, err)
-		}
-		ref.Step(grads, nil)
-		for r := range results {
-			if !bytes.Equal(f32bytes(results[r]), f32bytes(ref.Params())) {
-				t.Fatalf("step %d: rank %d's parameters differ from the reference", step, r)
-			}
-		}
+		checkStep(t, step, ref, grads, results, errs)
 		params = append(params[:0], results[0]...)
 		switch step { // steps 2 and 3, served and without a fault: every gradient sent once
 		case 1:
@@ -386,15 +378,7 @@ func TestDirectGradientsSecured(t *testing.T) {
 		}
 		wg.Wait()
 		cancel()
-		if err := errors.Join(errs...); err != nil {
-			t.Fatalf("step %d: %v", step, err)
-		}
-		ref.Step(grads, nil)
-		for r := range results {
-			if !bytes.Equal(f32bytes(results[r]), f32bytes(ref.Params())) {
-				t.Fatalf("step %d: rank %d's parameters differ from the reference", step, r)
-			}
-		}
+		checkStep(t, step, ref, grads, results, errs)
 		params = append(params[:0], results[0]...)
 	}
 	for { // the first serve of each shard sent one (from step 1); the move, from step 4

@@ -178,15 +178,7 @@ func trainWithWorkers(t *testing.T, workers []*sdk.Worker, ref *functions.Refere
 			}()
 		}
 		wg.Wait()
-		if err := errors.Join(errs...); err != nil {
-			t.Fatalf("step %d: %v", step, err)
-		}
-		ref.Step(grads, nil)
-		for r := range workers {
-			if !bytes.Equal(f32bytes(results[r]), f32bytes(ref.Params())) {
-				t.Fatalf("step %d: rank %d received parameters that differ from the reference", step, r)
-			}
-		}
+		checkStep(t, step, ref, grads, results, errs)
 		params = append(params[:0], results[0]...)
 	}
 	return params
@@ -347,4 +339,19 @@ func TestLogicalRanksOverChangingWorkers(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// checkStep checks one step of SDK workers against the reference: no worker failed, and every
+// rank received the reference's parameters after the step, bit for bit. It advances ref.
+func checkStep(t *testing.T, step int64, ref *functions.Reference, grads, results [][]float32, errs []error) {
+	t.Helper()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("step %d: %v", step, err)
+	}
+	ref.Step(grads, nil)
+	for r := range results {
+		if !bytes.Equal(f32bytes(results[r]), f32bytes(ref.Params())) {
+			t.Fatalf("step %d: rank %d's parameters differ from the reference", step, r)
+		}
+	}
 }

@@ -1,7 +1,6 @@
 package runtime_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -177,15 +176,7 @@ func testMigrations(t *testing.T, fn string) {
 		}
 		wg.Wait()
 		cancel()
-		if err := errors.Join(errs...); err != nil {
-			t.Fatalf("step %d: %v", step, err)
-		}
-		ref.Step(grads, nil)
-		for r := range results {
-			if !bytes.Equal(f32bytes(results[r]), f32bytes(ref.Params())) {
-				t.Fatalf("step %d: rank %d's parameters differ from the reference", step, r)
-			}
-		}
+		checkStep(t, step, ref, grads, results, errs)
 		params = append(params[:0], results[0]...)
 	}
 
