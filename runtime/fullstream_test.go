@@ -241,3 +241,50 @@ func TestCheckpointsComeWithinTheWindow(t *testing.T) {
 		t.Fatalf("adam with 1 rank checkpoints every %d steps, want 3", k)
 	}
 }
+
+// TestPurgeOfAReplacedStreamTakesNothing: a purge checks that its stream is still the incarnation
+// it was scheduled for, then asks for it; between the two, on a loaded node, the job can be deleted
+// and created again under the same id (the gateway does not wait for a slow drain). The purge's
+// bound then lands on the new incarnation's stream, and must take none of its gradients: a lost
+// gradient stalls the new job at its first step.
+func TestPurgeOfAReplacedStreamTakesNothing(t *testing.T) {
+	t.Parallel()
+	h := newShardHarness(t)
+	spec := job.Spec{ID: "replaced", Function: job.Function{Name: "sum"}}
+	rec, grads, params, ref := fillJob(t, h, spec)
+	r := h.runtime(t)
+	x := h.shard(t, r, &rec, grads, params)
+	if err := x.restore(h.ctx); err != nil {
+		t.Fatal(err)
+	}
+	stepWithoutPurges(t, h, x, ref, 1, 4)
+	r.purger.schedule(x.ji.streams[0], x.gradSj, x.replayFrom())
+
+	var again job.Record
+	r.purger.purge = func(ctx context.Context, k purgeKey, upTo uint64) error {
+		// The check passed; the job is deleted and created again before the purge arrives, and
+		// the new incarnation's worker publishes its first gradient.
+		for _, name := range []string{wire.GradStream(spec.ID), wire.ParamsStream(spec.ID)} {
+			if err := h.js.DeleteStream(ctx, name); err != nil {
+				t.Fatal(err)
+			}
+		}
+		again, _, _ = h.job(t, spec)
+		if _, err := h.js.PublishMsg(ctx, fillMsg(&again, 1)); err != nil {
+			t.Fatal(err)
+		}
+		return purgeSubject(ctx, k, upTo)
+	}
+	r.purger.drain(h.ctx)
+	if again.Spec.ID == "" {
+		t.Fatal("no purge was tried")
+	}
+	info, err := grads.Info(h.ctx) // the new incarnation's stream, by its name
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 1 {
+		t.Fatalf("the new incarnation's stream holds %d gradients after the old incarnation's purge, want its 1 (first seq %d, last %d, the purge's bound %d)",
+			info.State.Msgs, info.State.FirstSeq, info.State.LastSeq, x.replayFrom())
+	}
+}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/wire"
 )
@@ -76,9 +77,10 @@ func TestPurgeOnlyBehindSnapshots(t *testing.T) {
 						t.Fatalf("step %d, after %s was acknowledged (%v): purge asked below sequence %d, the stored snapshots cover below %d", step, it.msg.Subject, ok, upTo, covered)
 					}
 				}
-				want := 2*uint64(step) + 1 // the step's own snapshot covers its two gradients
+				first := store.FirstSeq(&rec)  // the stream's first sequence
+				want := first + 2*uint64(step) // the step's own snapshot covers its two gradients
 				if step == 3 && !snapIsParams {
-					want = 2*2 + 1 // step 2's checkpoint
+					want = first + 2*2 // step 2's checkpoint
 				}
 				r.purger.mu.Lock()
 				upTo := r.purger.pending[purgeKey{x.ji.streams[0], x.gradSj}]

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanin-ml/fanin/functions"
+	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/lab/devstack"
 	"github.com/fanin-ml/fanin/lab/testutil"
@@ -175,9 +176,11 @@ func TestSSPReplayAfterHandover(t *testing.T) {
 			if !bytes.Equal(f32bytes(p), f32bytes(ref.Params())) {
 				t.Fatal("step 1 differs from the reference")
 			}
-			{ // replay starts at the held gradient (seq 1); step 1 was completed by seq 4
-				if h.Get(wire.HdrReplayFrom) != "1" || h.Get(wire.HdrStepSeqs) != "1:4" {
-					t.Fatalf("snapshot headers %s=%q %s=%q, want 1 and 1:4", wire.HdrReplayFrom, h.Get(wire.HdrReplayFrom), wire.HdrStepSeqs, h.Get(wire.HdrStepSeqs))
+			{ // replay starts at the held gradient (the stream's first); step 1 was completed by the fourth
+				first := store.FirstSeq(x.rec)
+				from, seqs := strconv.FormatUint(first, 10), "1:"+strconv.FormatUint(first+3, 10)
+				if h.Get(wire.HdrReplayFrom) != from || h.Get(wire.HdrStepSeqs) != seqs {
+					t.Fatalf("snapshot headers %s=%q %s=%q, want %s and %s", wire.HdrReplayFrom, h.Get(wire.HdrReplayFrom), wire.HdrStepSeqs, h.Get(wire.HdrStepSeqs), from, seqs)
 				}
 			}
 

@@ -317,13 +317,34 @@ func CheckFits(rec *job.Record, maxPayload int64) error {
 	return nil
 }
 
+// FirstSeq is the first sequence of the streams of the job incarnation rec: the microseconds of
+// its creation time since the Unix epoch. A job deleted and created again under the same id gets
+// streams of the same names, and a runtime still draining the deleted incarnation purges and
+// deletes by sequence: it checks that the stream is still the one it opened, but the job can be
+// created again between the check and the request, and a bound or sequence of the old stream would
+// then take the new incarnation's gradients (and stall it at its first step). Starting each
+// incarnation's sequences at its creation time keeps them disjoint: an incarnation stores fewer
+// messages than the microseconds it lives (its stream's bound refuses beyond a few per shard and
+// step), so its last sequence stays below the next incarnation's first, as long as the gateways'
+// clocks do not step back by more than its life. A record without a creation time starts at 1.
+func FirstSeq(rec *job.Record) uint64 {
+	if us := rec.Created.UnixMicro(); us > 0 {
+		return uint64(us)
+	}
+	return 0
+}
+
 // CreateJobStreams creates the streams of a job: its gradients, its parameters and checkpoints,
 // and for init "upload" its initial parameters. Every stream a job's workers write to is bounded
 // from the spec: the largest message (a shard plus headers), the bytes and messages it may hold
 // (JobStorageBound), and what happens beyond them: refusal at publish time (DiscardNew), never the
 // eviction of an accepted gradient.
+//
+// Each stream's sequences start at FirstSeq(rec), above any sequence an earlier job of the same id
+// used: see FirstSeq.
 func CreateJobStreams(ctx context.Context, js jetstream.JetStream, rec *job.Record, maxPayload int64) error {
 	id := rec.Spec.ID
+	first := FirstSeq(rec)
 	storage := jetstream.MemoryStorage
 	if rec.Spec.Storage == "file" {
 		storage = jetstream.FileStorage
@@ -345,6 +366,7 @@ func CreateJobStreams(ctx context.Context, js jetstream.JetStream, rec *job.Reco
 			MaxBytes:    gradBytes,
 			MaxMsgs:     int64(rec.Spec.Ranks) * shards * GradWindow(&rec.Spec),
 			Duplicates:  2 * time.Minute,
+			FirstSeq:    first,
 		}); err != nil {
 			return fmt.Errorf("create gradient stream of job %s: %w", id, err)
 		}
@@ -358,6 +380,7 @@ func CreateJobStreams(ctx context.Context, js jetstream.JetStream, rec *job.Reco
 		MaxMsgsPerSubject: ParamsHistory,
 		AllowDirect:       true,
 		Duplicates:        2 * time.Minute,
+		FirstSeq:          first,
 	}); err != nil {
 		return fmt.Errorf("create parameter stream of job %s: %w", id, err)
 	}
@@ -382,6 +405,7 @@ func CreateJobStreams(ctx context.Context, js jetstream.JetStream, rec *job.Reco
 			DiscardNewPerSubject: true,
 			MaxMsgsPerSubject:    1,
 			MaxMsgs:              shards,
+			FirstSeq:             first,
 			MaxBytes:             model,
 			MaxMsgSize:           min(GradMaxMsgSize(rec), int32(min(maxPayload, 1<<31-1))),
 			AllowDirect:          true,
