@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,6 +27,7 @@ import (
 	"github.com/fanin-ml/fanin/gateway"
 	"github.com/fanin-ml/fanin/gateway/api"
 	"github.com/fanin-ml/fanin/internal/auth"
+	"github.com/fanin-ml/fanin/internal/metrics"
 	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/lab/testutil"
@@ -33,11 +35,8 @@ import (
 	"github.com/fanin-ml/fanin/wire"
 )
 
-// TestAttacks runs `fanin dev` (secured, as it is by default) as a process and attacks it with
-// nothing but one job's NATS credentials, one class of attack per subtest, while two other jobs
-// train alongside. Every attack is denied or rejected with its reason; at the end both victims'
-// parameters are byte-identical to the single-process reference, and the process's memory stayed
-// bounded.
+// TestAttacks runs `fanin dev` (secured, as it is by default) as a process and attacks it with the
+// suite of runAttacks. TestKubeNode runs the same suite against the Kubernetes deployment.
 func TestAttacks(t *testing.T) {
 	skipShort(t)
 	dir := t.TempDir()
@@ -45,22 +44,58 @@ func TestAttacks(t *testing.T) {
 	dev := start(t, "fanin dev", "dev", "--nats-port", strconv.Itoa(natsPort), "--http", "127.0.0.1:"+strconv.Itoa(httpPort),
 		"--data-dir", dir, "--runtimes", "2", "--log-level", "warn")
 	dev.waitFor(t, regexpHTTP, 60*time.Second)
-	url := fmt.Sprintf("nats://127.0.0.1:%d", natsPort)
 	httpURL := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
 	authority, err := auth.Load(filepath.Join(dir, "auth"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	admin := sdk.NewAdmin(httpURL, sdk.WithToken(authority.AdminToken()))
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-
-	// fanin's own view, for checking what an attack changed: a component user of the fanin account.
-	compCreds, err := authority.ComponentCredentials("e2e-observer")
+	observer, err := authority.ComponentCredentials("e2e-observer")
 	if err != nil {
 		t.Fatal(err)
 	}
-	comp, err := nats.Connect(url, compCreds.NATSOptions()...)
+	runAttacks(t, attackTarget{
+		natsURL:  fmt.Sprintf("nats://127.0.0.1:%d", natsPort),
+		apiURL:   httpURL,
+		admin:    sdk.NewAdmin(httpURL, sdk.WithToken(authority.AdminToken())),
+		observer: observer.NATSOptions(),
+		// fanin dev serves its runtimes' metrics on its HTTP API.
+		metrics: func() ([]string, error) { return []string{httpURL + "/metrics"}, nil },
+		memory: func() (int64, error) {
+			return rssOf(dev.cmd.Process.Pid)
+		},
+		memoryOf: "fanin dev's RSS (NATS, runtimes, gateway and autoscaler in one process)",
+	})
+}
+
+// attackTarget is a deployment of fanin that runAttacks attacks.
+type attackTarget struct {
+	natsURL string // where jobs' workers connect
+	apiURL  string // the HTTP API
+	admin   *sdk.Admin
+	// observer connects a component user of fanin's account: fanin's own view, to check what an
+	// attack changed.
+	observer []nats.Option
+	// metrics lists the Prometheus endpoints of the runtimes (counters are summed over them).
+	metrics func() ([]string, error)
+	// memory is the resident memory, in bytes, of the processes an attack could make grow
+	// (memoryOf names them); nil when the target cannot measure it, and noMemory says why.
+	memory   func() (int64, error)
+	memoryOf string
+	noMemory string
+}
+
+// runAttacks attacks tg with nothing but one job's NATS credentials, one class of attack per
+// subtest, while two victim jobs train alongside, each step checked against the single-process
+// reference. Every attack is denied or rejected with its reason; after each one, both victims have
+// trained on, bit-exact, and so has the attacker's own job (its own workers, its own reference);
+// at the end the victims' parameters are byte-identical to the reference and the target's memory
+// stayed bounded. The suite deletes its jobs when it ends.
+func runAttacks(t *testing.T, tg attackTarget) {
+	url, httpURL, admin := tg.natsURL, tg.apiURL, tg.admin
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+
+	comp, err := nats.Connect(url, tg.observer...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,16 +107,51 @@ func TestAttacks(t *testing.T) {
 	v2 := startVictim(t, ctx, admin, url, "victim-adam", "adam", map[string]float64{"lr": 0.01})
 	attacker := submit(t, ctx, admin, attackSpec("attacker", "zeros"))
 	forger := submit(t, ctx, admin, attackSpec("forger", "upload"))
+	defer func() {
+		for _, id := range []string{v1.rec.Spec.ID, v2.rec.Spec.ID, attacker.Record.Spec.ID, forger.Record.Spec.ID} {
+			if err := admin.DeleteJob(context.Background(), id); err != nil {
+				t.Errorf("deleting job %s: %v", id, err)
+			}
+		}
+	}()
+	quiet := sdk.WithNATSOptions(nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	// The attacker's own job, trained by its own workers between the attacks.
+	atr := newTrainerWith(t, url, &attacker.Record, []sdk.Option{sdk.WithJobCredentials(attacker.Credentials), quiet})
 	ac := connectAs(t, url, attacker.Credentials)
 	ajs, _ := jetstream.New(ac.nc)
-	rss0 := rssOf(t, dev.cmd.Process.Pid)
+	var mem0 int64
+	if tg.memory != nil {
+		if mem0, err = tg.memory(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runtimeID := "rt-0"
+	if pool, err := admin.Pool(ctx); err == nil && len(pool.Runtimes) > 0 {
+		runtimeID = pool.Runtimes[0].ID
+	}
+	dropped := func(t *testing.T, jobID string) float64 {
+		t.Helper()
+		urls, err := tg.metrics()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := 0.0
+		for _, u := range urls {
+			sum += metricSum(t, u, metrics.RuntimeRepliesDropped, jobID)
+		}
+		return sum
+	}
 
-	// Everything that lands in the fanin account, to check that no attack published there: every
-	// message, and the rejection reports apart (a victim's parameters subject carries its
-	// runtimes' parameters, legitimately, but never a report).
+	// Everything that lands in the fanin account, to check that no attack published there: the
+	// answers to requests (what JetStream sends a reply subject), and the rejection reports apart.
+	// Other messages on those subjects are fanin's own traffic: a victim's parameters and
+	// checkpoints, the autoscaler's placement of its shards.
 	var spyMu sync.Mutex
 	landed, reportsLanded := map[string]int{}, map[string]int{}
 	spy, err := comp.Subscribe(">", func(m *nats.Msg) {
+		if !isAnswer(m, attacker.Record.Spec.ID) {
+			return
+		}
 		spyMu.Lock()
 		landed[m.Subject]++
 		if m.Header.Get(wire.HdrReject) != "" {
@@ -109,7 +179,8 @@ func TestAttacks(t *testing.T) {
 
 	// The attacker's bad messages stay in its stream until a snapshot of its shard covers them, and
 	// its stream holds at most ranks x shards x 8 messages (its storage bound): each class of attack
-	// starts from an empty stream, as a job that trains would keep it.
+	// starts from an empty stream, as a job that trains would keep it, and so does the attacker's
+	// own training after each.
 	clearAttacker := func(t *testing.T) {
 		t.Helper()
 		gs, err := cjs.Stream(ctx, wire.GradStream(attacker.Record.Spec.ID))
@@ -120,15 +191,36 @@ func TestAttacks(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// next is the attacker's shards' next step: a gradient for it is judged now, not kept for later.
+	next := func() int64 { return atr.step + 1 }
 
-	t.Run("reply subjects cannot cross the account boundary", func(t *testing.T) {
+	// attack runs one class of attack, then checks that it took nothing away from anyone: both
+	// victims train on (each step checked against their reference as they go), and so does the
+	// attacker's own job.
+	// attacker's own job. The check is a subtest of its own: the attacker's trainer stops at a
+	// failure of its test, and an attack's failure must not look like one of the training's.
+	attack := func(name string, f func(t *testing.T)) {
+		t.Run(name, func(t *testing.T) {
+			t.Run("attack", f)
+			t.Run("then every job trains on, bit-exact", func(t *testing.T) {
+				for _, v := range []*victim{v1, v2} {
+					v.trainsOn(t, 2)
+				}
+				clearAttacker(t)
+				atr.t = t
+				atr.run(atr.step + 3)
+			})
+		})
+	}
+
+	attack("reply subjects cannot cross the account boundary", func(t *testing.T) {
 		token := "fanin_admin_" + strings.Repeat("x", 43)
 		sum := sha256.Sum256([]byte(token))
 		targets := []string{
 			"$KV." + gateway.StateBucket + ".token." + hex.EncodeToString(sum[:]),
 			"$KV." + wire.JobsBucket + "." + v1.rec.Spec.ID,
 			"$KV." + wire.PlacementBucket + "." + wire.PlacementKey(v1.rec.Spec.ID, 0),
-			"$KV." + wire.RuntimesBucket + ".rt-0",
+			"$KV." + wire.RuntimesBucket + "." + runtimeID,
 			"$KV." + wire.HandoverBucket + "." + wire.PlacementKey(v1.rec.Spec.ID, 0),
 			"$KV." + wire.LeaderBucket + ".leader",
 			"$KV." + wire.PolicyBucket + ".policy",
@@ -189,7 +281,7 @@ func TestAttacks(t *testing.T) {
 		}
 	})
 
-	t.Run("Fanin-Reply-To outside the job is dropped and counted", func(t *testing.T) {
+	attack("Fanin-Reply-To outside the job is dropped and counted", func(t *testing.T) {
 		clearAttacker(t)
 		id := attacker.Record.Spec.ID
 		outside := []string{
@@ -205,9 +297,9 @@ func TestAttacks(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		before := metricSum(t, httpURL, "fanin_runtime_replies_dropped_total", id)
+		before := dropped(t, id)
 		for i, to := range outside {
-			m := badGrad(id, 0, int64(1000+i))
+			m := badGrad(id, 0, next()+int64(1000+i))
 			m.Header.Set(wire.HdrReplyTo, to)
 			if _, err := ajs.PublishMsg(ctx, m); err != nil {
 				t.Fatalf("publish: %v", err)
@@ -219,17 +311,20 @@ func TestAttacks(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		m := badGrad(id, 0, 1) // the shard's next step, so the length is what is wrong
+		m := badGrad(id, 0, next()) // the shard's next step, so the length is what is wrong
 		m.Header.Set(wire.HdrReplyTo, mine)
 		if _, err := ajs.PublishMsg(ctx, m); err != nil {
 			t.Fatal(err)
 		}
 		r, err := reports.NextMsg(20 * time.Second)
-		if err != nil || r.Header.Get(wire.HdrReject) != string(wire.ReasonBadLength) {
-			t.Fatalf("no bad_length report at a reply inside the job: %v", err)
+		if err != nil {
+			t.Fatalf("no report at a reply inside the job: %v", err)
+		}
+		if got := r.Header.Get(wire.HdrReject); got != string(wire.ReasonBadLength) {
+			t.Fatalf("a report of %q at a reply inside the job, want %s", got, wire.ReasonBadLength)
 		}
 		testutil.CheckFor(t, 20*time.Second, 100*time.Millisecond, func() error {
-			if got := metricSum(t, httpURL, "fanin_runtime_replies_dropped_total", id); got < before+float64(len(outside)) {
+			if got := dropped(t, id); got < before+float64(len(outside)) {
 				return fmt.Errorf("%v replies dropped, want %v", got, before+float64(len(outside)))
 			}
 			return nil
@@ -244,7 +339,7 @@ func TestAttacks(t *testing.T) {
 		}
 	})
 
-	t.Run("parameters are written only by runtimes", func(t *testing.T) {
+	attack("parameters are written only by runtimes", func(t *testing.T) {
 		fc := connectAs(t, url, forger.Credentials)
 		fjs, _ := jetstream.New(fc.nc)
 		id := forger.Record.Spec.ID
@@ -293,14 +388,18 @@ func TestAttacks(t *testing.T) {
 			t.Fatal("a zeros job uploaded initial parameters")
 		}
 		ac.awaitViolation(t, `Publish to "`+wire.InitSubject(attacker.Record.Spec.ID, 0)+`"`)
+		// The forger's job trains from its upload, bit-exact.
+		w.Close()
+		ftr := newTrainerWith(t, url, &forger.Record, []sdk.Option{sdk.WithJobCredentials(forger.Credentials), quiet})
+		ftr.run(3)
 	})
 
-	t.Run("oversized messages are refused at publish", func(t *testing.T) {
+	attack("oversized messages are refused at publish", func(t *testing.T) {
 		clearAttacker(t)
 		id := attacker.Record.Spec.ID
 		shard := attacker.Record.Layout.Shards[0]
 		for _, size := range []int{shard.Bytes() + store.MaxGradHeaders + 4, 2 * (shard.Bytes() + store.MaxGradHeaders), 1 << 20, 8 << 20, 31 << 20} {
-			m := badGrad(id, 0, 1)
+			m := badGrad(id, 0, next())
 			m.Data = make([]byte, size)
 			_, err := ajs.PublishMsg(ctx, m)
 			if !errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum) && !strings.Contains(fmt.Sprint(err), "message size exceeds maximum") {
@@ -308,7 +407,7 @@ func TestAttacks(t *testing.T) {
 			}
 		}
 		// One element too many fits the stream and is rejected by the runtime as oversized.
-		m := badGrad(id, 0, 1)
+		m := badGrad(id, 0, next())
 		m.Data = make([]byte, shard.Bytes()+4)
 		rejects, _ := ac.nc.SubscribeSync(wire.RejectsSubject(id))
 		if _, err := ajs.PublishMsg(ctx, m); err != nil {
@@ -317,13 +416,14 @@ func TestAttacks(t *testing.T) {
 		awaitReject(t, rejects, wire.ReasonOversized)
 	})
 
-	t.Run("storage is bounded per job, refused at publish", func(t *testing.T) {
+	attack("storage is bounded per job, refused at publish", func(t *testing.T) {
 		clearAttacker(t)
 		id := attacker.Record.Spec.ID
 		shard := attacker.Record.Layout.Shards[0]
 		bound, _ := store.JobStorageBound(&attacker.Record)
 		var refusal error
-		for step := int64(100); step < 100+10_000 && refusal == nil; step++ {
+		from := next() + 100
+		for step := from; step < from+10_000 && refusal == nil; step++ {
 			m := badGrad(id, shard.ID, step)
 			m.Data = make([]byte, shard.Bytes()) // far-future steps: stored, never applied
 			_, refusal = ajs.PublishMsg(ctx, m)
@@ -341,7 +441,7 @@ func TestAttacks(t *testing.T) {
 		t.Logf("refused after the bound (%d bytes): %v", bound, refusal)
 	})
 
-	t.Run("unknown shard ids create nothing per message", func(t *testing.T) {
+	attack("unknown shard ids create nothing per message", func(t *testing.T) {
 		clearAttacker(t)
 		id := attacker.Record.Spec.ID
 		gs, err := cjs.Stream(ctx, wire.GradStream(id))
@@ -352,7 +452,7 @@ func TestAttacks(t *testing.T) {
 		const flood = 3000
 		maxConsumers, stored, refused := 0, 0, 0
 		for i := range flood {
-			m := badGrad(id, 1000+i, 1)
+			m := badGrad(id, 1000+i, next())
 			m.Header.Set(wire.HdrMsgID, fmt.Sprintf("flood-%d", i))
 			if _, err := ajs.PublishMsg(ctx, m); err != nil {
 				refused++
@@ -387,11 +487,9 @@ func TestAttacks(t *testing.T) {
 			t.Errorf("up to %d consumers on the attacker's stream during a flood of unknown shard ids", maxConsumers)
 		}
 		t.Logf("%d unknown-shard gradients: %d stored (and swept), %d refused at publish; at most %d consumers", flood, stored, refused, maxConsumers)
-		// The attacker's own job still trains.
-		testutil.Train(t, url, &attacker.Record, 3, sdk.WithJobCredentials(attacker.Credentials))
 	})
 
-	t.Run("another job's subjects and the JetStream API are out of reach", func(t *testing.T) {
+	attack("another job's subjects and the JetStream API are out of reach", func(t *testing.T) {
 		v := v1.rec.Spec.ID
 		_ = ac.nc.Publish(wire.GradSubject(v, 0), make([]byte, 16))
 		ac.awaitViolation(t, `Publish to "`+wire.GradSubject(v, 0)+`"`)
@@ -425,25 +523,55 @@ func TestAttacks(t *testing.T) {
 			t.Errorf("%s trained only %d steps during the attacks", v.rec.Spec.ID, steps)
 		}
 	}
-	rss1 := rssOf(t, dev.cmd.Process.Pid)
-	t.Logf("fanin dev's RSS: %d MiB before the attacks, %d MiB after", rss0>>20, rss1>>20)
-	if rss1 > rss0+400<<20 {
-		t.Errorf("fanin dev's memory grew from %d to %d MiB during the attacks", rss0>>20, rss1>>20)
+	t.Logf("the attacker's own job trained %d steps between the attacks, byte-identical to the reference", atr.step)
+	if tg.memory == nil {
+		t.Logf("memory not checked: %s", tg.noMemory)
+		return
 	}
+	mem1, err := tg.memory()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s: %d MiB before the attacks, %d MiB after", tg.memoryOf, mem0>>20, mem1>>20)
+	if mem1 > mem0+400<<20 {
+		t.Errorf("%s grew from %d to %d MiB during the attacks", tg.memoryOf, mem0>>20, mem1>>20)
+	}
+}
+
+// isAnswer says whether m looks like JetStream's answer to a request of job attacker: a direct
+// get's message or status, an API response or publish acknowledgement, or anything that names the
+// attacker's job. fanin's own messages (parameters, checkpoints, KV values) are none of these.
+func isAnswer(m *nats.Msg, attacker string) bool {
+	if m.Header.Get("Nats-Stream") != "" || m.Header.Get("Status") != "" || m.Header.Get(wire.HdrReject) != "" {
+		return true
+	}
+	if bytes.HasPrefix(m.Data, []byte(`{"stream"`)) || bytes.Contains(m.Data, []byte(`"error":{`)) ||
+		bytes.Contains(m.Data, []byte("io.nats.jetstream.api")) || bytes.Contains(m.Data, []byte(attacker)) {
+		return true
+	}
+	for _, vs := range m.Header {
+		for _, v := range vs {
+			if strings.Contains(v, attacker) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // regexpHTTP finds the HTTP API's address in fanin dev's banner.
 var regexpHTTP = regexp.MustCompile(`HTTP API +(http://\S+)`)
 
-// victim is a job trained in BSP lockstep by its own workers (with its own credentials), checked
-// against the single-process reference.
+// victim is a job trained in BSP lockstep by its own workers (with its own credentials), each
+// step checked against the single-process reference.
 type victim struct {
 	rec     *job.Record
 	nc      *nats.Conn // a connection with the victim's credentials
 	done    chan struct{}
-	stopped chan struct{}
-	steps   int64
-	err     error
+	stopped chan struct{} // closed by the training goroutine when it returns
+	steps   atomic.Int64  // the steps trained and checked, written by the training goroutine
+	failed  atomic.Bool   // set before the training goroutine returns with err
+	err     error         // written by the training goroutine; read after stopped or failed
 	ref     *functions.Reference
 	final   []float32
 }
@@ -457,7 +585,9 @@ func startVictim(t *testing.T, ctx context.Context, admin *sdk.Admin, url, id, f
 	v.nc = connectAs(t, url, created.Credentials).nc
 	var ws []*sdk.Worker
 	for r := range spec.Ranks {
-		c, err := sdk.Connect(ctx, url, sdk.WithJobCredentials(created.Credentials))
+		// Quiet: deleting the job at the end closes its account, and its connections with it.
+		c, err := sdk.Connect(ctx, url, sdk.WithJobCredentials(created.Credentials),
+			sdk.WithNATSOptions(nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -476,6 +606,7 @@ func startVictim(t *testing.T, ctx context.Context, admin *sdk.Admin, url, id, f
 	v.ref = functions.NewReference(fnc, spec.Ranks, created.Record.Layout.Ranges(), init)
 	go func() {
 		defer close(v.stopped)
+		defer func() { v.failed.Store(v.err != nil) }()
 		params := append([]float32(nil), init...)
 		grads := [][]float32{make([]float32, len(init)), make([]float32, len(init))}
 		for step := int64(1); ; step++ {
@@ -499,8 +630,14 @@ func startVictim(t *testing.T, ctx context.Context, admin *sdk.Admin, url, id, f
 				return
 			}
 			v.ref.Step(grads, nil)
+			for r := range out {
+				if !bytes.Equal(f32le(out[r]), f32le(v.ref.Params())) {
+					v.err = fmt.Errorf("%s step %d: rank %d's parameters differ from the reference", id, step, r)
+					return
+				}
+			}
 			params = append(params[:0], out[0]...)
-			v.steps = step
+			v.steps.Store(step)
 			time.Sleep(20 * time.Millisecond)
 		}
 	}()
@@ -517,9 +654,28 @@ func (v *victim) stop(t *testing.T) int64 {
 		t.Fatal(v.err)
 	}
 	if !bytes.Equal(f32le(v.final), f32le(v.ref.Params())) {
-		t.Errorf("%s: after %d steps the parameters differ from the reference", v.rec.Spec.ID, v.steps)
+		t.Errorf("%s: after %d steps the parameters differ from the reference", v.rec.Spec.ID, v.steps.Load())
 	}
-	return v.steps
+	return v.steps.Load()
+}
+
+// trainsOn waits until the victim has trained n more steps, each bit-exact.
+func (v *victim) trainsOn(t *testing.T, n int64) {
+	t.Helper()
+	from := v.steps.Load()
+	testutil.CheckFor(t, 60*time.Second, 20*time.Millisecond, func() error {
+		if v.failed.Load() {
+			return nil
+		}
+		if got := v.steps.Load(); got < from+n {
+			return fmt.Errorf("%s at step %d, want %d", v.rec.Spec.ID, got, from+n)
+		}
+		return nil
+	})
+	if v.failed.Load() {
+		<-v.stopped
+		t.Fatal(v.err)
+	}
 }
 
 func attackSpec(id, init string) job.Spec {
@@ -629,10 +785,10 @@ func httpStatus(t *testing.T, url, token string) int {
 	return resp.StatusCode
 }
 
-// metricSum sums a counter's series for a job on fanin dev's /metrics.
-func metricSum(t *testing.T, base, name, jobID string) float64 {
+// metricSum sums a counter's series for a job on the Prometheus endpoint url.
+func metricSum(t *testing.T, url, name, jobID string) float64 {
 	t.Helper()
-	resp, err := http.Get(base + "/metrics")
+	resp, err := http.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -653,18 +809,16 @@ func metricSum(t *testing.T, base, name, jobID string) float64 {
 }
 
 // rssOf is a process's resident memory in bytes.
-func rssOf(t *testing.T, pid int) int64 {
-	t.Helper()
+func rssOf(pid int) (int64, error) {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		t.Skipf("no /proc: %v", err)
+		return 0, err
 	}
 	for _, line := range strings.Split(string(data), "\n") {
 		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
 			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-			return kb << 10
+			return kb << 10, nil
 		}
 	}
-	t.Fatal("no VmRSS")
-	return 0
+	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
 }
