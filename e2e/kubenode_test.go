@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +24,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/fanin-ml/fanin/internal/auth"
 	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/lab/testutil"
@@ -218,6 +221,123 @@ func (k *kubeNode) restarts() []string {
 	return r
 }
 
+// attackTarget is the deployment as runAttacks attacks it: through the NATS and gateway Services,
+// observed with a component user of fanin's account; counters are summed over the runtime pods'
+// metrics ports, and memory over the NATS servers and the runtimes (their processes' resident
+// memory, as each reports it: there is no one process like fanin dev's).
+func (k *kubeNode) attackTarget(natsURL, api string, admin *sdk.Admin, authDir string) attackTarget {
+	authority, err := auth.Load(authDir)
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	observer, err := authority.ComponentCredentials("e2e-observer")
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	return attackTarget{
+		natsURL: natsURL, apiURL: api, admin: admin, observer: observer.NATSOptions(),
+		metrics: func() ([]string, error) {
+			ips, err := k.podIPs("fanin-runtime")
+			for i, ip := range ips {
+				ips[i] = "http://" + ip + ":9464/metrics"
+			}
+			return ips, err
+		},
+		memory:   k.memory,
+		memoryOf: "the resident memory of the NATS servers (/varz mem) and the runtimes (process_resident_memory_bytes) together",
+	}
+}
+
+// podIPs are the addresses of the running pods of app (app.kubernetes.io/name), not being deleted.
+func (k *kubeNode) podIPs(app string) ([]string, error) {
+	pods, err := k.cs.CoreV1().Pods("fanin").List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + app})
+	if err != nil {
+		return nil, err
+	}
+	var ips []string
+	for _, p := range pods.Items {
+		if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil && p.Status.PodIP != "" {
+			ips = append(ips, p.Status.PodIP)
+		}
+	}
+	if len(ips) == 0 {
+		return nil, fmt.Errorf("no running pod of %s", app)
+	}
+	return ips, nil
+}
+
+// memory adds up the resident memory of the NATS servers and of the runtimes.
+func (k *kubeNode) memory() (int64, error) {
+	var sum int64
+	servers, err := k.podIPs("nats")
+	if err != nil {
+		return 0, err
+	}
+	for _, ip := range servers {
+		var varz struct {
+			Mem int64 `json:"mem"`
+		}
+		resp, err := http.Get("http://" + ip + ":8222/varz")
+		if err != nil {
+			return 0, err
+		}
+		err = json.NewDecoder(resp.Body).Decode(&varz)
+		resp.Body.Close()
+		if err != nil || varz.Mem == 0 {
+			return 0, fmt.Errorf("%s /varz: mem %d, %v", ip, varz.Mem, err)
+		}
+		sum += varz.Mem
+	}
+	runtimes, err := k.podIPs("fanin-runtime")
+	if err != nil {
+		return 0, err
+	}
+	for _, ip := range runtimes {
+		resp, err := http.Get("http://" + ip + ":9464/metrics")
+		if err != nil {
+			return 0, err
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			return 0, err
+		}
+		rss := int64(0)
+		for line := range strings.SplitSeq(string(body), "\n") {
+			if v, ok := strings.CutPrefix(line, "process_resident_memory_bytes "); ok {
+				f, _ := strconv.ParseFloat(v, 64)
+				rss = int64(f)
+			}
+		}
+		if rss == 0 {
+			return 0, fmt.Errorf("runtime %s reports no process_resident_memory_bytes", ip)
+		}
+		sum += rss
+	}
+	return sum, nil
+}
+
+// firstStarted is when the first running container of app's pods started.
+func (k *kubeNode) firstStarted(app string) time.Time {
+	k.t.Helper()
+	pods, err := k.cs.CoreV1().Pods("fanin").List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + app})
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	var first time.Time
+	for _, p := range pods.Items {
+		for _, c := range p.Status.ContainerStatuses {
+			if r := c.State.Running; r != nil && (first.IsZero() || r.StartedAt.Time.Before(first)) {
+				first = r.StartedAt.Time
+			}
+		}
+	}
+	if first.IsZero() {
+		k.t.Fatalf("no running container of %s", app)
+	}
+	return first
+}
+
 // runtimeReplicas is the runtime Deployment's spec.replicas: what the autoscaler asked for.
 func (k *kubeNode) runtimeReplicas() (int, error) {
 	s, err := k.cs.AppsV1().Deployments("fanin").GetScale(context.Background(), "fanin-runtime", metav1.GetOptions{})
@@ -235,7 +355,9 @@ func (k *kubeNode) runtimeReplicas() (int, error) {
 //   - every pod Ready; the three NATS servers route to each other by their DNS names (CoreDNS) and
 //     give fanin's state 3 replicas;
 //   - nothing connects to NATS without credentials, the API refuses a request without a token, and
-//     one job's credentials do not open another job;
+//     one job's credentials do not open another job; then TestAttacks' suite (runAttacks) attacks
+//     the deployment through its Services while two victim jobs train, each attack followed by
+//     bit-exact steps of the victims and of the attacker's own job;
 //   - a job created through the gateway's Service trains with its credentials, from workers on this
 //     host (through the NATS Service), bit-exact against the reference, from apply to the first
 //     step without a manual step;
@@ -413,7 +535,11 @@ patches:
 	tr := newTrainerWith(t, natsURL, &created.Record, creds)
 	tr.onStall = k.diagnose
 	tr.run(1)
-	t.Logf("first step trained %v after kubectl apply", time.Since(applied).Round(time.Second))
+	t.Logf("first step trained %v after kubectl apply, %v after the first runtime container started",
+		time.Since(applied).Round(time.Second), time.Since(k.firstStarted("fanin-runtime")).Round(time.Second))
+
+	// TestAttacks' suite, against the deployment.
+	t.Run("attacks", func(t *testing.T) { runAttacks(t, k.attackTarget(natsURL, api, admin, authDir)) })
 	tr.run(10)
 
 	// step runs one step and returns how long it took.
