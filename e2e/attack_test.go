@@ -822,3 +822,34 @@ func rssOf(pid int) (int64, error) {
 	}
 	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
 }
+
+// TestIsAnswer: what the attack suite's spy counts as an answer that crossed into fanin's account,
+// and what it leaves as fanin's own traffic.
+func TestIsAnswer(t *testing.T) {
+	msg := func(data string, hdr ...string) *nats.Msg {
+		m := nats.NewMsg("x")
+		m.Data = []byte(data)
+		for i := 0; i+1 < len(hdr); i += 2 {
+			m.Header.Set(hdr[i], hdr[i+1])
+		}
+		return m
+	}
+	for _, c := range []struct {
+		name string
+		m    *nats.Msg
+		want bool
+	}{
+		{"publish acknowledgement", msg(`{"stream":"FANIN_GRAD_mallory","seq":7}`), true},
+		{"API error", msg(`{"type":"io.nats.jetstream.api.v1.stream_delete_response","error":{"code":403}}`), true},
+		{"direct get", msg("\x00\x00", "Nats-Stream", "FANIN_PARAMS_mallory", "Nats-Subject", "fanin.v1.mallory.params.0"), true},
+		{"direct get: no message", msg("", "Status", "404"), true},
+		{"the attacker's record", msg(`{"spec":{"id":"mallory"}}`), true},
+		{"a rejection report", msg(`{}`, wire.HdrReject, string(wire.ReasonBadLength)), true},
+		{"a victim's placement", msg(`{"runtime":"fanin-runtime-7d9f","epoch":3}`), false},
+		{"a victim's parameters", msg("\x01\x02\x03\x04", wire.HdrStep, "12", wire.HdrDtype, wire.DtypeF32), false},
+	} {
+		if got := isAnswer(c.m, "mallory"); got != c.want {
+			t.Errorf("%s: isAnswer %v, want %v", c.name, got, c.want)
+		}
+	}
+}
