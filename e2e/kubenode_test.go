@@ -145,6 +145,12 @@ func (k *kubeNode) diagnose() {
 	for _, p := range pods.Items {
 		out, _ := k.kubectl("-n", "fanin", "logs", p.Name, "--tail", "25")
 		k.t.Logf("%s:\n%s", p.Name, out)
+		for _, c := range p.Status.ContainerStatuses {
+			if c.RestartCount > 0 { // why the last one exited
+				out, _ := k.kubectl("-n", "fanin", "logs", p.Name, "-c", c.Name, "--previous", "--tail", "25")
+				k.t.Logf("%s/%s before its restart (%d restarts):\n%s", p.Name, c.Name, c.RestartCount, out)
+			}
+		}
 	}
 }
 
