@@ -2,8 +2,11 @@ package store_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -307,4 +310,56 @@ func (h *signalHandler) Handle(_ context.Context, r slog.Record) error {
 		})
 	}
 	return nil
+}
+
+// On a cluster, a bucket whose store a server cannot create at first is created once it can: a
+// server enabling JetStream for an account removes the account's empty directory, and a stream
+// being created in it at that moment failed with "error creating store for stream", which made a
+// component exit at start. Here a file stands where one bucket's store directory goes on every
+// server: the first creation fails with that error (the servers then remove the path themselves;
+// the test removes any left at the first retry). Not parallel: it listens to the process's default
+// logger.
+func TestBucketStoreFailureWaitedFor(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node cluster")
+	}
+	c := testutil.StartCluster(t, 3)
+	_, js := testutil.Connect(t, c.URLs())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var blocks []string
+	for i := range 3 {
+		dir := filepath.Join(c.Node(i).JetStreamConfig().StoreDir, server.DEFAULT_GLOBAL_ACCOUNT, "streams")
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			t.Fatal(err)
+		}
+		block := filepath.Join(dir, "KV_"+wire.JobsBucket)
+		if err := os.WriteFile(block, nil, 0o640); err != nil {
+			t.Fatal(err)
+		}
+		blocks = append(blocks, block)
+	}
+	retried := make(chan struct{})
+	prev := slog.Default()
+	slog.SetDefault(slog.New(&signalHandler{msg: "NATS is not ready; retrying", attr: "bucket " + wire.JobsBucket, hit: sync.OnceFunc(func() {
+		for _, b := range blocks { // the server may have removed the failed store's path itself
+			if err := os.Remove(b); err != nil && !errors.Is(err, os.ErrNotExist) {
+				t.Error(err)
+			}
+		}
+		close(retried)
+	})}))
+	defer slog.SetDefault(prev)
+	kv, err := store.EnsureKV(ctx, js, jetstream.KeyValueConfig{Bucket: wire.JobsBucket, Replicas: 3, Storage: jetstream.FileStorage})
+	if err != nil {
+		t.Fatalf("a bucket whose store could not be created at first: %v", err)
+	}
+	select {
+	case <-retried:
+	default:
+		t.Fatal("the bucket was created without a retry: the fault did not hit")
+	}
+	if _, err := kv.Put(ctx, "k", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
 }

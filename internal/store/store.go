@@ -118,6 +118,9 @@ func ensureKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValu
 				return nil, notYet{fmt.Errorf("open bucket %s: %w", cfg.Bucket, err)}
 			}
 		}
+		if storeRace(err) {
+			return nil, notYet{fmt.Errorf("create bucket %s: %w", cfg.Bucket, err)}
+		}
 		if err != nil {
 			return nil, Unplaceable("bucket "+cfg.Bucket, cfg.Replicas, err)
 		}
@@ -170,8 +173,8 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.Str
 			want.Replicas = max(want.Replicas, cur.CachedInfo().Config.Replicas)
 		}
 		var err error
-		if st, err = js.CreateOrUpdateStream(ctx, want); vanished(err) {
-			return notYet{fmt.Errorf("stream %s: %w", cfg.Name, err)} // deleted in between: again
+		if st, err = js.CreateOrUpdateStream(ctx, want); vanished(err) || storeRace(err) {
+			return notYet{fmt.Errorf("stream %s: %w", cfg.Name, err)} // deleted in between, or see storeRace: again
 		} else if err != nil {
 			return Unplaceable("stream "+cfg.Name, want.Replicas, err)
 		}
@@ -229,6 +232,25 @@ func Transient(err error) bool {
 // errClusterNotAvailable is JetStream's "JetStream system temporarily unavailable" (a cluster
 // without a meta leader yet: nats-server's JSClusterNotAvailErr).
 const errClusterNotAvailable jetstream.ErrorCode = 10008
+
+// storeRace tells a stream creation that a server of the cluster refused because it could not
+// create the stream's store: JetStream's "error creating store for stream" (a member's store
+// failure, as the meta leader reports it). On a fresh cluster a server enabling JetStream for an
+// account removes the account's directory when it holds no streams yet (nats-server checks that it
+// can write there), and a stream being created in it at that moment fails with "could not create
+// storage directory ... no such file or directory": a component then exited at start and was
+// restarted (TestKubeNode, one run in six). The meta leader drops the failed assignment, so the
+// creation may simply be made again; a store that can never be created (a read-only disk, say)
+// is retried with a warning that says so, like any NATS that is not ready.
+func storeRace(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == errStreamCreate &&
+		(strings.Contains(apiErr.Description, "error creating store") || strings.Contains(apiErr.Description, "could not create storage directory"))
+}
+
+// errStreamCreate is JetStream's generic stream creation error (nats-server's JSStreamCreateErrF),
+// which carries a member's store failure in a cluster.
+const errStreamCreate jetstream.ErrorCode = 10049
 
 // notYet marks a start-up error that passes by itself: a bucket or stream that was found or
 // created a moment ago and is not found now (untilUp retries it).
