@@ -260,50 +260,63 @@ func (k *kubeNode) attackTarget(natsURL, api string, admin *sdk.Admin, authDir s
 
 // podIPs are the addresses of the running pods of app (app.kubernetes.io/name), not being deleted.
 func (k *kubeNode) podIPs(app string) ([]string, error) {
+	pods, err := k.runningPods(app)
+	var ips []string
+	for _, p := range pods {
+		ips = append(ips, p.Status.PodIP)
+	}
+	return ips, err
+}
+
+// runningPods are the running pods of app (app.kubernetes.io/name) that have an address and are
+// not being deleted.
+func (k *kubeNode) runningPods(app string) ([]corev1.Pod, error) {
 	pods, err := k.cs.CoreV1().Pods("fanin").List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + app})
 	if err != nil {
 		return nil, err
 	}
-	var ips []string
+	var running []corev1.Pod
 	for _, p := range pods.Items {
 		if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil && p.Status.PodIP != "" {
-			ips = append(ips, p.Status.PodIP)
+			running = append(running, p)
 		}
 	}
-	if len(ips) == 0 {
+	if len(running) == 0 {
 		return nil, fmt.Errorf("no running pod of %s", app)
 	}
-	return ips, nil
+	return running, nil
 }
 
-// memory adds up the resident memory of the NATS servers and of the runtimes.
+// memory adds up the resident memory of the NATS servers and of the runtimes, and logs each one's.
 func (k *kubeNode) memory() (int64, error) {
 	var sum int64
-	servers, err := k.podIPs("nats")
+	var parts []string
+	servers, err := k.runningPods("nats")
 	if err != nil {
 		return 0, err
 	}
-	for _, ip := range servers {
+	for _, p := range servers {
 		var varz struct {
 			Mem int64 `json:"mem"`
 		}
-		resp, err := http.Get("http://" + ip + ":8222/varz")
+		resp, err := http.Get("http://" + p.Status.PodIP + ":8222/varz")
 		if err != nil {
 			return 0, err
 		}
 		err = json.NewDecoder(resp.Body).Decode(&varz)
 		resp.Body.Close()
 		if err != nil || varz.Mem == 0 {
-			return 0, fmt.Errorf("%s /varz: mem %d, %v", ip, varz.Mem, err)
+			return 0, fmt.Errorf("%s /varz: mem %d, %v", p.Name, varz.Mem, err)
 		}
 		sum += varz.Mem
+		parts = append(parts, fmt.Sprintf("%s %d MiB", p.Name, varz.Mem>>20))
 	}
-	runtimes, err := k.podIPs("fanin-runtime")
+	runtimes, err := k.runningPods("fanin-runtime")
 	if err != nil {
 		return 0, err
 	}
-	for _, ip := range runtimes {
-		resp, err := http.Get("http://" + ip + ":9464/metrics")
+	for _, p := range runtimes {
+		resp, err := http.Get("http://" + p.Status.PodIP + ":9464/metrics")
 		if err != nil {
 			return 0, err
 		}
@@ -320,10 +333,12 @@ func (k *kubeNode) memory() (int64, error) {
 			}
 		}
 		if rss == 0 {
-			return 0, fmt.Errorf("runtime %s reports no process_resident_memory_bytes", ip)
+			return 0, fmt.Errorf("runtime %s reports no process_resident_memory_bytes", p.Name)
 		}
 		sum += rss
+		parts = append(parts, fmt.Sprintf("%s %d MiB", p.Name, rss>>20))
 	}
+	k.t.Logf("resident memory: %s", strings.Join(parts, ", "))
 	return sum, nil
 }
 
