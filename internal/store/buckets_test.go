@@ -219,13 +219,7 @@ func TestWatcherHeals(t *testing.T) {
 // A watch of a bucket deleted meanwhile waits until the bucket is back. Not parallel: it listens
 // to the process's default logger, and its servers' ports are FreePort's.
 func TestBucketsWaitedForAtStart(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a 3-node cluster")
-	}
-	c := testutil.StartCluster(t, 3)
-	_, js := testutil.Connect(t, c.URLs())
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	_, js, ctx := startCluster3(t)
 	var mu sync.Mutex
 	vanished := map[string]bool{}
 	store.SetAfterOpen(func(bucket string) { // each bucket vanishes once, right after it was opened
@@ -320,13 +314,7 @@ func (h *signalHandler) Handle(_ context.Context, r slog.Record) error {
 // the test removes any left at the first retry). Not parallel: it listens to the process's default
 // logger.
 func TestBucketStoreFailureWaitedFor(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a 3-node cluster")
-	}
-	c := testutil.StartCluster(t, 3)
-	_, js := testutil.Connect(t, c.URLs())
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	c, js, ctx := startCluster3(t)
 	var blocks []string
 	for i := range 3 {
 		dir := filepath.Join(c.Node(i).JetStreamConfig().StoreDir, server.DEFAULT_GLOBAL_ACCOUNT, "streams")
@@ -362,4 +350,18 @@ func TestBucketStoreFailureWaitedFor(t *testing.T) {
 	if _, err := kv.Put(ctx, "k", []byte("v")); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// startCluster3 starts a 3-node cluster (skipped with -short) and connects to it; ctx ends with the
+// test, or after a minute.
+func startCluster3(t *testing.T) (*testutil.Cluster, jetstream.JetStream, context.Context) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a 3-node cluster")
+	}
+	c := testutil.StartCluster(t, 3)
+	_, js := testutil.Connect(t, c.URLs())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return c, js, ctx
 }
