@@ -33,6 +33,14 @@ fi
 
 echo "building jaeger $version into $bin (15-25 min on 2 cores; cached afterwards)" >&2
 start=$(date +%s)
+# Downloads first, retried (as scripts/kube.sh does), so that a dropped connection to the module
+# proxy costs a retry and not the build.
+for try in 1 2 3 4 5; do
+  if (cd "$root/tools/jaeger" && GOSUMDB=off GOFLAGS=-mod=readonly go mod download) >&2; then break; fi
+  [ "$try" = 5 ] && { echo "go mod download failed 5 times" >&2; exit 1; }
+  echo "go mod download failed (try $try), retrying in $((try * 5))s" >&2
+  sleep $((try * 5))
+done
 tmp="$bin.tmp.$$"
 # go.sum in tools/jaeger pins every module; the checksum database refuses some of
 # opentelemetry-collector-contrib's lookups, so it is not consulted (go.sum still is).
