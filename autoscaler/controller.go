@@ -44,6 +44,15 @@ type ownerDriver interface {
 	Owns(id string) bool
 }
 
+// templateSized is a pool driver whose runtimes a template sizes, not the policy: the Kubernetes
+// Deployment's pod template (its CPU request), which the runtimes report as their cores. With such
+// a driver the decider counts in the reported cores whatever the policy's cores_per_runtime says
+// (as with cores_per_runtime 0): counting the default 4 cores for pods of 1 would size the pool 4
+// times too small. ProcessDriver starts its runtimes with --cores cores_per_runtime.
+type templateSized interface {
+	TemplateSized() bool
+}
+
 // leaderKey is the key of the leader lock in the leader bucket.
 const leaderKey = "autoscaler"
 
@@ -78,6 +87,8 @@ type Controller struct {
 	mu       sync.Mutex // guards everything below
 	policy   Policy
 	draining map[string]bool
+	// templateSaid: the log said once that the driver's template, not the policy, sizes runtimes.
+	templateSaid bool
 	// The leadership: the lock's current revision (0: not leader), the term it was taken in, until
 	// when this controller may act as leader (renewals push it on), and the term's fences.
 	leaderRev  uint64
@@ -305,6 +316,14 @@ func (c *Controller) Step(ctx context.Context) (Decision, error) {
 	}
 	lapses := !c.registrySince.IsZero() && now.Sub(c.registrySince) >= store.RuntimeLapse
 	pol := c.policy
+	if ts, ok := c.driver.(templateSized); ok && ts.TemplateSized() && pol.CoresPerRuntime != 0 {
+		if !c.templateSaid {
+			c.templateSaid = true
+			c.log.Info("the pool driver's template sizes the runtimes: counting the cores they report, not the policy's cores_per_runtime",
+				"cores_per_runtime", pol.CoresPerRuntime)
+		}
+		pol.CoresPerRuntime = 0
+	}
 	obs := c.observe(snap, now, lapses)
 	c.mu.Unlock()
 	for i := range obs.Shards {

@@ -140,6 +140,10 @@ func NewKubernetesDriver(ctx context.Context, client kubernetes.Interface, names
 	return d, nil
 }
 
+// TemplateSized reports true: the Deployment's pod template sizes a runtime (its CPU request,
+// which the runtime reports as its cores), not the policy's cores_per_runtime.
+func (d *KubernetesDriver) TemplateSized() bool { return true }
+
 // Scale raises the Deployment's replicas to n if they are lower; it never lowers them.
 func (d *KubernetesDriver) Scale(ctx context.Context, n int) error {
 	d.op.Lock()
