@@ -196,7 +196,6 @@ func runAttacks(t *testing.T, tg attackTarget) {
 
 	// attack runs one class of attack, then checks that it took nothing away from anyone: both
 	// victims train on (each step checked against their reference as they go), and so does the
-	// attacker's own job.
 	// attacker's own job. The check is a subtest of its own: the attacker's trainer stops at a
 	// failure of its test, and an attack's failure must not look like one of the training's.
 	attack := func(name string, f func(t *testing.T)) {
