@@ -554,8 +554,9 @@ func (c *Controller) observe(snap view.Snapshot, now time.Time, lapses bool) Obs
 	}
 	for id := range live {
 		// Its cores: from its load reports, or, before the first, from its registration.
-		ro := RuntimeObs{ID: id, Cores: max(1, runtimes[id].Cores), Draining: c.draining[id]}
+		ro := RuntimeObs{ID: id, Cores: max(1, runtimes[id].Cores), Draining: c.draining[id], Unreported: true}
 		if l, ok := loads[id]; ok {
+			ro.Unreported = false
 			ro.Cores = max(1, l.Cores)
 			ro.Node, ro.Server, ro.NIC = l.Node, l.Server, l.NICBytesPerSec
 			if l.NanosPerByte > 0 && median > 0 {

@@ -16,7 +16,10 @@ import (
 //
 // A node whose NIC is unknown (0) has no limit, and a runtime that does not report its node is a
 // node of its own: without the operator's --nic-bandwidth or a link speed the kernel knows, the
-// decider places by cores alone, as before bytes were counted.
+// decider places by cores alone, as before bytes were counted. A runtime that has not sent its
+// first load report yet (RuntimeObs.Unreported) gets no new shards while other runtimes' NICs are
+// known: taken for a node without a limit, it drew every shard of a job created as it started, and
+// the job stayed uneven once the shards that did not fit moved off (4, 2, 2, 2 of 10 on 4 nodes).
 //
 // The pool is sized in cores; bytes add a floor: while the shards' bytes need more than one NIC,
 // the pool keeps a runtime on as many of the nodes it spans as they need (nicFloor), and a
@@ -114,6 +117,9 @@ func (r *round) nodes() {
 	}
 	for _, n := range r.nodeList {
 		n.fit = n.cap * r.p.TargetUtilization
+	}
+	for _, rt := range r.rts {
+		rt.unknown = rt.obs.Unreported
 	}
 }
 

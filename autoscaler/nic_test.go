@@ -282,3 +282,70 @@ func TestDecideWithNICsDeterministic(t *testing.T) {
 		}
 	}
 }
+
+// perNode counts, per node, the shards a placement puts on it, in decreasing order.
+func perNode(rts []RuntimeObs, placement map[string]string) []int {
+	node := map[string]string{}
+	for _, r := range rts {
+		node[r.ID] = r.Node
+	}
+	count := map[string]int{}
+	for _, rt := range placement {
+		count[node[rt]]++
+	}
+	var out []int
+	for _, n := range count {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	slices.Reverse(out)
+	return out
+}
+
+// The bench's job (10 shards of 1 MiB, 4 ranks) created as the last of its 4 runtimes starts: that
+// runtime has not reported its node and NIC yet. It gets none of the shards (taken for a node
+// without a limit, it drew all 10, and kept 4 once the others were full), and once it reports,
+// the job ends 3, 3, 2, 2.
+func TestUnreportedRuntimeGetsNoShardsWhileNICsAreKnown(t *testing.T) {
+	t.Parallel()
+	p := DefaultPolicy()
+	p.MinRuntimes, p.MaxRuntimes = 4, 4
+	rts := onNodes(runtimes(4), mbit100, "w0", "w1", "w2", "w3")
+	late := rts[3]
+	rts[3].Node, rts[3].Server, rts[3].NIC, rts[3].Unreported = "", "", 0, true
+	shards := jobShards("bench", 10, float64(4<<20)/2e9, 0, 0, 0) // unmeasured, as the controller estimates
+	d := NewDecider()
+	for i := range 5 {
+		if i == 1 {
+			rts[3] = late
+		}
+		obs := Observations{Runtimes: rts, Shards: shards}
+		dec := d.Decide(p, obs, at(time.Duration(i)*time.Second))
+		checkPlacement(t, obs, dec)
+		for k := range shards {
+			shards[k].Runtime = dec.Placement[shards[k].Key]
+			if i == 0 && shards[k].Runtime == late.ID {
+				t.Fatalf("decision 0 placed %s on %s, which has not reported its NIC", shards[k].Key, late.ID)
+			}
+		}
+	}
+	placement := map[string]string{}
+	for _, s := range shards {
+		placement[s.Key] = s.Runtime
+	}
+	if got := perNode(rts, placement); !slices.Equal(got, []int{3, 3, 2, 2}) {
+		t.Errorf("shards per node %v, want [3 3 2 2]", got)
+	}
+}
+
+// With no NIC known anywhere, a runtime that has not reported yet is placed on as before: by cores.
+func TestUnreportedRuntimeCountsWhenNoNICIsKnown(t *testing.T) {
+	t.Parallel()
+	rts := runtimes(2)
+	rts[1].Unreported = true
+	shards := steady("j", 4, 6) // 6 cores: more than one runtime's 3.2 at target
+	dec := NewDecider().Decide(DefaultPolicy(), Observations{Runtimes: rts, Shards: shards}, at(0))
+	if n := runtimesUsed(dec.Placement); n != 2 {
+		t.Errorf("%d runtimes used, want 2: without NICs the unreported runtime is a runtime like any", n)
+	}
+}

@@ -36,9 +36,10 @@ type rtState struct {
 	draining  bool // observed draining
 	straggler bool
 	victim    bool // chosen to be emptied and drained (scale down)
+	unknown   bool // its node and NIC not reported yet while other runtimes' are (nodes)
 }
 
-func (r *rtState) eligible() bool { return !r.draining && !r.straggler && !r.victim }
+func (r *rtState) eligible() bool { return !r.draining && !r.straggler && !r.victim && !r.unknown }
 
 // moveCap is the load above which shards move off a runtime: midway between its share at target
 // utilization and its full capacity.

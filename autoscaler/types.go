@@ -22,6 +22,10 @@ type RuntimeObs struct {
 	Server string
 	// NIC is the node's bandwidth each way in bytes per second; 0 means unknown: not a limit.
 	NIC float64
+	// Unreported: no load report from the runtime yet, so its Node and NIC are not known yet (a
+	// runtime that just started). While another runtime's NIC is known it gets no new shards: taken
+	// for a node without a limit, it would draw a NIC-bound job's shards onto itself.
+	Unreported bool
 }
 
 // ShardObs is what the control loop observes of one shard.
