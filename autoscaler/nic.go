@@ -21,6 +21,11 @@ import (
 // known: taken for a node without a limit, it drew every shard of a job created as it started, and
 // the job stayed uneven once the shards that did not fit moved off (4, 2, 2, 2 of 10 on 4 nodes).
 //
+// A NIC-bound job steps at the pace of its fullest node. Placement puts a job's shards, the most
+// bytes first, each on the emptiest node; and once a node's NIC is past balanceFrom of its target,
+// it moves shards from the fullest node to others while a move lowers it by at least half the
+// shard (balanceBytes): 10 equal shards on 4 nodes end 3, 3, 2, 2 from wherever they start.
+//
 // The pool is sized in cores; bytes add a floor: while the shards' bytes need more than one NIC,
 // the pool keeps a runtime on as many of the nodes it spans as they need (nicFloor), and a
 // scale-down drains the runtimes that share a node with another first (chooseVictims). It does not
@@ -224,4 +229,82 @@ func nodeName(n *nodeState) string {
 		return "of runtime " + n.name[1:]
 	}
 	return n.name
+}
+
+// balanceFrom is the fill of a node's NIC, as a fraction of its target, from which placement evens
+// the bytes over the nodes: below it the NIC does not set a step's pace, and a move would cost the
+// shard a pause for nothing.
+const balanceFrom = 0.5
+
+// balanceBytes moves shards off the node whose NIC is fullest, one at a time and at most budget,
+// while it is past balanceFrom and a move to another node leaves both below its fill by at least
+// half the shard's bytes: the fullest node's bytes come down, and a shard never moves between two
+// nodes that differ by less than it (no back and forth over noise in the measured rates). Of the
+// moves that qualify it takes the one that leaves the pair emptiest, onto the runtime of the
+// receiving node whose cores are least full and have room for it at target. It returns the moves
+// made.
+func (r *round) balanceBytes(pl *placer, budget int) int {
+	if r.nodeList == nil {
+		return 0
+	}
+	rtsOf := map[*nodeState][]int{} // the eligible runtimes of each limited node
+	for _, i := range pl.elig {
+		if n := r.rts[i].node; n.limited() {
+			rtsOf[n] = append(rtsOf[n], i)
+		}
+	}
+	moves := 0
+	for moves < budget {
+		var hi *nodeState
+		for _, n := range r.nodeList {
+			if len(rtsOf[n]) > 0 && (hi == nil || n.ratio() > hi.ratio()+eps) {
+				hi = n
+			}
+		}
+		if hi == nil || hi.ratio() < balanceFrom {
+			return moves
+		}
+		best, bestTo, bestAfter := -1, -1, 0.0
+		for k := range r.shards {
+			s := &r.shards[k]
+			if s.to < 0 || r.rts[s.to].node != hi || !r.rts[s.to].eligible() || s.size() <= 0 {
+				continue
+			}
+			limit := hi.ratio() - s.size()/hi.fit/2
+			for _, n := range r.nodeList {
+				if n == hi || len(rtsOf[n]) == 0 {
+					continue
+				}
+				after := max(hi.ratioAfter(-s.in, -s.out), n.ratioAfter(s.in, s.out))
+				if after > limit+eps || best >= 0 && after >= bestAfter-eps {
+					continue
+				}
+				to := -1
+				for _, i := range rtsOf[n] {
+					rt := r.rts[i]
+					if rt.loadFor(s.cls).demandAfter(s.g, s.w) > rt.capFor(s.cls)+eps {
+						continue
+					}
+					if to < 0 || rt.fillFor(s.cls).cores < r.rts[to].fillFor(s.cls).cores-eps {
+						to = i
+					}
+				}
+				if to >= 0 {
+					best, bestTo, bestAfter = k, to, after
+				}
+			}
+		}
+		if best < 0 {
+			return moves
+		}
+		s := &r.shards[best]
+		to := r.rts[bestTo].node
+		if s.from >= 0 && s.to == s.from { // not moved yet in this decision: this is why it moves
+			s.cause = fmt.Sprintf("evening the bytes over the nodes: node %s NIC at %.0f%%, node %s at %.0f%%", nodeName(hi),
+				100*hi.ratio()*r.p.TargetUtilization, nodeName(to), 100*to.ratio()*r.p.TargetUtilization)
+		}
+		pl.relocate(s, bestTo)
+		moves++
+	}
+	return moves
 }

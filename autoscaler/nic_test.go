@@ -349,3 +349,54 @@ func TestUnreportedRuntimeCountsWhenNoNICIsKnown(t *testing.T) {
 		t.Errorf("%d runtimes used, want 2: without NICs the unreported runtime is a runtime like any", n)
 	}
 }
+
+// A NIC-bound job left uneven (4, 2, 2, 2 of 10 equal shards on 4 nodes, every node within its
+// NIC's move cap, so no node is overloaded) is evened to 3, 3, 2, 2 by one move, and stays so: a
+// move between nodes that differ by one shard would not lower the fullest.
+func TestNICBoundJobEvenedOverNodes(t *testing.T) {
+	t.Parallel()
+	p := DefaultPolicy()
+	p.MinRuntimes, p.MaxRuntimes = 4, 4
+	rts := onNodes(runtimes(4), mbit100, "w0", "w1", "w2", "w3")
+	// The bench's measured rates: 2.26 MB/s each way a shard, 9 MB/s on the node of 4 (90% of
+	// its NIC's 10 MB/s target, below the move cap).
+	shards := bytesJob("bench", 10, 2.26e6)
+	on := []string{"rt-4", "rt-4", "rt-4", "rt-4", "rt-1", "rt-1", "rt-2", "rt-2", "rt-3", "rt-3"}
+	for k := range shards {
+		shards[k].Runtime = on[k]
+	}
+	d := NewDecider()
+	var moves int
+	for i := range 4 {
+		dec := d.Decide(p, Observations{Runtimes: rts, Shards: shards}, at(time.Duration(i)*5*time.Second))
+		moves += len(dec.Moves)
+		for k := range shards {
+			shards[k].Runtime = dec.Placement[shards[k].Key]
+		}
+		if i == 0 {
+			if got := perNode(rts, dec.Placement); !slices.Equal(got, []int{3, 3, 2, 2}) {
+				t.Fatalf("shards per node %v after one decision, want [3 3 2 2]; reasons %q", got, dec.Reasons)
+			}
+		}
+	}
+	if moves != 1 {
+		t.Errorf("%d moves in 4 decisions, want the 1 that evens the job", moves)
+	}
+}
+
+// A job's shards of unequal bytes are placed the largest first, each on the emptiest node, so that
+// the fullest node carries as little as it can: shards of 2, 1 and 1 (key order 1, 1, 2) on 2 nodes
+// end 2 and 2, not 3 and 1. Their bytes are far below the NICs, so no later move evens them.
+func TestJobShardsPlacedLargestFirst(t *testing.T) {
+	t.Parallel()
+	p := DefaultPolicy()
+	p.MinRuntimes, p.MaxRuntimes = 2, 2
+	rts := onNodes(runtimes(2), mbit100, "a", "b")
+	shards := bytesJob("j", 3, 1e6)
+	shards[2].BytesIn, shards[2].BytesOut = 2e6, 2e6
+	dec := NewDecider().Decide(p, Observations{Runtimes: rts, Shards: shards}, at(0))
+	load := nodeLoad(rts, shards, dec.Placement)
+	if load["a"] != 2e6 || load["b"] != 2e6 {
+		t.Errorf("bytes in per node %v, want 2 MB/s on each", load)
+	}
+}

@@ -20,6 +20,9 @@ type shardState struct {
 	in, out float64
 }
 
+// size is the shard's bytes per second through its node's NIC, the busier direction.
+func (s *shardState) size() float64 { return max(s.in, s.out) }
+
 type rtState struct {
 	obs     RuntimeObs
 	speed   float64 // Speed, 0 read as 1
@@ -361,7 +364,9 @@ func (pl *placer) target(k, not int) int {
 }
 
 // placeAll places shards that have no runtime, jobs in decreasing order of work (with priorities in
-// force, higher classes first: they take their headroom before the lower ones). A shard that fits
+// force, higher classes first: they take their headroom before the lower ones), and a job's shards
+// in decreasing order of bytes: each goes to the emptiest node (target), so that the largest are
+// spread first and the small ones even out what is left (longest processing time first). A shard that fits
 // nowhere goes to the least loaded runtime anyway (over capacity: the pool grows). It returns how
 // many shards could not be placed at all (no runtime).
 func (pl *placer) placeAll(ks []int) int {
@@ -375,7 +380,7 @@ func (pl *placer) placeAll(ks []int) int {
 		if pl.prio {
 			c = cmp.Compare(pl.shards[b].cls, pl.shards[a].cls)
 		}
-		return cmp.Or(c, cmp.Compare(gw[gb], gw[ga]), cmp.Compare(ga, gb))
+		return cmp.Or(c, cmp.Compare(gw[gb], gw[ga]), cmp.Compare(ga, gb), cmp.Compare(pl.shards[b].size(), pl.shards[a].size()))
 	})
 	failed := 0
 	for _, k := range ks {
