@@ -19,3 +19,10 @@ func SetConsumerFaults(check time.Duration, lose func(jetstream.Msg) bool) (undo
 		loseDelivery.Store(nil)
 	}
 }
+
+// SetLoadInterval sets the interval of the periodic load reports of runtimes started from now on;
+// undo restores the default.
+func SetLoadInterval(d time.Duration) (undo func()) {
+	prev := loadEvery.Swap(int64(d))
+	return func() { loadEvery.Store(prev) }
+}

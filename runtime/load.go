@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 	"encoding/json"
+	"sync/atomic"
 	"time"
 
 	"github.com/fanin-ml/fanin/wire"
@@ -76,6 +77,11 @@ func (s *shardStats) stepDone(now time.Time) (news bool) {
 // reportGap is the least time between two load reports: the signals of many shards that start at
 // once go out together.
 const reportGap = 100 * time.Millisecond
+
+// loadEvery is the interval of the periodic load reports (Run). Tests lengthen it (export_test.go).
+var loadEvery atomic.Int64
+
+func init() { loadEvery.Store(int64(time.Second)) }
 
 // reportSoon asks for a load report ahead of the periodic one. It never blocks.
 func (r *Runtime) reportSoon() {

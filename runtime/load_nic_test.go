@@ -157,3 +157,54 @@ func near(got, want float64) error {
 	}
 	return nil
 }
+
+// A runtime reports its node, server and NIC as soon as it starts, not a reporting period later:
+// until then the autoscaler gives it no new shards (with the periodic reports an hour apart here,
+// only the first one can arrive). Not parallel: it sets the interval of every runtime it starts.
+func TestFirstLoadReportAtStart(t *testing.T) {
+	defer runtime.SetLoadInterval(time.Hour)()
+	st := testutil.Stack(t, 1)
+	nc, err := nats.Connect(st.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	reports := make(chan wire.LoadReport, 4)
+	sub, err := nc.Subscribe(wire.LoadSubject("rt-first"), func(m *nats.Msg) {
+		var rep wire.LoadReport
+		if json.Unmarshal(m.Data, &rep) == nil {
+			select {
+			case reports <- rep:
+			default:
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	rnc, err := nats.Connect(st.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rnc.Close()
+	r, err := runtime.New(rnc, runtime.WithID("rt-first"), runtime.WithNICBandwidth(12.5e6))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	select {
+	case rep := <-reports:
+		if rep.Runtime != "rt-first" || rep.NICBytesPerSec != 12.5e6 || rep.Server != st.NATS.Name() {
+			t.Errorf("first report: runtime %q, NIC %v, server %q; want rt-first, 12.5e6, %q", rep.Runtime, rep.NICBytesPerSec, rep.Server, st.NATS.Name())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no load report from a runtime that started (the next periodic one is an hour away)")
+	}
+}

@@ -204,7 +204,10 @@ func (r *Runtime) Run(ctx context.Context) error {
 	r.acks = newAcker(r.js, r.log)
 	r.purger = newPurger(r.log)
 	bg.Add(4)
-	go func() { defer bg.Done(); r.report(loops, time.Second) }()
+	go func() { defer bg.Done(); r.report(loops, time.Duration(loadEvery.Load())) }()
+	// The first report goes out at once, not a period later: until it does the autoscaler does
+	// not know the runtime's node and NIC, and gives it no new shards while it knows others'.
+	r.reportSoon()
 	go func() { defer bg.Done(); r.acks.run(loops) }()
 	go func() { defer bg.Done(); r.purger.run(loops) }()
 	go func() { defer bg.Done(); r.beat(loops, started) }()
