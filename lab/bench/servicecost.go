@@ -371,15 +371,22 @@ func startControlPlane(ctx context.Context, rs *runState, conn func(name string)
 	return cp, nil
 }
 
-// waitRuntimes waits until n runtimes have registered.
+// waitRuntimes waits until n runtimes have registered and sent a load report: a job created
+// before a runtime reports its node and NIC is placed without it.
 func (cp *controlPlane) waitRuntimes(ctx context.Context, n int) error {
 	return waitFor(ctx, 30*time.Second, func() error {
 		pool, err := cp.gw.Pool(ctx)
 		if err != nil {
 			return err
 		}
-		if len(pool.Runtimes) < n {
-			return fmt.Errorf("%d of %d runtimes registered", len(pool.Runtimes), n)
+		reported := 0
+		for _, rt := range pool.Runtimes {
+			if rt.Reported != nil {
+				reported++
+			}
+		}
+		if len(pool.Runtimes) < n || reported < n {
+			return fmt.Errorf("%d of %d runtimes registered, %d reported", len(pool.Runtimes), n, reported)
 		}
 		return nil
 	})
