@@ -87,6 +87,11 @@ type jobInfo struct {
 	// checks them (current) before it creates a consumer, purges, or retries a publish, so that
 	// nothing it does lands in the streams of the job created again under the same id.
 	streams []streamRef
+	// homeMu guards homeKnown and homeTok: whether ckptHome decided where the job's checkpoints go
+	// on this runtime's node, and the token of its node checkpoint stream ("" the parameter stream).
+	homeMu    sync.Mutex
+	homeKnown bool
+	homeTok   string
 }
 
 // Option configures a Runtime.

@@ -301,6 +301,9 @@ func (x *shardExec) serve(ctx context.Context) error {
 // replay start of a stored snapshot are never read again, by this owner or any later one (each
 // restores the newest stored snapshot, whose replay start is no lower).
 func (x *shardExec) restore(ctx context.Context) error {
+	if err := x.useCkptHome(ctx); err != nil {
+		return err
+	}
 	if err := x.restoreSnapshot(ctx); err != nil {
 		return err
 	}
@@ -320,7 +323,7 @@ func (x *shardExec) restore(ctx context.Context) error {
 func (x *shardExec) restoreSnapshot(ctx context.Context) error {
 	for {
 		stream := wire.ParamsStream(x.ji.rec.Spec.ID) // read from its leader (lastFromLeader says why)
-		ck, ckErr := lastFromLeader(ctx, x.r.nc, stream, wire.CkptSubject(x.ji.rec.Spec.ID, x.shard.ID))
+		ck, ckErr := x.lastCkpt(ctx)
 		pm, pmErr := lastFromLeader(ctx, x.r.nc, stream, wire.ParamsSubject(x.ji.rec.Spec.ID, x.shard.ID))
 		for _, err := range []error{ckErr, pmErr} {
 			if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {

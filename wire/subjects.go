@@ -1,7 +1,9 @@
 package wire
 
 import (
+	"hash/fnv"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -10,6 +12,8 @@ import (
 //	fanin.v1.<job>.grad.<shard>    gradients, workers -> runtime (stream GRAD_<job>)
 //	fanin.v1.<job>.params.<shard>  parameters after each step, runtime -> workers (stream PARAMS_<job>)
 //	fanin.v1.<job>.ckpt.<shard>    shard checkpoints, runtime -> runtime (stream PARAMS_<job>)
+//	fanin.v1.<job>.nckpt.<node>.<shard>  direct-gradient jobs: checkpoints kept on the node of the
+//	                               runtime that wrote them, runtime -> runtime (stream CKPT_<job>_<node>)
 //	fanin.v1.<job>.init.<shard>    initial parameters of an init "upload" job, worker -> runtime (stream INIT_<job>), once
 //	fanin.v1.<job>.resend.<shard>  direct-gradient jobs: "send your gradients again from step s", runtime -> workers (core NATS)
 //	fanin.v1.<job>.rejects         rejected inputs, runtime -> observers (core NATS, not stored)
@@ -96,6 +100,50 @@ func ParamsWildcard(job string) string { return Prefix + job + ".params.*" }
 
 // CkptWildcard matches the checkpoints of every shard of a job.
 func CkptWildcard(job string) string { return Prefix + job + ".ckpt.*" }
+
+// NodeCkptStream is the stream that keeps, on one node, the checkpoints that the runtimes there
+// write of a direct-gradients job's shards (placed by the JetStream tag NodeTag(node)).
+func NodeCkptStream(job, node string) string { return NodeCkptStreamPrefix(job) + NodeToken(node) }
+
+// NodeCkptStreamPrefix starts the name of every NodeCkptStream of a job.
+func NodeCkptStreamPrefix(job string) string { return "FANIN_CKPT_" + job + "_" }
+
+// NodeCkptSubject holds the latest checkpoint that a runtime on the node of token tok (NodeToken)
+// wrote of one shard.
+func NodeCkptSubject(job, tok string, shard int) string {
+	return Prefix + job + ".nckpt." + tok + "." + strconv.Itoa(shard)
+}
+
+// NodeCkptWildcard matches the node checkpoints of every shard of a job on one node.
+func NodeCkptWildcard(job, node string) string {
+	return Prefix + job + ".nckpt." + NodeToken(node) + ".*"
+}
+
+// NodeCkptFilter matches every node checkpoint of a job.
+func NodeCkptFilter(job string) string { return Prefix + job + ".nckpt.>" }
+
+// NodeTag is the JetStream server tag (server_tags) that marks the servers of a node: a node's
+// checkpoint stream is placed on a server that carries it.
+func NodeTag(node string) string { return "fanin-node:" + strings.ToLower(node) }
+
+// NodeToken is a node's name as a subject token and a stream name's part: letters, digits, '-'
+// and '_' kept, anything else (or nothing) changes it to '_' and appends a hash of the name, so
+// that two names never share a token.
+func NodeToken(node string) string {
+	clean := node != ""
+	b := []byte(node)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			b[i], clean = '_', false
+		}
+	}
+	if clean {
+		return node
+	}
+	h := fnv.New32a()
+	h.Write([]byte(node))
+	return string(b) + "-" + strconv.FormatUint(uint64(h.Sum32()), 16)
+}
 
 // GradStream is the JetStream stream that stores a job's gradients.
 func GradStream(job string) string { return "FANIN_GRAD_" + job }

@@ -446,10 +446,21 @@ func CreateJobStreams(ctx context.Context, js jetstream.JetStream, rec *job.Reco
 	return nil
 }
 
-// DeleteJobStreams removes a job's streams; missing streams are not an error.
+// DeleteJobStreams removes a job's streams, its node checkpoint streams (which the runtimes
+// create) included; missing streams are not an error.
 func DeleteJobStreams(ctx context.Context, js jetstream.JetStream, id string) error {
 	var errs []error
-	for _, name := range []string{wire.GradStream(id), wire.ParamsStream(id), wire.InitStream(id)} {
+	all := []string{wire.GradStream(id), wire.ParamsStream(id), wire.InitStream(id)}
+	names := js.StreamNames(ctx, jetstream.WithStreamListSubject(wire.NodeCkptFilter(id)))
+	for name := range names.Name() {
+		if strings.HasPrefix(name, wire.NodeCkptStreamPrefix(id)) {
+			all = append(all, name)
+		}
+	}
+	if err := names.Err(); err != nil && !errors.Is(err, jetstream.ErrEndOfData) {
+		errs = append(errs, fmt.Errorf("list the node checkpoint streams of job %s: %w", id, err))
+	}
+	for _, name := range all {
 		if err := js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 			errs = append(errs, fmt.Errorf("delete stream %s: %w", name, err))
 		}

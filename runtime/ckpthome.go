@@ -1,0 +1,167 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// Node checkpoints. A direct-gradients shard whose parameters message is no snapshot (bf16
+// parameters, an optimizer with state) checkpoints after every step (direct.go, rule 2). In the
+// job's one parameter stream, every such checkpoint crossed the network to the node of the
+// stream's server: spread over a cluster, that node received a checkpoint of every shard served
+// elsewhere each step (f32, twice the bytes of bf16 parameters). So a runtime writes these
+// checkpoints to a stream of the job on its own node, NodeCkptStream, placed by the JetStream tag
+// wire.NodeTag(node) that the node's servers carry (server_tags), one replica: its checkpoints
+// stay on the node. A runtime whose node has no server with the tag, or whose job has more than
+// one replica, writes them to the parameter stream as before.
+//
+// A shard's newest snapshot is then the newest checkpoint of any of those streams: a new owner
+// reads the parameter stream's checkpoint and each node stream's of this incarnation of the job
+// (lastCkpt) and restores the one of the highest step. Steps only grow, so an older checkpoint
+// left on a node the shard moved away from is never taken for the newest. A node stream that
+// does not answer fails the restore (the executor tries again) rather than let an older
+// checkpoint be restored.
+
+// ckptIncarnation is the metadata key of a node checkpoint stream that names the incarnation of
+// its job (the parameter stream's creation time): a stream of an earlier job of the same id is
+// neither written nor read.
+const ckptIncarnation = "fanin.params.created"
+
+// ckptHome returns the token of the job's checkpoint stream on the runtime's node, creating the
+// stream if it does not exist: "" when the job's checkpoints go to its parameter stream (above).
+// The answer is kept for the job's incarnation.
+func (r *Runtime) ckptHome(ctx context.Context, ji *jobInfo) string {
+	ji.homeMu.Lock()
+	defer ji.homeMu.Unlock()
+	if ji.homeKnown {
+		return ji.homeTok
+	}
+	rec := ji.rec
+	if !rec.Spec.DirectGradients() || rec.Spec.Replicas > 1 {
+		ji.homeKnown = true
+		return ""
+	}
+	node, _ := r.where()
+	if node == "" {
+		return "" // not connected: ask again at the next restore
+	}
+	id := rec.Spec.ID
+	storage := jetstream.MemoryStorage
+	if rec.Spec.Storage == "file" {
+		storage = jetstream.FileStorage
+	}
+	incarnation := ji.paramsCreated()
+	cfg := jetstream.StreamConfig{
+		Name:              wire.NodeCkptStream(id, node),
+		Description:       "fanin checkpoints of job " + id + " written on node " + node,
+		Subjects:          []string{wire.NodeCkptWildcard(id, node)},
+		Storage:           storage,
+		Replicas:          1,
+		MaxMsgsPerSubject: 1,
+		Placement:         &jetstream.Placement{Tags: []string{wire.NodeTag(node)}},
+		Metadata:          map[string]string{ckptIncarnation: incarnation},
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	st, err := r.js.CreateStream(cctx, cfg)
+	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		st, err = r.js.Stream(cctx, cfg.Name)
+	}
+	switch {
+	case err != nil && cctx.Err() != nil:
+		return "" // ask again at the next restore
+	case err != nil:
+		r.log.Info("checkpoints stay in the parameter stream: no stream on the runtime's node", "job", id, "node", node, "tag", wire.NodeTag(node), "err", err)
+	case st.CachedInfo().Config.Metadata[ckptIncarnation] != incarnation:
+		r.log.Info("checkpoints stay in the parameter stream: the node's stream is another incarnation's", "job", id, "stream", cfg.Name)
+	default:
+		ji.homeTok = wire.NodeToken(node)
+	}
+	ji.homeKnown = true
+	return ji.homeTok
+}
+
+// paramsCreated is the creation time of the incarnation's parameter stream, as a string.
+func (ji *jobInfo) paramsCreated() string {
+	ref := ji.streams[len(ji.streams)-1] // the parameter stream is the last (newJobInfo)
+	return strconv.FormatInt(ref.created.UnixNano(), 10)
+}
+
+// useCkptHome points the shard's checkpoints at the job's stream on the runtime's node, if it
+// has one (ckptHome), once no checkpoint is in flight.
+func (x *shardExec) useCkptHome(ctx context.Context) error {
+	if x.ckptBuf == nil || x.direct == nil {
+		return nil
+	}
+	tok := x.r.ckptHome(ctx, x.ji)
+	if tok == "" {
+		return nil
+	}
+	for !x.ckptBusy.CompareAndSwap(false, true) { // an asynchronous checkpoint owns the buffer
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-x.ckptFree:
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	x.ckptBuf.msg.Subject = wire.NodeCkptSubject(x.ji.rec.Spec.ID, tok, x.shard.ID)
+	x.ckptBusy.Store(false)
+	return nil
+}
+
+// lastCkpt returns the shard's newest checkpoint: its parameter stream's, and for a direct-
+// gradients job the newest of those in the job's node checkpoint streams of this incarnation;
+// nil if there is none.
+func (x *shardExec) lastCkpt(ctx context.Context) (*jetstream.RawStreamMsg, error) {
+	id := x.ji.rec.Spec.ID
+	ck, err := lastFromLeader(ctx, x.r.nc, wire.ParamsStream(id), wire.CkptSubject(id, x.shard.ID))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		ck, err = nil, nil
+	}
+	if err != nil || x.direct == nil || x.ckptBuf == nil {
+		return ck, err
+	}
+	prefix, incarnation := wire.NodeCkptStreamPrefix(id), x.ji.paramsCreated()
+	names := x.r.js.StreamNames(ctx, jetstream.WithStreamListSubject(wire.NodeCkptFilter(id)))
+	var list []string
+	for name := range names.Name() {
+		if strings.HasPrefix(name, prefix) {
+			list = append(list, name)
+		}
+	}
+	if err := names.Err(); err != nil && !errors.Is(err, jetstream.ErrEndOfData) {
+		return nil, fmt.Errorf("list the node checkpoint streams of job %s: %w", id, err)
+	}
+	for _, name := range list {
+		st, err := x.r.js.Stream(ctx, name)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("open %s: %w", name, err)
+		}
+		if st.CachedInfo().Config.Metadata[ckptIncarnation] != incarnation {
+			continue
+		}
+		m, err := lastFromLeader(ctx, x.r.nc, name, wire.NodeCkptSubject(id, strings.TrimPrefix(name, prefix), x.shard.ID))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if ck == nil || snapStep(m) > snapStep(ck) {
+			ck = m
+		}
+	}
+	return ck, nil
+}
