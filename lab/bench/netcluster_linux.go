@@ -364,10 +364,11 @@ func clusterRuntimes(c clusterCase) int {
 }
 
 // natsServerConf is the configuration of the NATS server on node n: JetStream, fanin's payload
-// limit, and a route to every other server of servers.
+// limit, the tag of its node (a direct job's checkpoints are kept in a stream on the node of the
+// runtime that writes them, placed by it), and a route to every other server of servers.
 func natsServerConf(n *netNode, servers []*netNode, store string) string {
-	conf := fmt.Sprintf("server_name: %s\nlisten: 0.0.0.0:%d\nmax_payload: %d\nmax_pending: 1GB\nwrite_deadline: \"10s\"\njetstream { store_dir: %q }\n",
-		n.Name, clusterNATSPort, 32<<20, store)
+	conf := fmt.Sprintf("server_name: %s\nserver_tags: [%q]\nlisten: 0.0.0.0:%d\nmax_payload: %d\nmax_pending: 1GB\nwrite_deadline: \"10s\"\njetstream { store_dir: %q }\n",
+		n.Name, wire.NodeTag(n.Name), clusterNATSPort, 32<<20, store)
 	if len(servers) > 1 {
 		var routes []string
 		for _, s := range servers {
@@ -385,7 +386,12 @@ func streamLeaders(ctx context.Context, nc *nats.Conn, jobID string) string {
 		return "streams: " + err.Error()
 	}
 	var parts []string
-	for _, name := range []string{wire.GradStream(jobID), wire.ParamsStream(jobID)} {
+	names := []string{wire.GradStream(jobID), wire.ParamsStream(jobID)}
+	ckpts := js.StreamNames(ctx, jetstream.WithStreamListSubject(wire.NodeCkptFilter(jobID)))
+	for name := range ckpts.Name() {
+		names = append(names, name)
+	}
+	for _, name := range names {
 		s, err := js.Stream(ctx, name)
 		switch {
 		case errors.Is(err, jetstream.ErrStreamNotFound) && name == wire.GradStream(jobID):
