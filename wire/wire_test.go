@@ -299,3 +299,35 @@ func TestMessageBuilders(t *testing.T) {
 		t.Fatalf("init message: %s %v", i.Subject, i.Header)
 	}
 }
+
+// A node's name is its own token when it is one already; any other name gets a token of safe
+// characters that no other name shares, and the streams and subjects built from it are valid.
+func TestNodeToken(t *testing.T) {
+	t.Parallel()
+	for _, n := range []string{"w0", "worker-3", "ip_10_0_0_3"} {
+		if got := NodeToken(n); got != n {
+			t.Errorf("NodeToken(%q) = %q, want it unchanged", n, got)
+		}
+	}
+	seen := map[string]string{}
+	for _, n := range []string{"", "ip-10-0-0-3.ec2.internal", "ip-10-0-0-3_ec2_internal", "a b", "a*b", "a>b", "a.b", "a_b", "Ünïcode"} {
+		tok := NodeToken(n)
+		if other, ok := seen[tok]; ok {
+			t.Errorf("NodeToken(%q) = NodeToken(%q) = %q", n, other, tok)
+		}
+		seen[tok] = n
+		if strings.ContainsAny(tok, ". *>\t") || tok == "" {
+			t.Errorf("NodeToken(%q) = %q: not a subject token", n, tok)
+		}
+		subj := NodeCkptSubject("j", tok, 3)
+		if got, ok := ShardFromSubject(subj); !ok || got != 3 || strings.Count(subj, ".") != 5 {
+			t.Errorf("NodeCkptSubject(j, %q, 3) = %q", tok, subj)
+		}
+		if !strings.HasPrefix(NodeCkptStream("j", n), NodeCkptStreamPrefix("j")) {
+			t.Errorf("NodeCkptStream(j, %q) = %q", n, NodeCkptStream("j", n))
+		}
+	}
+	if NodeTag("Worker-3") != "fanin-node:worker-3" {
+		t.Errorf("NodeTag(Worker-3) = %q", NodeTag("Worker-3"))
+	}
+}
