@@ -195,6 +195,7 @@ func (x *shardExec) handleDirect(m *nats.Msg) {
 		return // applied or held already: a re-send
 	}
 	x.r.stats.bytesIn.Add(int64(len(m.Data)))
+	x.stats.received(len(m.Data))
 	x.met.Gradient(len(m.Data))
 	x.foldDirect(meta.Rank, meta.Weight, meta.Dtype, m.Data)
 }
@@ -287,6 +288,7 @@ func (x *shardExec) foldDirect(rank int, w float64, dt wire.Dtype, data []byte) 
 		if h := x.direct.held[r]; h.ok {
 			x.direct.held[r] = directHeld{}
 			x.r.stats.bytesIn.Add(int64(len(h.data)))
+			x.stats.received(len(h.data))
 			x.met.Gradient(len(h.data))
 			x.foldDirect(r, h.weight, h.dtype, h.data)
 		}

@@ -75,13 +75,19 @@ func TestLinkBandwidth(t *testing.T) {
 
 // A runtime's load reports name its node, its NATS server and its NIC, and each shard's bytes in
 // and out per second: what a step brings in (every rank's f32 gradient) and takes out (one bf16
-// parameters message) over the step period.
+// parameters message) over the step period; with gradients stored in a stream and sent directly.
 func TestLoadReportCountsShardBytes(t *testing.T) {
 	t.Parallel()
+	for _, g := range []string{job.GradientsStored, job.GradientsDirect} {
+		t.Run(g, func(t *testing.T) { t.Parallel(); testLoadReportBytes(t, g) })
+	}
+}
+
+func testLoadReportBytes(t *testing.T, gradients string) {
 	st := testutil.Stack(t, 1)
 	ctx := context.Background()
 	spec := job.Spec{
-		ID: "bytes", Ranks: 3, ParamDtype: wire.DtypeBF16,
+		ID: "bytes-" + gradients, Ranks: 3, ParamDtype: wire.DtypeBF16, Gradients: gradients,
 		Tensors:  []job.Tensor{{Name: "w", Shape: []int{30, 100}}},
 		Function: job.Function{Name: "sgd", Hyper: map[string]float64{"lr": 0.1}},
 		Init:     job.Init{Kind: "normal", Seed: 3, Scale: 0.1}, ShardSize: 4 << 10,
