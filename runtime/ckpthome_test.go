@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -90,10 +89,6 @@ func TestCheckpointsStayOnTheServingNode(t *testing.T) {
 	f, _ := rec.Spec.NewFunc()
 	ref := functions.NewReference(f, spec.Ranks, rec.Layout.Ranges(), init)
 	params := append([]float32(nil), init...)
-	grads := make([][]float32, spec.Ranks)
-	for r := range grads {
-		grads[r] = make([]float32, len(params))
-	}
 	// ckptStep is shard s's checkpoint step in node i's stream (-1 none), and where says on which
 	// server that stream is.
 	ckptStep := func(s, i int) (int64, string) {
@@ -149,20 +144,7 @@ func TestCheckpointsStayOnTheServingNode(t *testing.T) {
 				}
 			}
 		}
-		for r := range workers {
-			testutil.Gradient(grads[r], params, step, r)
-		}
-		results := make([][]float32, spec.Ranks)
-		errs := make([]error, spec.Ranks)
-		sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-		var wg sync.WaitGroup
-		for r, w := range workers {
-			wg.Go(func() { results[r], errs[r] = w.Step(sctx, grads[r]) })
-		}
-		wg.Wait()
-		cancel()
-		checkStep(t, step, ref, grads, results, errs)
-		params = append(params[:0], results[0]...)
+		params = trainWithWorkers(t, workers, ref, params, step-1, step)
 		check(step)
 	}
 	if err := store.DeleteJobStreams(ctx, js, rec.Spec.ID); err != nil {

@@ -358,28 +358,11 @@ func TestDirectGradientsSecured(t *testing.T) {
 	f, _ := rec.Spec.NewFunc()
 	ref := functions.NewReference(f, spec.Ranks, rec.Layout.Ranges(), init)
 	params := append([]float32(nil), init...)
-	grads := make([][]float32, spec.Ranks)
-	for r := range grads {
-		grads[r] = make([]float32, len(params))
-	}
 	for step := int64(1); step <= 8; step++ {
 		if step == 4 {
 			st.StopRuntime(st.Runtimes()[0].ID())
 		}
-		for r := range workers {
-			testutil.Gradient(grads[r], params, step, r)
-		}
-		results := make([][]float32, spec.Ranks)
-		errs := make([]error, spec.Ranks)
-		sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-		var wg sync.WaitGroup
-		for r, w := range workers {
-			wg.Go(func() { results[r], errs[r] = w.Step(sctx, grads[r]) })
-		}
-		wg.Wait()
-		cancel()
-		checkStep(t, step, ref, grads, results, errs)
-		params = append(params[:0], results[0]...)
+		params = trainWithWorkers(t, workers, ref, params, step-1, step)
 	}
 	for { // the first serve of each shard sent one (from step 1); the move, from step 4
 		select {
