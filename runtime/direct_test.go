@@ -30,19 +30,7 @@ func directStack(t *testing.T, spec job.Spec) (*devstack.Stack, placer, *job.Rec
 	if err != nil {
 		t.Fatal(err)
 	}
-	workers := make([]*sdk.Worker, spec.Ranks)
-	for r := range workers {
-		c, err := sdk.Connect(context.Background(), st.URL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(c.Close)
-		if workers[r], err = c.Worker(context.Background(), rec.Spec.ID, r); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = workers[r].Close() })
-	}
-	return st, pl, rec, workers
+	return st, pl, rec, rankWorkers(t, rec.Spec.ID, spec.Ranks, func(int) string { return st.URL })
 }
 
 // TestDirectGradientsSurviveFaults trains a direct-gradients job (no gradient stream) through a
@@ -327,18 +315,7 @@ func TestDirectGradientsSecured(t *testing.T) {
 	}
 	rec := &created.Record
 	cr := created.Credentials
-	workers := make([]*sdk.Worker, spec.Ranks)
-	for r := range workers {
-		c, err := sdk.Connect(ctx, st.URL, sdk.WithJobCredentials(cr))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(c.Close)
-		if workers[r], err = c.Worker(ctx, rec.Spec.ID, r); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = workers[r].Close() })
-	}
+	workers := rankWorkers(t, rec.Spec.ID, spec.Ranks, func(int) string { return st.URL }, sdk.WithJobCredentials(cr))
 	notices := make(chan *nats.Msg, 64)
 	nc, err := nats.Connect(st.URL, nats.UserJWTAndSeed(cr.JWT, cr.Seed), nats.CustomInboxPrefix(cr.InboxPrefix))
 	if err != nil {

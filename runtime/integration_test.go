@@ -355,3 +355,23 @@ func checkStep(t *testing.T, step int64, ref *functions.Reference, grads, result
 		}
 	}
 }
+
+// rankWorkers connects one SDK worker per rank of job id, rank r's to url(r), with opts; they and
+// their connections close when the test ends.
+func rankWorkers(tb testing.TB, id string, ranks int, url func(rank int) string, opts ...sdk.Option) []*sdk.Worker {
+	tb.Helper()
+	ctx := context.Background()
+	workers := make([]*sdk.Worker, ranks)
+	for r := range workers {
+		c, err := sdk.Connect(ctx, url(r), opts...)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(c.Close)
+		if workers[r], err = c.Worker(ctx, id, r); err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() { _ = workers[r].Close() })
+	}
+	return workers
+}

@@ -61,18 +61,7 @@ func movableJob(tb testing.TB, spec job.Spec) (*devstack.Stack, placer, *job.Rec
 	if err != nil {
 		tb.Fatal(err)
 	}
-	workers := make([]*sdk.Worker, spec.Ranks)
-	for r := range workers {
-		c, err := sdk.Connect(ctx, st.URL)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		tb.Cleanup(c.Close)
-		if workers[r], err = c.Worker(ctx, rec.Spec.ID, r); err != nil {
-			tb.Fatal(err)
-		}
-	}
-	return st, pl, rec, workers
+	return st, pl, rec, rankWorkers(tb, rec.Spec.ID, spec.Ranks, func(int) string { return st.URL })
 }
 
 // placeableStack starts two runtimes without an autoscaler, for a test that writes the placement
