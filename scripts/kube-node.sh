@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A one-node Kubernetes cluster on this machine, for fanin's node test (e2e/kubenode_test.go) and
-# for trying deploy/kubernetes by hand (docs/KUBERNETES.md "A node on this machine").
+# for trying deploy/kubernetes by hand (docs/lab/kubernetes.md "A node on this machine").
 #
 #   scripts/kube-node.sh up      start it; prints the lines to source (KUBECONFIG, FANIN_NODE_IMAGE)
 #   scripts/kube-node.sh down    stop it and remove everything it made (processes, mounts, network)

@@ -11,7 +11,7 @@
 #                            static): a whole node, for scripts/kube-node.sh
 #
 # The binaries are cached outside the repository, in ${FANIN_CACHE:-$HOME/.cache/fanin}/kube-<version>,
-# because the cold build takes long on two cores (see docs/KUBERNETES.md). The missing binaries are
+# because the cold build takes long on two cores (see docs/lab/kubernetes.md). The missing binaries are
 # built by one go build, so they share their compiled packages; a later --node build reuses Go's
 # build cache for the packages the control plane already compiled. Module downloads are retried:
 # the Go module proxy drops one now and then. Progress goes to stderr; stdout is the directory alone.
