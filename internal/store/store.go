@@ -383,7 +383,7 @@ func CreateJobStreams(ctx context.Context, js jetstream.JetStream, rec *job.Reco
 	// A direct-gradients job has no gradient stream: its gradients go to the runtimes as core NATS
 	// requests, and a stream bound to their subjects would store them and answer for the runtime.
 	if !rec.Spec.DirectGradients() {
-		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		if err := createStream(ctx, js, jetstream.StreamConfig{
 			Name:        wire.GradStream(id),
 			Description: "fanin gradients of job " + id,
 			Subjects:    []string{wire.GradWildcard(id)},
@@ -400,7 +400,7 @@ func CreateJobStreams(ctx context.Context, js jetstream.JetStream, rec *job.Reco
 			return fmt.Errorf("create gradient stream of job %s: %w", id, err)
 		}
 	}
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
+	if err := createStream(ctx, js, jetstream.StreamConfig{
 		Name:              wire.ParamsStream(id),
 		Description:       "fanin parameters and checkpoints of job " + id,
 		Subjects:          []string{wire.ParamsWildcard(id), wire.CkptWildcard(id)},
@@ -424,7 +424,7 @@ func CreateJobStreams(ctx context.Context, js jetstream.JetStream, rec *job.Reco
 		for _, s := range rec.Layout.Shards {
 			model += int64(s.Bytes()) + MaxGradHeaders
 		}
-		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		if err := createStream(ctx, js, jetstream.StreamConfig{
 			Name:                 wire.InitStream(id),
 			Description:          "fanin initial parameters uploaded for job " + id,
 			Subjects:             wire.InitSubjects(id, int(shards)),
@@ -445,6 +445,33 @@ func CreateJobStreams(ctx context.Context, js jetstream.JetStream, rec *job.Reco
 	}
 	return nil
 }
+
+// createStream creates one of a job's streams, and again, a few times over about 5 s, while a server
+// of the cluster fails to create its store (storeRace: on a file-storage cluster, a job created while
+// a server sets up the account's directory, or deleted and created again at once). JetStream treats
+// a second creation of the same stream as the first, so a creation that was answered with neither
+// the stream nor an error is safe to repeat too.
+func createStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) error {
+	wait := 50 * time.Millisecond
+	for try := 1; ; try++ {
+		_, err := js.CreateStream(ctx, cfg)
+		if err == nil || !storeRace(err) || try == 8 {
+			return err
+		}
+		if onStoreRace != nil {
+			onStoreRace(cfg.Name)
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
+// onStoreRace, when set (tests), runs when createStream is about to create a stream again.
+var onStoreRace func(stream string)
 
 // DeleteJobStreams removes a job's streams, its node checkpoint streams (which the runtimes
 // create) included; missing streams are not an error.
