@@ -15,9 +15,23 @@ import (
 	"github.com/fanin-ml/fanin/sim"
 )
 
+// raceEnabled is set under the race detector (race_test.go).
+var raceEnabled bool
+
+// skipUnderRace skips a test that runs whole benchmark scenarios: under the race detector they
+// take minutes (about 6 of CI's race lane for the three), and their concurrency is fanin's runtime,
+// SDK and NATS client, whose own packages' tests run under it. They run without -race.
+func skipUnderRace(t *testing.T) {
+	t.Helper()
+	if raceEnabled {
+		t.Skip("runs whole benchmark scenarios, minutes under the race detector; their concurrency is tested by the runtime's and the SDK's packages: runs without -race")
+	}
+}
+
 // TestRunQuick runs the two short scenarios as `fanin bench --quick` does and checks that the
 // results are well-formed. It asserts nothing about speed: wall-clock figures are not testable.
 func TestRunQuick(t *testing.T) {
+	skipUnderRace(t)
 	t.Parallel()
 	var progress bytes.Buffer
 	res, err := Run(context.Background(), Config{Quick: true, Only: []string{"kernel", "latency-small", "elastic"}, Log: testutil.Logger()}, &progress)
@@ -65,6 +79,7 @@ func TestRunQuick(t *testing.T) {
 // the file it writes is what the simulator reads, consistent with the rows reported. It asserts
 // nothing about speed.
 func TestServiceCostQuick(t *testing.T) {
+	skipUnderRace(t)
 	t.Parallel()
 	out := filepath.Join(t.TempDir(), "service-cost.json")
 	res, err := Run(context.Background(), Config{Quick: true, Only: []string{"service-cost"}, CostOut: out, Log: testutil.Logger()}, nil)

@@ -15,6 +15,7 @@ import (
 // scenario must be one skipped row that says what is missing. Nothing is asserted about speed.
 // Not parallel: gloo's rendezvous listens on a port freePort found free.
 func TestGlooQuick(t *testing.T) {
+	skipUnderRace(t)
 	var progress bytes.Buffer
 	res, err := Run(context.Background(), Config{Quick: true, Only: []string{"gloo"}, Log: testutil.Logger()}, &progress)
 	if err != nil {
