@@ -17,7 +17,7 @@ var floors = []struct {
 }{
 	{"contracts", []string{"wire", "functions", "functions/guest", "functions/wasmfn", "job", "job/jobyaml", "gateway/api"}},
 	{"foundations", []string{"internal/..."}},
-	{"parts", []string{"runtime", "autoscaler", "sdk", "sdk/prom"}},
+	{"parts", []string{"runtime", "autoscaler", "autoscaler/kubedriver", "sdk", "sdk/prom"}},
 	{"fronts", []string{"gateway", "dashboard", "sim"}},
 	{"lab", []string{"lab/..."}},
 	{"programs", []string{"cmd/...", "e2e", "deploy/...", "examples/...", "sdk/libfanin", "sdk/python/...", "."}},

@@ -65,6 +65,3 @@ func TestTemplateSizedPoolCountsReportedCores(t *testing.T) {
 		return fmt.Errorf("no sizing reason yet: %s", strings.Join(d.Reasons, "; "))
 	})
 }
-
-// The Kubernetes driver is one of them.
-var _ interface{ TemplateSized() bool } = (*autoscaler.KubernetesDriver)(nil)

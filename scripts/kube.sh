@@ -4,8 +4,8 @@
 # from the cache.
 #
 #   scripts/kube.sh          kube-apiserver, kube-controller-manager, etcd: the control plane that
-#                            the Kubernetes pool driver's tests (autoscaler/kube_test.go) run:
-#                            FANIN_KUBE=$(scripts/kube.sh) go test ./autoscaler/
+#                            the Kubernetes pool driver's tests (autoscaler/kubedriver) run:
+#                            FANIN_KUBE=$(scripts/kube.sh) go test ./autoscaler/kubedriver/
 #   scripts/kube.sh --node   the same plus kubelet, kube-scheduler, kube-proxy, kubectl, CoreDNS
 #                            (tools/kube/coredns) and a pod sandbox's process (tools/kube/pause,
 #                            static): a whole node, for scripts/kube-node.sh

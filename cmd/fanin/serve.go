@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fanin-ml/fanin/autoscaler"
+	"github.com/fanin-ml/fanin/autoscaler/kubedriver"
 	"github.com/fanin-ml/fanin/gateway"
 	"github.com/fanin-ml/fanin/internal/metrics"
 	"github.com/fanin-ml/fanin/internal/store"
@@ -224,7 +225,7 @@ stores a file there at start.`,
 			}
 			var c *autoscaler.Controller
 			var drv autoscaler.PoolDriver
-			var kd *autoscaler.KubernetesDriver
+			var kd *kubedriver.Driver
 			switch driver {
 			case "none":
 			case "process":
@@ -254,15 +255,15 @@ stores a file there at start.`,
 				defer pd.Close()
 				drv = pd
 			case "kubernetes":
-				cs, ns, err := autoscaler.KubernetesClient(kubeconfig)
+				cs, ns, err := kubedriver.Client(kubeconfig)
 				if err != nil {
 					return err
 				}
 				if kubeNamespace != "" {
 					ns = kubeNamespace
 				}
-				if kd, err = autoscaler.NewKubernetesDriver(ctx, cs, ns, kubeDeployment,
-					autoscaler.WithKubernetesLogger(slog.Default())); err != nil {
+				if kd, err = kubedriver.New(ctx, cs, ns, kubeDeployment,
+					kubedriver.WithLogger(slog.Default())); err != nil {
 					return err
 				}
 				drv = kd

@@ -1,4 +1,8 @@
-package autoscaler
+// Package kubedriver is the autoscaler's pool driver for Kubernetes: the runtime pool is a
+// Deployment, grown and shrunk through its scale subresource (`fanin autoscaler --driver
+// kubernetes`). It is a package of its own so that only the programs that drive Kubernetes link
+// client-go: the autoscaler, the gateway, fanin dev and their tests do not.
+package kubedriver
 
 import (
 	"context"
@@ -22,6 +26,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/retry"
+
+	"github.com/fanin-ml/fanin/autoscaler"
 )
 
 // DeletionCostAnnotation is the pod annotation the ReplicaSet controller reads to choose which pods
@@ -56,7 +62,7 @@ func (e *ForbiddenError) Error() string {
 
 func (e *ForbiddenError) Unwrap() error { return e.Err }
 
-// KubernetesDriver sizes the runtime pool as the replicas of a Deployment whose pods run `fanin
+// Driver sizes the runtime pool as the replicas of a Deployment whose pods run `fanin
 // runtime --id $(POD_NAME)`: a runtime's id is its pod's name. Scale and Remove change the replicas
 // through the Deployment's scale subresource (what `kubectl scale` and the HorizontalPodAutoscaler
 // use), read-modify-write with the resourceVersion, retried on conflict, so a concurrent writer is
@@ -80,7 +86,7 @@ func (e *ForbiddenError) Unwrap() error { return e.Err }
 // and the controller calls Scale every decision interval, so the value follows outside changes
 // (kubectl scale) within about that interval, and Scale costs no request in between unless it grows
 // the pool.
-type KubernetesDriver struct {
+type Driver struct {
 	client     kubernetes.Interface
 	namespace  string
 	deployment string
@@ -96,18 +102,18 @@ type KubernetesDriver struct {
 	removed  map[string]time.Time // pods Remove scaled down for, until seen gone (time of the Remove)
 }
 
-// KubernetesOption configures a KubernetesDriver.
-type KubernetesOption func(*KubernetesDriver) error
+// Option configures a Driver.
+type Option func(*Driver) error
 
-// WithKubernetesLogger sets the logger (default slog.Default()).
-func WithKubernetesLogger(l *slog.Logger) KubernetesOption {
-	return func(d *KubernetesDriver) error { d.log = l; return nil }
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option {
+	return func(d *Driver) error { d.log = l; return nil }
 }
 
-// WithKubernetesRefresh sets how old the cached replicas may be before Scale reads them again
+// WithRefresh sets how old the cached replicas may be before Scale reads them again
 // (default 10s).
-func WithKubernetesRefresh(every time.Duration) KubernetesOption {
-	return func(d *KubernetesDriver) error {
+func WithRefresh(every time.Duration) Option {
+	return func(d *Driver) error {
 		if every <= 0 {
 			return fmt.Errorf("refresh interval must be > 0, got %v", every)
 		}
@@ -116,15 +122,15 @@ func WithKubernetesRefresh(every time.Duration) KubernetesOption {
 	}
 }
 
-// NewKubernetesDriver returns a driver for the Deployment namespace/deployment. It reads the
+// New returns a driver for the Deployment namespace/deployment. It reads the
 // Deployment's scale once, so a missing Deployment (ErrDeploymentNotFound) or a Role that cannot
-// read it (*ForbiddenError) is reported at start. Options: WithKubernetesLogger,
-// WithKubernetesRefresh.
-func NewKubernetesDriver(ctx context.Context, client kubernetes.Interface, namespace, deployment string, opts ...KubernetesOption) (*KubernetesDriver, error) {
+// read it (*ForbiddenError) is reported at start. Options: WithLogger,
+// WithRefresh.
+func New(ctx context.Context, client kubernetes.Interface, namespace, deployment string, opts ...Option) (*Driver, error) {
 	if namespace == "" || deployment == "" {
 		return nil, errors.New("kubernetes driver: namespace and deployment are required")
 	}
-	d := &KubernetesDriver{
+	d := &Driver{
 		client: client, namespace: namespace, deployment: deployment,
 		log: slog.Default(), refresh: 10 * time.Second, now: time.Now,
 		removed: map[string]time.Time{},
@@ -142,10 +148,12 @@ func NewKubernetesDriver(ctx context.Context, client kubernetes.Interface, names
 
 // TemplateSized reports true: the Deployment's pod template sizes a runtime (its CPU request,
 // which the runtime reports as its cores), not the policy's cores_per_runtime.
-func (d *KubernetesDriver) TemplateSized() bool { return true }
+func (d *Driver) TemplateSized() bool { return true }
+
+var _ autoscaler.PoolDriver = (*Driver)(nil)
 
 // Scale raises the Deployment's replicas to n if they are lower; it never lowers them.
-func (d *KubernetesDriver) Scale(ctx context.Context, n int) error {
+func (d *Driver) Scale(ctx context.Context, n int) error {
 	d.op.Lock()
 	defer d.op.Unlock()
 	d.mu.Lock()
@@ -177,7 +185,7 @@ func (d *KubernetesDriver) Scale(ctx context.Context, n int) error {
 // and the replicas drop by one. A pod that does not exist, is terminating already or is not one of
 // the Deployment's is left alone and nil returned, like ProcessDriver does for a process it does not
 // know. It does not wait for the pod to terminate.
-func (d *KubernetesDriver) Remove(ctx context.Context, id string) (err error) {
+func (d *Driver) Remove(ctx context.Context, id string) (err error) {
 	d.op.Lock()
 	defer d.op.Unlock()
 	pod, err := d.client.CoreV1().Pods(d.namespace).Get(ctx, id, metav1.GetOptions{})
@@ -284,7 +292,7 @@ func (d *KubernetesDriver) Remove(ctx context.Context, id string) (err error) {
 // controller would delete before pod whatever their deletion costs (unscheduled, earlier phase, or
 // not ready while pod is ready), or "" if there is none; and the other active pods of the lowest
 // rank (unscheduled, pending, not ready) whose deletion cost is not above 0.
-func (d *KubernetesDriver) rankedBelow(ctx context.Context, pod *corev1.Pod, sel labels.Selector) (other string, spare []string, err error) {
+func (d *Driver) rankedBelow(ctx context.Context, pod *corev1.Pod, sel labels.Selector) (other string, spare []string, err error) {
 	list, err := d.client.CoreV1().Pods(d.namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
 	if err != nil {
 		return "", nil, d.apiErr(err, "list", "pods", "")
@@ -329,7 +337,7 @@ func rankBeforeCost(p *corev1.Pod) int {
 }
 
 // Size is the Deployment's desired replicas as last read or written.
-func (d *KubernetesDriver) Size() int {
+func (d *Driver) Size() int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.replicas
@@ -337,7 +345,7 @@ func (d *KubernetesDriver) Size() int {
 
 // removing reports whether Remove lowered the replicas for pod id already. Entries older than an
 // hour are dropped: pod names are not reused, so the map only needs to outlive the pod's deletion.
-func (d *KubernetesDriver) removing(id string) bool {
+func (d *Driver) removing(id string) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for p, at := range d.removed {
@@ -349,13 +357,13 @@ func (d *KubernetesDriver) removing(id string) bool {
 	return ok
 }
 
-func (d *KubernetesDriver) forget(id string) {
+func (d *Driver) forget(id string) {
 	d.mu.Lock()
 	delete(d.removed, id)
 	d.mu.Unlock()
 }
 
-func (d *KubernetesDriver) getScale(ctx context.Context) (*autoscalingv1.Scale, error) {
+func (d *Driver) getScale(ctx context.Context) (*autoscalingv1.Scale, error) {
 	s, err := d.client.AppsV1().Deployments(d.namespace).GetScale(ctx, d.deployment, metav1.GetOptions{})
 	if err != nil {
 		return nil, d.apiErr(err, "get", "deployments/scale", d.deployment)
@@ -364,7 +372,7 @@ func (d *KubernetesDriver) getScale(ctx context.Context) (*autoscalingv1.Scale, 
 	return s, nil
 }
 
-func (d *KubernetesDriver) updateScale(ctx context.Context, s *autoscalingv1.Scale) (*autoscalingv1.Scale, error) {
+func (d *Driver) updateScale(ctx context.Context, s *autoscalingv1.Scale) (*autoscalingv1.Scale, error) {
 	out, err := d.client.AppsV1().Deployments(d.namespace).UpdateScale(ctx, d.deployment, s, metav1.UpdateOptions{})
 	if err != nil {
 		return nil, d.apiErr(err, "update", "deployments/scale", d.deployment)
@@ -373,7 +381,7 @@ func (d *KubernetesDriver) updateScale(ctx context.Context, s *autoscalingv1.Sca
 	return out, nil
 }
 
-func (d *KubernetesDriver) cache(s *autoscalingv1.Scale) {
+func (d *Driver) cache(s *autoscalingv1.Scale) {
 	d.mu.Lock()
 	d.replicas, d.readAt = int(s.Spec.Replicas), d.now()
 	d.mu.Unlock()
@@ -381,7 +389,7 @@ func (d *KubernetesDriver) cache(s *autoscalingv1.Scale) {
 
 // apiErr turns the API's refusals into the driver's errors; the API's error stays wrapped, so
 // apierrors.IsConflict and the like still see it (retry.RetryOnConflict relies on that).
-func (d *KubernetesDriver) apiErr(err error, verb, resource, name string) error {
+func (d *Driver) apiErr(err error, verb, resource, name string) error {
 	switch {
 	case apierrors.IsForbidden(err):
 		return &ForbiddenError{Verb: verb, Resource: resource, Namespace: d.namespace, Name: name, Err: err}
@@ -394,10 +402,10 @@ func (d *KubernetesDriver) apiErr(err error, verb, resource, name string) error 
 	}
 }
 
-// KubernetesClient returns a client for the API server and the default namespace: from the
+// Client returns a client for the API server and the default namespace: from the
 // kubeconfig file at path, or from $KUBECONFIG when path is empty, or else the in-cluster
 // configuration of the pod's ServiceAccount (the namespace then is the pod's).
-func KubernetesClient(path string) (kubernetes.Interface, string, error) {
+func Client(path string) (kubernetes.Interface, string, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules() // reads $KUBECONFIG
 	rules.ExplicitPath = path
 	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{})
@@ -440,7 +448,7 @@ func (w *PodWatch) Stop() {
 // have exited, or it never ran) or failed (evicted, say). A pod that is only terminating is not
 // reported: it is still checkpointing. It returns once the watch has listed the pods; Stop ends it.
 // It needs list and watch on pods.
-func (d *KubernetesDriver) WatchVanished(ctx context.Context, onVanished func(id string)) (*PodWatch, error) {
+func (d *Driver) WatchVanished(ctx context.Context, onVanished func(id string)) (*PodWatch, error) {
 	s, err := d.getScale(ctx)
 	if err != nil {
 		return nil, err

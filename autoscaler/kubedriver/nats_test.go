@@ -1,4 +1,4 @@
-package autoscaler_test
+package kubedriver_test
 
 import (
 	"context"
@@ -159,7 +159,7 @@ func (m natsManifest) routePod(u *url.URL) (int, error) {
 // server fanin embeds and its tests run.
 func natsServerVersion(t *testing.T) string {
 	t.Helper()
-	data, err := os.ReadFile("../go.mod")
+	data, err := os.ReadFile("../../go.mod")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package autoscaler_test
+package kubedriver_test
 
 import (
 	"bufio"
@@ -38,15 +38,15 @@ import (
 	"k8s.io/client-go/util/retry"
 	sigsyaml "sigs.k8s.io/yaml"
 
-	"github.com/fanin-ml/fanin/autoscaler"
+	"github.com/fanin-ml/fanin/autoscaler/kubedriver"
 	"github.com/fanin-ml/fanin/lab/image"
 	"github.com/fanin-ml/fanin/lab/kubetest"
 	"github.com/fanin-ml/fanin/lab/testutil"
 )
 
-const manifestDir = "../deploy/kubernetes"
+const manifestDir = "../../deploy/kubernetes"
 
-// driverCalls is every API call KubernetesDriver makes: the Role in deploy/kubernetes must grant
+// driverCalls is every API call Driver makes: the Role in deploy/kubernetes must grant
 // them all, and nothing more.
 var driverCalls = []struct{ group, resource, verb string }{
 	{"apps", "deployments/scale", "get"},
@@ -483,9 +483,9 @@ func runtimeIn(t *testing.T, cs kubernetes.Interface, objs []runtime.Object, ns 
 	}
 }
 
-func newDriver(t *testing.T, cs kubernetes.Interface, ns string) *autoscaler.KubernetesDriver {
+func newDriver(t *testing.T, cs kubernetes.Interface, ns string) *kubedriver.Driver {
 	t.Helper()
-	d, err := autoscaler.NewKubernetesDriver(context.Background(), cs, ns, "fanin-runtime")
+	d, err := kubedriver.New(context.Background(), cs, ns, "fanin-runtime")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -496,7 +496,7 @@ func without(names []string, name string) []string {
 	return slices.DeleteFunc(slices.Clone(names), func(n string) bool { return n == name })
 }
 
-// TestKubernetesDriver runs KubernetesDriver against a real kube-apiserver, etcd and
+// TestKubernetesDriver runs Driver against a real kube-apiserver, etcd and
 // kube-controller-manager (its deployment and replicaset controllers create and delete the pods;
 // there is no scheduler or kubelet, so pods stay Pending). The manifests of deploy/kubernetes are
 // applied first, and the driver runs as the autoscaler's ServiceAccount under its Role. Not
@@ -754,14 +754,14 @@ func TestKubernetesDriver(t *testing.T) {
 		if _, err := admin.RbacV1().RoleBindings("fanin").Create(ctx, rb, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		var d *autoscaler.KubernetesDriver
+		var d *kubedriver.Driver
 		testutil.CheckFor(t, 10*time.Second, 100*time.Millisecond, func() error { // RBAC caches catch up
 			var err error
-			d, err = autoscaler.NewKubernetesDriver(ctx, cluster.Client(t, restrictedToken), "fanin", "fanin-runtime")
+			d, err = kubedriver.New(ctx, cluster.Client(t, restrictedToken), "fanin", "fanin-runtime")
 			return err
 		})
 		err := d.Scale(ctx, d.Size()+1)
-		var fe *autoscaler.ForbiddenError
+		var fe *kubedriver.ForbiddenError
 		if !errors.As(err, &fe) || fe.Verb != "update" || fe.Resource != "deployments/scale" {
 			t.Fatalf("Scale without update on deployments/scale: %v, want a ForbiddenError for update deployments/scale", err)
 		}
@@ -780,7 +780,7 @@ func TestKubernetesDriver(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if c, ok := p.Annotations[autoscaler.DeletionCostAnnotation]; ok || p.DeletionTimestamp != nil {
+		if c, ok := p.Annotations[kubedriver.DeletionCostAnnotation]; ok || p.DeletionTimestamp != nil {
 			t.Fatalf("after a failed Remove the pod has deletion cost %q (set: %v), deleting: %v", c, ok, p.DeletionTimestamp != nil)
 		}
 
@@ -805,13 +805,13 @@ func TestKubernetesDriver(t *testing.T) {
 			return nil
 		})
 
-		_, err = autoscaler.NewKubernetesDriver(ctx, cluster.Client(t, nobodyToken), "fanin", "fanin-runtime")
+		_, err = kubedriver.New(ctx, cluster.Client(t, nobodyToken), "fanin", "fanin-runtime")
 		if !errors.As(err, &fe) || fe.Verb != "get" || fe.Resource != "deployments/scale" {
 			t.Fatalf("a user without any Role: %v, want a ForbiddenError for get deployments/scale", err)
 		}
 
-		_, err = autoscaler.NewKubernetesDriver(ctx, admin, "fanin", "no-such-deployment")
-		if !errors.Is(err, autoscaler.ErrDeploymentNotFound) {
+		_, err = kubedriver.New(ctx, admin, "fanin", "no-such-deployment")
+		if !errors.Is(err, kubedriver.ErrDeploymentNotFound) {
 			t.Fatalf("a missing Deployment: %v, want ErrDeploymentNotFound", err)
 		}
 	})
