@@ -34,11 +34,13 @@ const (
 	codeFunctionNotFound = "function_not_found"
 	codeFunctionExists   = "function_exists"
 	codeFunctionInUse    = "function_in_use"
+	codeFunctionStart    = "function_start_timeout"
 )
 
 // userFunctions is the gateway's part of the user functions: the store and the engine that checks
 // modules, opened at first use.
 type userFunctions struct {
+	limits wasmfn.Limits // zero: wasmfn's defaults
 	once   sync.Once
 	err    error
 	store  *store.Functions
@@ -51,12 +53,12 @@ func (s *Server) userFuncs(ctx context.Context) (*store.Functions, *wasmfn.Engin
 		if u.store, u.err = store.OpenFunctions(ctx, s.js); u.err != nil {
 			return
 		}
-		u.engine, u.err = wasmfn.NewEngine(s.bg, wasmfn.Limits{})
+		u.engine, u.err = wasmfn.NewEngine(s.bg, u.limits)
 	})
 	if u.err != nil {
 		// Not kept: the next request tries again (NATS may have been restarting).
 		err := u.err
-		s.fns = userFunctions{}
+		s.fns = userFunctions{limits: u.limits}
 		return nil, nil, err
 	}
 	return u.store, u.engine, nil
@@ -126,6 +128,15 @@ func (s *Server) uploadFunction(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		if errors.Is(err, wasmfn.ErrBadModule) {
 			s.reject(w, wire.ReasonBadModule, err.Error(), NoJob)
+			return
+		}
+		if errors.Is(err, wasmfn.ErrTimeLimit) {
+			// Not a verdict on the module: a gateway too busy to start it in time looks the same
+			// as a module whose start never ends. Nothing was stored; the upload may be retried.
+			s.log.Warn("check the module", "err", err)
+			w.Header().Set("Retry-After", "10")
+			s.problem(w, http.StatusServiceUnavailable, codeFunctionStart, "check the module: "+err.Error()+
+				" (the gateway may be too busy to start it in time: try again; a module that never finishes starting fails every time)")
 			return
 		}
 		s.internal(w, "check the module", err)

@@ -201,3 +201,30 @@ func TestFailingFunctionPausesJob(t *testing.T) {
 		t.Fatalf("no function_failed rejection of step 1 naming the function's error: %s", body)
 	}
 }
+
+// A module that does not start within the start limit (a gateway too busy to start it, or a start
+// that never ends: here a limit of a microsecond) is not called bad: the upload answers 503 with
+// Retry-After and the reason, and nothing is stored.
+func TestFunctionStartTimeoutIsRetryable(t *testing.T) {
+	t.Parallel()
+	slow := authStack(t, 1, gateway.WithFunctionLimits(wasmfn.Limits{StartTimeout: time.Microsecond}))
+	module := string(wasmbuild.ForTest(t, wasmTestdata+"sgd"))
+	c := client{t: t, base: slow.HTTPURL, token: slow.AdminToken}
+	code, h, data := c.do("POST", "/v1/functions?name=slow&version=1", "application/wasm", module)
+	var p api.Problem
+	if err := json.Unmarshal(data, &p); err != nil || code != 503 || p.Code != "function_start_timeout" || h.Get("Retry-After") == "" ||
+		!strings.Contains(p.Detail, "did not start within") {
+		t.Fatalf("upload that could not start in time: %d %s (Retry-After %q), want 503 function_start_timeout with Retry-After", code, data, h.Get("Retry-After"))
+	}
+	var list struct {
+		Modules []store.FunctionRecord `json:"modules"`
+	}
+	c.call("GET", "/v1/functions", "", "", 200, &list)
+	if len(list.Modules) != 0 {
+		t.Fatalf("a module that did not start was stored: %+v", list.Modules)
+	}
+	// The module itself is good: a gateway that can start it in time takes it.
+	st := authStack(t, 1)
+	c = client{t: t, base: st.HTTPURL, token: st.AdminToken}
+	c.call("POST", "/v1/functions?name=slow&version=1", "application/wasm", module, 201, nil)
+}
