@@ -144,9 +144,31 @@ func jobState(url string, rec *job.Record) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	var b bytes.Buffer
+	// Who should serve the job: its shards' placement and the runtimes registered (a stall with no
+	// consumer on the gradient stream is a shard that no runtime started).
+	for _, bucket := range []string{wire.PlacementBucket, wire.RuntimesBucket} {
+		kv, err := js.KeyValue(ctx, bucket)
+		if err != nil {
+			fmt.Fprintf(&b, "%s: %v\n", bucket, err)
+			continue
+		}
+		keys, err := kv.ListKeys(ctx)
+		if err != nil {
+			fmt.Fprintf(&b, "%s: %v\n", bucket, err)
+			continue
+		}
+		for k := range keys.Keys() {
+			if bucket == wire.PlacementBucket && !strings.HasPrefix(k, rec.Spec.ID+".") {
+				continue
+			}
+			if e, err := kv.Get(ctx, k); err == nil {
+				fmt.Fprintf(&b, "%s %s (rev %d, %s ago): %s\n", bucket, k, e.Revision(), time.Since(e.Created()).Round(time.Millisecond), e.Value())
+			}
+		}
+	}
 	s, err := js.Stream(ctx, wire.GradStream(rec.Spec.ID))
 	if err != nil {
-		return "stream: " + err.Error()
+		return b.String() + "stream: " + err.Error()
 	}
 	info, err := s.Info(ctx, jetstream.WithSubjectFilter(">"))
 	if err == nil {
