@@ -124,8 +124,11 @@ func (c *Cluster) Start(i int) {
 		c.t.Fatal(err)
 	}
 	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		c.t.Fatalf("node %d not ready", i)
+	// A minute: a clustered server's start (JetStream's store, its routes) took over 10 s under the
+	// race detector on a machine busy with builds (CI on a fresh machine); a start that hangs still
+	// fails the test.
+	if !s.ReadyForConnections(time.Minute) {
+		c.t.Fatalf("node %d not ready within a minute", i)
 	}
 	c.nodes[i] = s
 }
