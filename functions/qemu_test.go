@@ -25,6 +25,7 @@ func TestUnderQemu(t *testing.T) {
 		{"arm64", "qemu-aarch64"}, {"ppc64le", "qemu-ppc64le"}, {"riscv64", "qemu-riscv64"}, {"s390x", "qemu-s390x"},
 	} {
 		t.Run(a.goarch, func(t *testing.T) {
+			t.Parallel() // each is a compile and then one emulated process: two cores overlap them
 			q, err := exec.LookPath(a.qemu)
 			if err != nil {
 				t.Fatalf("%s not found (apt-get install qemu-user): %v", a.qemu, err)
