@@ -446,7 +446,7 @@ func CreateJobStreams(ctx context.Context, js jetstream.JetStream, rec *job.Reco
 	return nil
 }
 
-// createStream creates one of a job's streams, and again, a few times over about 5 s, while a server
+// createStream creates one of a job's streams, and again, up to 8 times over about 4 s, while a server
 // of the cluster fails to create its store (storeRace: on a file-storage cluster, a job created while
 // a server sets up the account's directory, or deleted and created again at once). JetStream treats
 // a second creation of the same stream as the first, so a creation that was answered with neither
