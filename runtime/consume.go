@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,7 +26,10 @@ import (
 // one arrives; when none follows (the last gradient of a step, lost as a stream's leader died), the
 // consumer's heartbeats go on and nothing else would tell. So while no message arrives, the
 // consumer is checked every consumerCheck (checkIdle): one that the servers say delivered more than
-// this client received, and still did a whole interval later, is lost too.
+// this client received, and still did a whole interval later, is lost too; so is one they say does
+// not exist, or that no server answers for over idleUnanswered checks in a row. A loss is also not
+// left to the client library's reports alone: consumption it ended by itself (a terminal status
+// such as 400 Bad Request, which it reports as nothing this code treats as a loss) is a loss.
 type gradConsumer struct {
 	stream  jetstream.Stream
 	subject string
@@ -54,6 +58,10 @@ func init() { consumerCheck.Store(int64(time.Second)) }
 // loseDelivery is a fault point for tests: a message it picks is dropped as if lost on its way
 // (the consumer's state on the servers has advanced, this client never sees it). Nil in production.
 var loseDelivery atomic.Pointer[func(jetstream.Msg) bool]
+
+// muteConsumeErrors is a fault point for tests: while true, the client library's error reports
+// of a consumption (missed heartbeats, a consumer deleted) are ignored, as if it never made them.
+var muteConsumeErrors atomic.Bool
 
 // Timings of a shard's consumer: createTimeout bounds one creation attempt (a stream or meta
 // leader election takes 4-9 s after a node dies; a request sent during one is never answered),
@@ -98,8 +106,8 @@ func (g *gradConsumer) run(ctx context.Context, log func(msg string, args ...any
 			close(g.started)
 			first = false
 		}
-		if g.watch(ctx, cons) {
-			log("the consumer's servers delivered a message that never arrived; making a new consumer", "from_seq", g.resume())
+		if why := g.watch(ctx, cons, cc); why != "" {
+			log(why+"; making a new consumer", "consumer", cons.CachedInfo().Name, "from_seq", g.resume())
 		}
 		cc.Stop()
 		<-cc.Closed()
@@ -123,21 +131,23 @@ func (g *gradConsumer) resume() uint64 {
 	return g.next
 }
 
-// watch returns when ctx is done or the consumer is lost: reported lost by its consumption, or
-// found so by checkIdle (missed).
-func (g *gradConsumer) watch(ctx context.Context, cons jetstream.Consumer) (missed bool) {
+// watch returns when ctx is done or the consumer is lost: reported lost by its consumption, ended
+// by the client library, or found so by checkIdle. It says why when nothing was logged of it yet.
+func (g *gradConsumer) watch(ctx context.Context, cons jetstream.Consumer, cc jetstream.ConsumeContext) (why string) {
 	var idle idleCheck
 	t := time.NewTimer(idle.interval())
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return false
+			return ""
 		case <-g.lost:
-			return false
+			return ""
+		case <-cc.Closed():
+			return "the client library stopped consuming"
 		case <-t.C:
-			if g.checkIdle(ctx, cons, &idle) {
-				return true
+			if why := g.checkIdle(ctx, cons, &idle); why != "" {
+				return why
 			}
 			t.Reset(idle.interval())
 		}
@@ -146,10 +156,20 @@ func (g *gradConsumer) watch(ctx context.Context, cons jetstream.Consumer) (miss
 
 // idleCheck is what checkIdle remembers from one check to the next.
 type idleCheck struct {
-	seen  uint64 // g.dseq at the last check
-	owed  uint64 // the servers' delivered sequence at the last check, beyond seen; 0: none
-	quiet int    // checks in a row that found the consumer idle and owing nothing
+	seen       uint64 // g.dseq at the last check
+	owed       uint64 // the servers' delivered sequence at the last check, beyond seen; 0: none
+	quiet      int    // checks in a row that found the consumer idle and owing nothing
+	unanswered int    // checks in a row whose question no server answered
 }
+
+// idleUnanswered is how many idle checks in a row may go unanswered before the consumer is taken
+// for lost. A consumer's server that died takes it along, and its heartbeats stopping normally
+// says so within two seconds; this is the backstop when they do not (the library's heartbeat
+// timer is paused while it reconnects and while a message is being handled). An election that
+// leaves the stream without a leader for its 4-9 s is outlasted: a consumer of a stream with no
+// leader would not deliver anyway, and a new one costs nothing to exactness (it starts from the
+// last sequence this client received).
+const idleUnanswered = 5
 
 // interval is the time to the next check: consumerCheck while messages flow or one is owed,
 // doubling while the shard stays idle up to 32 times that. A message is lost at the end of a burst
@@ -158,34 +178,44 @@ func (c *idleCheck) interval() time.Duration {
 	return time.Duration(consumerCheck.Load()) << min(c.quiet, 5)
 }
 
-// checkIdle reports whether the consumer lost a message that nothing follows. While messages flow
+// checkIdle says why the consumer is lost (a message it delivered never arrived and nothing
+// follows it; the servers say it does not exist; none answers for it), or "". While messages flow
 // (or handle runs) it asks nothing: a loss shows as a gap. Once none arrived for a whole interval,
 // it asks the servers for the consumer's delivered sequence (one request per idle shard and
 // interval); a message they delivered that has not arrived by the next check is lost.
-func (g *gradConsumer) checkIdle(ctx context.Context, cons jetstream.Consumer, c *idleCheck) bool {
+func (g *gradConsumer) checkIdle(ctx context.Context, cons jetstream.Consumer, c *idleCheck) string {
 	g.mu.Lock()
 	dseq, handling := g.dseq, g.handling
 	g.mu.Unlock()
 	if dseq != c.seen || handling {
-		c.seen, c.owed, c.quiet = dseq, 0, 0
-		return false
+		c.seen, c.owed, c.quiet, c.unanswered = dseq, 0, 0, 0
+		return ""
 	}
 	if c.owed > dseq { // asked at the last check, and nothing arrived since
-		return true
+		return "the consumer's servers delivered a message that never arrived"
 	}
 	c.owed = 0
 	ictx, cancel := context.WithTimeout(ctx, createTimeout)
 	info, err := cons.Info(ictx)
 	cancel()
-	if err != nil { // a consumer gone with its server: its heartbeats tell
-		return false
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return "the servers say the consumer does not exist"
 	}
+	if err != nil { // a consumer gone with its server: its heartbeats tell, or the unanswered checks
+		c.unanswered++
+		c.quiet = 0 // ask again within consumerCheck
+		if c.unanswered >= idleUnanswered {
+			return fmt.Sprintf("no server answered for the consumer in %d checks (%v)", c.unanswered, err)
+		}
+		return ""
+	}
+	c.unanswered = 0
 	if info.Delivered.Consumer > dseq {
 		c.owed, c.quiet = info.Delivered.Consumer, 0
 	} else {
 		c.quiet++
 	}
-	return false
+	return ""
 }
 
 // start creates a consumer from g.next and starts consuming it.
@@ -219,6 +249,9 @@ func (g *gradConsumer) start(ctx context.Context) (jetstream.Consumer, jetstream
 		return nil, nil, err
 	}
 	opts := append(g.opts, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		if muteConsumeErrors.Load() {
+			return
+		}
 		if errors.Is(err, jetstream.ErrNoHeartbeat) || consumerLost(err) {
 			g.markLost(gen)
 		}

@@ -20,6 +20,13 @@ func SetConsumerFaults(check time.Duration, lose func(jetstream.Msg) bool) (undo
 	}
 }
 
+// MuteConsumeErrors makes every shard consumer ignore what the client library reports of its
+// consumption (missed heartbeats, a deleted consumer) until undo.
+func MuteConsumeErrors() (undo func()) {
+	muteConsumeErrors.Store(true)
+	return func() { muteConsumeErrors.Store(false) }
+}
+
 // SetLoadInterval sets the interval of the periodic load reports of runtimes started from now on;
 // undo restores the default.
 func SetLoadInterval(d time.Duration) (undo func()) {

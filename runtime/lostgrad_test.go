@@ -3,10 +3,12 @@ package runtime_test
 import (
 	"bytes"
 	"context"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanin-ml/fanin/functions"
@@ -69,5 +71,83 @@ func TestShardNoticesALostGradient(t *testing.T) {
 	}
 	if lost.Load() != 1 {
 		t.Fatalf("the fault point dropped %d deliveries, want 1", lost.Load())
+	}
+}
+
+// A shard whose consumer is gone does not rely on the client library to say so: with its reports
+// ignored (as when its heartbeat timer is paused), the shard's own checks find the consumer gone
+// and make a new one, and the next step is applied bit-exact. Not parallel: MuteConsumeErrors
+// changes every runtime in the process.
+func TestShardReplacesAConsumerGoneSilently(t *testing.T) {
+	undoCheck := runtime.SetConsumerFaults(20*time.Millisecond, nil)
+	t.Cleanup(undoCheck)
+	st := testutil.Stack(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	spec := testSpec("silent", "sgd", map[string]float64{"lr": 0.1})
+	spec.Ranks = 1
+	rec, err := st.Gateway.CreateJob(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := sdk.Connect(ctx, st.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	w, err := c.Worker(ctx, "silent", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, params, err := w.Params(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fn, _ := rec.Spec.NewFunc()
+	ref := functions.NewReference(fn, 1, rec.Layout.Ranges(), params)
+	g := make([]float32, rec.Layout.Elements)
+	step := func(s int64) {
+		t.Helper()
+		testutil.Gradient(g, params, s, 0)
+		ref.Step([][]float32{g}, nil)
+		if params, err = w.Step(ctx, g); err != nil {
+			t.Fatalf("step %d: %v", s, err)
+		}
+		if !bytes.Equal(f32bytes(params), f32bytes(ref.Params())) {
+			t.Fatalf("step %d: the parameters differ from the reference", s)
+		}
+	}
+	step(1)
+
+	t.Cleanup(runtime.MuteConsumeErrors())
+	nc, err := nats.Connect(st.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	grads, err := js.Stream(ctx, wire.GradStream("silent"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var deleted []string
+	for name := range grads.ListConsumers(ctx).Info() {
+		if err := grads.DeleteConsumer(ctx, name.Name); err != nil {
+			t.Fatal(err)
+		}
+		deleted = append(deleted, name.Name)
+	}
+	if len(deleted) == 0 {
+		t.Fatal("the gradient stream has no consumer to delete")
+	}
+	step(2)
+	step(3)
+	for name := range grads.ListConsumers(ctx).Info() {
+		if slices.Contains(deleted, name.Name) {
+			t.Fatalf("consumer %s was deleted, yet listed", name.Name)
+		}
 	}
 }
