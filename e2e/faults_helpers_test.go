@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -288,13 +289,23 @@ func (nn *natsNodes) dumpJob(rec *job.Record) {
 				}
 			}
 			t.Logf("n%d: stream %s: msgs=%d last_seq=%d %s", i, name, info.State.Msgs, info.State.LastSeq, strings.Join(cl, " "))
+			if name == wire.GradStream(id) && info.State.Msgs > 0 {
+				if si, err := st.Info(ctx, jetstream.WithSubjectFilter(">")); err == nil {
+					var subj []string
+					for s, n := range si.State.Subjects {
+						subj = append(subj, fmt.Sprintf("%s=%d", s, n))
+					}
+					slices.Sort(subj)
+					t.Logf("n%d:   messages by subject: %s", i, strings.Join(subj, " "))
+				}
+			}
 			for ci := range st.ListConsumers(ctx).Info() {
 				leader := ""
 				if ci.Cluster != nil {
 					leader = ci.Cluster.Leader
 				}
-				t.Logf("n%d:   consumer %s on %s: filter=%v delivered_stream=%d ack_floor=%d pending=%d waiting=%d ack_pending=%d",
-					i, ci.Name, leader, ci.Config.FilterSubjects, ci.Delivered.Stream, ci.AckFloor.Stream, ci.NumPending, ci.NumWaiting, ci.NumAckPending)
+				t.Logf("n%d:   consumer %s on %s: filter=%s delivered_stream=%d ack_floor=%d pending=%d waiting=%d ack_pending=%d",
+					i, ci.Name, leader, ci.Config.FilterSubject+strings.Join(ci.Config.FilterSubjects, ","), ci.Delivered.Stream, ci.AckFloor.Stream, ci.NumPending, ci.NumWaiting, ci.NumAckPending)
 			}
 		}
 		if st, err := js.Stream(ctx, wire.ParamsStream(id)); err == nil {

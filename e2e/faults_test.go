@@ -172,8 +172,25 @@ func (f *faninProcs) train(spec job.Spec) *timedTrainer {
 		return err
 	})
 	tt := &timedTrainer{trainer: newTrainer(f.t, f.nn.url(), rec), rec: rec}
-	tt.onStall = func() { f.nn.dumpJob(rec) }
+	tt.onStall = func() { f.nn.dumpJob(rec); f.dumpLogs() }
 	return tt
+}
+
+// dumpLogs logs the last warnings and errors of the autoscalers and of the runtimes they started
+// (whose output is theirs): when a step stalls in CI, they say what the runtime was waiting for.
+func (f *faninProcs) dumpLogs() {
+	for i, as := range f.as {
+		if as == nil {
+			continue
+		}
+		var lines []string
+		for _, l := range strings.Split(as.output(), "\n") {
+			if (strings.Contains(l, "WARN") || strings.Contains(l, "ERROR")) && !strings.Contains(l, "cannot reach NATS") {
+				lines = append(lines, l)
+			}
+		}
+		f.t.Logf("autoscaler-%d and its runtimes, the last %d of %d warnings and errors:\n%s", i, min(len(lines), 80), len(lines), strings.Join(lines[max(0, len(lines)-80):], "\n"))
+	}
 }
 
 // afterFaults shows the API and the autoscaler working without anyone's help: jobs are listed, and a
