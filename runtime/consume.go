@@ -27,9 +27,9 @@ import (
 // consumer's heartbeats go on and nothing else would tell. So while no message arrives, the
 // consumer is checked every consumerCheck (checkIdle): one that the servers say delivered more than
 // this client received, and still did a whole interval later, is lost too; so is one they say does
-// not exist, or that no server answers for over idleUnanswered checks in a row. A loss is also not
-// left to the client library's reports alone: consumption it ended by itself (a terminal status
-// such as 400 Bad Request, which it reports as nothing this code treats as a loss) is a loss.
+// not exist, or whose info fails in idleFailed checks in a row. Nor is a loss left to the client
+// library's error reports alone: a consumption it ended by itself (on a terminal status from the
+// servers) is a loss, whatever it reported.
 type gradConsumer struct {
 	stream  jetstream.Stream
 	subject string
@@ -47,6 +47,7 @@ type gradConsumer struct {
 	dseq     uint64 // last consumer sequence delivered by the current consumer
 	handling bool   // handle is running: the messages behind it wait in the client, not lost
 	lost     chan struct{}
+	err      error // the last error the library reported of the current consumer's consumption
 }
 
 // consumerCheck is how often an idle consumer asks the servers what they delivered (checkIdle).
@@ -101,16 +102,30 @@ func (g *gradConsumer) run(ctx context.Context, log func(msg string, args ...any
 			backoff = min(2*backoff, createBackoff)
 			continue
 		}
-		backoff = 50 * time.Millisecond
 		if first {
 			close(g.started)
 			first = false
 		}
-		if why := g.watch(ctx, cons, cc); why != "" {
+		began := time.Now()
+		why := g.watch(ctx, cons, cc)
+		if why != "" {
 			log(why+"; making a new consumer", "consumer", cons.CachedInfo().Name, "from_seq", g.resume())
 		}
 		cc.Stop()
 		<-cc.Closed()
+		// A consumer that served a while is replaced at once. One lost within a second of its
+		// creation waits a growing backoff first: were the servers to end every consumer at once
+		// (a 400 to this client's own pull requests), replacing them without a pause would load
+		// the cluster's leader with creations.
+		if time.Since(began) >= time.Second {
+			backoff = 50 * time.Millisecond
+		} else if ctx.Err() == nil {
+			select {
+			case <-ctx.Done():
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, createBackoff)
+		}
 		if ctx.Err() == nil {
 			// Gone with its server, or still there and abandoned: the servers drop it once it is
 			// inactive, and deleting it now spares them the wait.
@@ -137,14 +152,15 @@ func (g *gradConsumer) watch(ctx context.Context, cons jetstream.Consumer, cc je
 	var idle idleCheck
 	t := time.NewTimer(idle.interval())
 	defer t.Stop()
+	closed := cc.Closed() // closed by the library once consumption ends, whoever ended it
 	for {
 		select {
 		case <-ctx.Done():
 			return ""
 		case <-g.lost:
 			return ""
-		case <-cc.Closed():
-			return "the client library stopped consuming"
+		case <-closed:
+			return "the client library stopped consuming (" + g.lastErr() + ")"
 		case <-t.C:
 			if why := g.checkIdle(ctx, cons, &idle); why != "" {
 				return why
@@ -156,20 +172,20 @@ func (g *gradConsumer) watch(ctx context.Context, cons jetstream.Consumer, cc je
 
 // idleCheck is what checkIdle remembers from one check to the next.
 type idleCheck struct {
-	seen       uint64 // g.dseq at the last check
-	owed       uint64 // the servers' delivered sequence at the last check, beyond seen; 0: none
-	quiet      int    // checks in a row that found the consumer idle and owing nothing
-	unanswered int    // checks in a row whose question no server answered
+	seen   uint64 // g.dseq at the last check
+	owed   uint64 // the servers' delivered sequence at the last check, beyond seen; 0: none
+	quiet  int    // checks in a row that found the consumer idle and owing nothing
+	failed int    // checks in a row whose question failed
 }
 
-// idleUnanswered is how many idle checks in a row may go unanswered before the consumer is taken
-// for lost. A consumer's server that died takes it along, and its heartbeats stopping normally
-// says so within two seconds; this is the backstop when they do not (the library's heartbeat
-// timer is paused while it reconnects and while a message is being handled). An election that
-// leaves the stream without a leader for its 4-9 s is outlasted: a consumer of a stream with no
-// leader would not deliver anyway, and a new one costs nothing to exactness (it starts from the
-// last sequence this client received).
-const idleUnanswered = 5
+// idleFailed is how many idle checks in a row may fail before the consumer is taken for lost. A
+// consumer's server that died takes it along; its heartbeats stopping normally say so within two
+// seconds, and this is the backstop when they do not (the library pauses its heartbeat timer while
+// a message is handled and while it reconnects). An R1 consumer's info is answered by its own
+// server, elections of the stream's or the cluster's leader or not; five failures in a row (5 to
+// 15 s: each check waits up to createTimeout) outlast a moment of overload. A new consumer costs
+// nothing to exactness (it starts from the last sequence this client received).
+const idleFailed = 5
 
 // interval is the time to the next check: consumerCheck while messages flow or one is owed,
 // doubling while the shard stays idle up to 32 times that. A message is lost at the end of a burst
@@ -188,7 +204,7 @@ func (g *gradConsumer) checkIdle(ctx context.Context, cons jetstream.Consumer, c
 	dseq, handling := g.dseq, g.handling
 	g.mu.Unlock()
 	if dseq != c.seen || handling {
-		c.seen, c.owed, c.quiet, c.unanswered = dseq, 0, 0, 0
+		c.seen, c.owed, c.quiet, c.failed = dseq, 0, 0, 0
 		return ""
 	}
 	if c.owed > dseq { // asked at the last check, and nothing arrived since
@@ -201,15 +217,18 @@ func (g *gradConsumer) checkIdle(ctx context.Context, cons jetstream.Consumer, c
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return "the servers say the consumer does not exist"
 	}
-	if err != nil { // a consumer gone with its server: its heartbeats tell, or the unanswered checks
-		c.unanswered++
+	if err != nil && ctx.Err() == nil { // gone with its server: its heartbeats tell, or these checks
+		c.failed++
 		c.quiet = 0 // ask again within consumerCheck
-		if c.unanswered >= idleUnanswered {
-			return fmt.Sprintf("no server answered for the consumer in %d checks (%v)", c.unanswered, err)
+		if c.failed >= idleFailed {
+			return fmt.Sprintf("the consumer's info failed in %d checks in a row (%v)", c.failed, err)
 		}
 		return ""
 	}
-	c.unanswered = 0
+	if err != nil {
+		return "" // stopping
+	}
+	c.failed = 0
 	if info.Delivered.Consumer > dseq {
 		c.owed, c.quiet = info.Delivered.Consumer, 0
 	} else {
@@ -223,12 +242,12 @@ func (g *gradConsumer) start(ctx context.Context) (jetstream.Consumer, jetstream
 	g.mu.Lock()
 	g.gen++
 	gen, next := g.gen, g.next
-	g.dseq = 0
-	g.mu.Unlock()
+	g.dseq, g.err = 0, nil
 	select { // a loss reported by the consumer before this one is not this one's
 	case <-g.lost:
 	default:
 	}
+	g.mu.Unlock()
 	cctx, cancel := context.WithTimeout(ctx, createTimeout)
 	defer cancel()
 	if err := g.current(cctx); err != nil {
@@ -252,6 +271,7 @@ func (g *gradConsumer) start(ctx context.Context) (jetstream.Consumer, jetstream
 		if muteConsumeErrors.Load() {
 			return
 		}
+		g.noteErr(gen, err)
 		if errors.Is(err, jetstream.ErrNoHeartbeat) || consumerLost(err) {
 			g.markLost(gen)
 		}
@@ -289,11 +309,31 @@ func (g *gradConsumer) deliver(gen int, m jetstream.Msg) {
 	g.mu.Unlock()
 }
 
+// noteErr keeps err as the last error reported of consumer generation gen, if it is current.
+func (g *gradConsumer) noteErr(gen int, err error) {
+	g.mu.Lock()
+	if gen == g.gen {
+		g.err = err
+	}
+	g.mu.Unlock()
+}
+
+// lastErr is the last error reported of the current consumer's consumption, for a log.
+func (g *gradConsumer) lastErr() string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.err == nil {
+		return "no error reported"
+	}
+	return g.err.Error()
+}
+
+// markLost reports consumer generation gen lost, if it is current. The report is made under g.mu,
+// as start drains old ones: a report of an older generation cannot reach the next one's watch.
 func (g *gradConsumer) markLost(gen int) {
 	g.mu.Lock()
-	current := gen == g.gen
-	g.mu.Unlock()
-	if current {
+	defer g.mu.Unlock()
+	if gen == g.gen {
 		select {
 		case g.lost <- struct{}{}:
 		default:
@@ -304,6 +344,6 @@ func (g *gradConsumer) markLost(gen int) {
 // consumerLost tells the errors after which a consumer cannot go on: it or its stream is gone, or
 // nothing answers its pull requests.
 func consumerLost(err error) bool {
-	return errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrStreamNotFound) ||
+	return errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrBadRequest) || errors.Is(err, jetstream.ErrStreamNotFound) ||
 		errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, nats.ErrNoResponders)
 }

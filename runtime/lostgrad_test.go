@@ -74,10 +74,11 @@ func TestShardNoticesALostGradient(t *testing.T) {
 	}
 }
 
-// A shard whose consumer is gone does not rely on the client library to say so: with its reports
-// ignored (as when its heartbeat timer is paused), the shard's own checks find the consumer gone
-// and make a new one, and the next step is applied bit-exact. Not parallel: MuteConsumeErrors
-// changes every runtime in the process.
+// A shard whose consumer is gone does not rely on the client library's error reports to say so:
+// with them ignored, the consumer deleted on the servers (whose 409 makes the library end the
+// consumption) is still found gone, a new one is made, and the next steps are applied bit-exact.
+// TestIdleCheck drives the idle check's other ways of finding a loss. Not parallel:
+// MuteConsumeErrors changes every runtime in the process.
 func TestShardReplacesAConsumerGoneSilently(t *testing.T) {
 	undoCheck := runtime.SetConsumerFaults(20*time.Millisecond, nil)
 	t.Cleanup(undoCheck)
