@@ -108,6 +108,9 @@ func (g *gradConsumer) run(ctx context.Context, log func(msg string, args ...any
 		}
 		began := time.Now()
 		why := g.watch(ctx, cons, cc)
+		if why == "" && ctx.Err() == nil {
+			why = "the consumer was lost (" + g.lastErr() + ")"
+		}
 		if why != "" {
 			log(why+"; making a new consumer", "consumer", cons.CachedInfo().Name, "from_seq", g.resume())
 		}
@@ -146,8 +149,8 @@ func (g *gradConsumer) resume() uint64 {
 	return g.next
 }
 
-// watch returns when ctx is done or the consumer is lost: reported lost by its consumption, ended
-// by the client library, or found so by checkIdle. It says why when nothing was logged of it yet.
+// watch returns when ctx is done or the consumer is lost: reported lost by its consumption (why is
+// then "": the report is in lastErr), ended by the client library, or found so by checkIdle.
 func (g *gradConsumer) watch(ctx context.Context, cons jetstream.Consumer, cc jetstream.ConsumeContext) (why string) {
 	var idle idleCheck
 	t := time.NewTimer(idle.interval())
@@ -296,6 +299,10 @@ func (g *gradConsumer) deliver(gen int, m jetstream.Msg) {
 		return
 	}
 	if err != nil || meta.Sequence.Consumer != g.dseq+1 {
+		if err == nil {
+			err = fmt.Errorf("consumer sequence %d after %d: a message went missing", meta.Sequence.Consumer, g.dseq)
+		}
+		g.err = err
 		g.mu.Unlock()
 		g.markLost(gen)
 		return
