@@ -278,16 +278,14 @@ func TestKubernetesNATSCluster(t *testing.T) {
 	}
 	m := loadNATSManifest(t, loadManifests(t))
 	n := int(*m.sts.Spec.Replicas)
-	routePorts := make([]int, n)
-	for i := range n {
-		routePorts[i] = testutil.FreePort(t)
-	}
+	ports := testutil.FreePorts(t, 3*n) // distinct: a port picked twice would fail a server's start
+	routePorts := ports[:n]
 	dir := t.TempDir()
 	var opts []*server.Options
 	for i := range n {
 		o := m.options(t, i, filepath.Join(dir, m.pod(i), "accounts"))
-		o.Host, o.Port = "127.0.0.1", testutil.FreePort(t)
-		o.HTTPHost, o.HTTPPort = "127.0.0.1", testutil.FreePort(t)
+		o.Host, o.Port = "127.0.0.1", ports[n+i]
+		o.HTTPHost, o.HTTPPort = "127.0.0.1", ports[2*n+i]
 		o.Cluster.Host, o.Cluster.Port = "127.0.0.1", routePorts[i]
 		for _, u := range o.Routes {
 			p, err := m.routePod(u)

@@ -1,10 +1,13 @@
 package testutil
 
 import (
+	"cmp"
 	"fmt"
 	"net/url"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -32,10 +35,8 @@ func StartCluster(t testing.TB, n int) *Cluster {
 // change them first (put the servers in operator mode, say).
 func ClusterOptions(t testing.TB, n int) []*server.Options {
 	t.Helper()
-	clientPorts, routePorts := make([]int, n), make([]int, n)
-	for i := range n {
-		clientPorts[i], routePorts[i] = FreePort(t), FreePort(t)
-	}
+	ports := FreePorts(t, 2*n)
+	clientPorts, routePorts := ports[:n], ports[n:]
 	var routes []*url.URL
 	for _, p := range routePorts {
 		routes = append(routes, &url.URL{Scheme: "nats", Host: fmt.Sprintf("127.0.0.1:%d", p)})
@@ -123,14 +124,64 @@ func (c *Cluster) Start(i int) {
 	if err != nil {
 		c.t.Fatal(err)
 	}
+	// The servers log nothing (NoLog), and one that cannot listen on a port (taken by another
+	// process since it was picked) says so only to its logger, then is never ready: errs keeps
+	// what it reports as errors, and a fatal one fails the start at once, with its message.
+	errs := &startLog{}
+	s.SetLogger(errs, false, false)
 	go s.Start()
 	// A minute: a clustered server's start (JetStream's store, its routes) took over 10 s under the
 	// race detector on a machine busy with builds (CI on a fresh machine); a start that hangs still
 	// fails the test.
-	if !s.ReadyForConnections(time.Minute) {
-		c.t.Fatalf("node %d not ready within a minute", i)
+	deadline := time.Now().Add(time.Minute)
+	for !s.ReadyForConnections(250 * time.Millisecond) {
+		if fatal := errs.fatal(); fatal != "" || time.Now().After(deadline) {
+			s.Shutdown()
+			c.t.Fatalf("node %d (%s) not ready: %s; its errors: %v", i, o.ServerName, cmp.Or(fatal, "not within a minute"), errs.errors())
+		}
 	}
 	c.nodes[i] = s
+}
+
+// startLog is a server's logger while it starts: it keeps the errors and the first fatal error
+// and drops the rest. nats-server's own logger would exit the test binary on a fatal error.
+type startLog struct {
+	mu    sync.Mutex
+	errs  []string
+	first string
+}
+
+func (l *startLog) Noticef(string, ...any) {}
+func (l *startLog) Warnf(string, ...any)   {}
+func (l *startLog) Debugf(string, ...any)  {}
+func (l *startLog) Tracef(string, ...any)  {}
+
+func (l *startLog) Errorf(format string, v ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.errs) < 20 {
+		l.errs = append(l.errs, fmt.Sprintf(format, v...))
+	}
+}
+
+func (l *startLog) Fatalf(format string, v ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.first == "" {
+		l.first = fmt.Sprintf(format, v...)
+	}
+}
+
+func (l *startLog) fatal() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.first
+}
+
+func (l *startLog) errors() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.errs)
 }
 
 // Index is the index of the node named name, or -1.

@@ -52,6 +52,23 @@ func FreePort(t testing.TB) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
+// FreePorts returns n distinct free TCP ports on 127.0.0.1: each is held until all are picked, so
+// two calls of FreePort cannot return the same port (the kernel may hand a port it just released
+// out again).
+func FreePorts(t testing.TB, n int) []int {
+	t.Helper()
+	ports := make([]int, n)
+	for i := range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		ports[i] = ln.Addr().(*net.TCPAddr).Port
+	}
+	return ports
+}
+
 // NATS starts an embedded NATS server with JetStream, its store in a temporary directory, shut down
 // when the test ends, and returns its URL.
 func NATS(t testing.TB) string {
