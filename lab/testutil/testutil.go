@@ -7,8 +7,10 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -41,25 +43,19 @@ func CheckFor(t testing.TB, wait, step time.Duration, f func() error) {
 }
 
 // FreePort returns a loopback TCP port that was free a moment ago, for programs that cannot report
-// the port they bound.
+// the port they bound. The port is outside the kernel's ephemeral range (pickPort says why).
 func FreePort(t testing.TB) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return FreePorts(t, 1)[0]
 }
 
-// FreePorts returns n distinct free TCP ports on 127.0.0.1: each is held until all are picked, so
-// two calls of FreePort cannot return the same port (the kernel may hand a port it just released
-// out again).
+// FreePorts returns n distinct free TCP ports on 127.0.0.1, outside the kernel's ephemeral range:
+// each is held until all are picked, so none is handed out twice.
 func FreePorts(t testing.TB, n int) []int {
 	t.Helper()
 	ports := make([]int, n)
 	for i := range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		ln, err := pickPort()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -67,6 +63,30 @@ func FreePorts(t testing.TB, n int) []int {
 		ports[i] = ln.Addr().(*net.TCPAddr).Port
 	}
 	return ports
+}
+
+// pickPort listens on a random free loopback port below the kernel's ephemeral range (Linux's
+// net.ipv4.ip_local_port_range), falling back to one the kernel picks. A port picked for a server
+// that starts later is free until then only if nothing else takes it, and the kernel hands
+// ephemeral ports to every outgoing connection: a cluster's first nodes dialling the route port of
+// one not started yet could be given its client port (or that very route port: a TCP connection
+// to itself), and that node then failed to listen. Below the range, only an explicit bind takes a
+// port.
+func pickPort() (net.Listener, error) {
+	lo, hi := 10000, 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if first, err := strconv.Atoi(f[0]); err == nil {
+				hi = first
+			}
+		}
+	}
+	for i := 0; hi-lo >= 1000 && i < 50; i++ {
+		if ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", lo+rand.IntN(hi-lo))); err == nil {
+			return ln, nil
+		}
+	}
+	return net.Listen("tcp", "127.0.0.1:0")
 }
 
 // NATS starts an embedded NATS server with JetStream, its store in a temporary directory, shut down
