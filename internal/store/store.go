@@ -118,7 +118,7 @@ func ensureKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValu
 				return nil, notYet{fmt.Errorf("open bucket %s: %w", cfg.Bucket, err)}
 			}
 		}
-		if storeRace(err) {
+		if waitAtStart(err) {
 			return nil, notYet{fmt.Errorf("create bucket %s: %w", cfg.Bucket, err)}
 		}
 		if err != nil {
@@ -173,8 +173,8 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.Str
 			want.Replicas = max(want.Replicas, cur.CachedInfo().Config.Replicas)
 		}
 		var err error
-		if st, err = js.CreateOrUpdateStream(ctx, want); vanished(err) || storeRace(err) {
-			return notYet{fmt.Errorf("stream %s: %w", cfg.Name, err)} // deleted in between, or see storeRace: again
+		if st, err = js.CreateOrUpdateStream(ctx, want); vanished(err) || waitAtStart(err) {
+			return notYet{fmt.Errorf("stream %s: %w", cfg.Name, err)} // deleted in between, or see waitAtStart: again
 		} else if err != nil {
 			return Unplaceable("stream "+cfg.Name, want.Replicas, err)
 		}
@@ -254,6 +254,23 @@ func storeRace(err error) bool {
 	return errors.As(err, &apiErr) && apiErr.ErrorCode == errStreamCreate &&
 		(strings.Contains(apiErr.Description, "error creating store") || strings.Contains(apiErr.Description, "could not create storage directory"))
 }
+
+// waitAtStart tells the errors creating one of fanin's buckets or streams that a component at
+// start waits for (untilUp), as a cluster forming gives them: storeRace and peersUnknown.
+func waitAtStart(err error) bool { return storeRace(err) || peersUnknown(err) }
+
+// peersUnknown tells JetStream's "no suitable peers for placement" (nats-server's
+// JSClusterNoPeersErr): the cluster's leader knows of too few servers able to hold the replicas
+// asked. The replicas asked are min(3, the servers the cluster has: StateReplicas), so this is a
+// cluster forming, whose leader has not heard every server's JetStream statistics yet (seen as the
+// race detector slowed a 3-server test cluster's start), or servers down or out of resources:
+// either way, waiting and saying so (untilUp) is what a component at start can do.
+func peersUnknown(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == errClusterNoPeers
+}
+
+const errClusterNoPeers jetstream.ErrorCode = 10005
 
 // errStreamCreate is JetStream's generic stream creation error (nats-server's JSStreamCreateErrF),
 // which carries a member's store failure in a cluster.

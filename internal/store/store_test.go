@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/fanin-ml/fanin/job"
 )
 
@@ -27,5 +29,25 @@ func TestCheckFits(t *testing.T) {
 	rec = job.NewRecord(spec, time.Now())
 	if err := CheckFits(&rec, 1<<20); err == nil {
 		t.Fatal("a 1 MiB shard plus headers was accepted under a 1 MiB max_payload")
+	}
+}
+
+// TestStartErrorsWaitedFor: the JetStream errors a component meets at start on a cluster still
+// forming (a store its servers failed to create, a leader that does not know every server yet) are
+// waited for (untilUp retries a notYet); the rest are not.
+func TestStartErrorsWaitedFor(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		wait bool
+	}{
+		{&jetstream.APIError{ErrorCode: errClusterNoPeers, Description: "no suitable peers for placement"}, true},
+		{&jetstream.APIError{ErrorCode: errStreamCreate, Description: "error creating store for stream"}, true},
+		{jetstream.ErrInvalidJetStreamResponse, true},
+		{&jetstream.APIError{ErrorCode: errInsufficientResources, Description: "insufficient resources"}, false},
+		{&jetstream.APIError{ErrorCode: errStreamCreate, Description: "stream name is required"}, false},
+	} {
+		if got := waitAtStart(c.err); got != c.wait {
+			t.Errorf("%v: waited for %v, want %v", c.err, got, c.wait)
+		}
 	}
 }
