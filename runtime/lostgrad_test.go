@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanin-ml/fanin/functions"
+	"github.com/fanin-ml/fanin/gateway"
 	"github.com/fanin-ml/fanin/lab/testutil"
 	"github.com/fanin-ml/fanin/runtime"
 	"github.com/fanin-ml/fanin/sdk"
@@ -36,37 +36,11 @@ func TestShardNoticesALostGradient(t *testing.T) {
 	st := testutil.Stack(t, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	spec := testSpec("lost", "sgd", map[string]float64{"lr": 0.1})
-	spec.Ranks = 1
-	rec, err := st.Gateway.CreateJob(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := sdk.Connect(ctx, st.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	w, err := c.Worker(ctx, "lost", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, params, err := w.Params(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fn, _ := rec.Spec.NewFunc()
-	ref := functions.NewReference(fn, 1, rec.Layout.Ranges(), params)
-	g := make([]float32, rec.Layout.Elements)
+	train := oneRankJob(ctx, t, st.URL, st.Gateway, "lost")
 	for step := int64(1); step <= 3; step++ {
 		armed.Store(step == 2) // shard 0's only gradient of step 2 goes missing
-		testutil.Gradient(g, params, step, 0)
-		ref.Step([][]float32{g}, nil)
-		if params, err = w.Step(ctx, g); err != nil {
+		if err := train(step); err != nil {
 			t.Fatalf("step %d (shard 0's gradient lost %d times): %v", step, lost.Load(), err)
-		}
-		if !bytes.Equal(f32bytes(params), f32bytes(ref.Params())) {
-			t.Fatalf("step %d: the parameters differ from the reference", step)
 		}
 	}
 	if lost.Load() != 1 {
@@ -85,51 +59,17 @@ func TestShardReplacesAConsumerGoneSilently(t *testing.T) {
 	st := testutil.Stack(t, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	spec := testSpec("silent", "sgd", map[string]float64{"lr": 0.1})
-	spec.Ranks = 1
-	rec, err := st.Gateway.CreateJob(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := sdk.Connect(ctx, st.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	w, err := c.Worker(ctx, "silent", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, params, err := w.Params(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fn, _ := rec.Spec.NewFunc()
-	ref := functions.NewReference(fn, 1, rec.Layout.Ranges(), params)
-	g := make([]float32, rec.Layout.Elements)
+	train := oneRankJob(ctx, t, st.URL, st.Gateway, "silent")
 	step := func(s int64) {
 		t.Helper()
-		testutil.Gradient(g, params, s, 0)
-		ref.Step([][]float32{g}, nil)
-		if params, err = w.Step(ctx, g); err != nil {
+		if err := train(s); err != nil {
 			t.Fatalf("step %d: %v", s, err)
-		}
-		if !bytes.Equal(f32bytes(params), f32bytes(ref.Params())) {
-			t.Fatalf("step %d: the parameters differ from the reference", s)
 		}
 	}
 	step(1)
 
 	t.Cleanup(runtime.MuteConsumeErrors())
-	nc, err := nats.Connect(st.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := testutil.Connect(t, st.URL)
 	grads, err := js.Stream(ctx, wire.GradStream("silent"))
 	if err != nil {
 		t.Fatal(err)
@@ -150,5 +90,47 @@ func TestShardReplacesAConsumerGoneSilently(t *testing.T) {
 		if slices.Contains(deleted, name.Name) {
 			t.Fatalf("consumer %s was deleted, yet listed", name.Name)
 		}
+	}
+}
+
+// oneRankJob creates job id (sgd, one rank) through gw and returns what trains it one step: a
+// gradient from its one worker, the parameters checked bit for bit against the job's reference
+// (a mismatch fails the test; an error of the step is returned).
+func oneRankJob(ctx context.Context, t *testing.T, url string, gw *gateway.Server, id string) (train func(step int64) error) {
+	t.Helper()
+	spec := testSpec(id, "sgd", map[string]float64{"lr": 0.1})
+	spec.Ranks = 1
+	rec, err := gw.CreateJob(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := sdk.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	w, err := c.Worker(ctx, id, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, params, err := w.Params(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fn, _ := rec.Spec.NewFunc()
+	ref := functions.NewReference(fn, 1, rec.Layout.Ranges(), params)
+	g := make([]float32, rec.Layout.Elements)
+	return func(step int64) error {
+		testutil.Gradient(g, params, step, 0)
+		ref.Step([][]float32{g}, nil)
+		got, err := w.Step(ctx, g)
+		if err != nil {
+			return err
+		}
+		params = got
+		if !bytes.Equal(f32bytes(params), f32bytes(ref.Params())) {
+			t.Fatalf("step %d: the parameters differ from the reference", step)
+		}
+		return nil
 	}
 }
