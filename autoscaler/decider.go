@@ -136,6 +136,7 @@ func (r *round) observe(obs Observations, hr map[string]float64) {
 		r.shards[k].in, r.shards[k].out = plannedBytes(s, r.p)
 		r.mixed = r.mixed || cls != r.shards[0].cls
 	}
+	r.jobRates()
 }
 
 // prioritize puts the priorities in force when the pool is short and the shards are of more than

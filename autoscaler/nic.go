@@ -92,6 +92,60 @@ func plannedBytes(s *ShardObs, p Policy) (in, out float64) {
 	return in, out
 }
 
+// jobRates plans every shard of a job at the job's pace: its bytes per step times the median of
+// what its shards measured per byte of a step, in and out alike. A job's shards step together
+// (bsp; nearly so in ssp and asp), so their rates are in proportion to their bytes; what each
+// runtime measures is not (a shard that just moved, a step whose period varied), and evening a job
+// over nodes on such rates moved its shards back and forth. Jobs none of whose shards measured
+// keep their estimates.
+func (r *round) jobRates() {
+	type perByte struct{ in, out []float64 }
+	jobs := map[string]*perByte{}
+	for k := range r.shards {
+		s := r.shards[k].obs
+		if s.Bytes <= 0 {
+			continue
+		}
+		j := jobs[s.Job]
+		if j == nil {
+			j = &perByte{}
+			jobs[s.Job] = j
+		}
+		if s.BytesIn > 0 {
+			j.in = append(j.in, s.BytesIn/float64(s.Bytes))
+		}
+		if s.BytesOut > 0 {
+			j.out = append(j.out, s.BytesOut/float64(s.Bytes))
+		}
+	}
+	rate := make(map[string][2]float64, len(jobs)) // per job: in and out per byte of a step, 0 unmeasured
+	for id, j := range jobs {
+		rate[id] = [2]float64{median(j.in), median(j.out)}
+	}
+	for k := range r.shards {
+		s := &r.shards[k]
+		if v := rate[s.obs.Job]; v[0] > 0 {
+			s.in = float64(s.obs.Bytes) * v[0]
+		}
+		if v := rate[s.obs.Job]; v[1] > 0 {
+			s.out = float64(s.obs.Bytes) * v[1]
+		}
+	}
+}
+
+// median of vs, which it sorts; 0 for none.
+func median(vs []float64) float64 {
+	slices.Sort(vs)
+	n := len(vs)
+	if n == 0 {
+		return 0
+	}
+	if n%2 == 1 {
+		return vs[n/2]
+	}
+	return (vs[n/2-1] + vs[n/2]) / 2
+}
+
 // nodes groups the runtimes by node: a runtime without a node is one of its own. A node's NIC is
 // the largest its runtimes report. Without any NIC known it leaves every runtime's node nil, and
 // bytes are not counted.

@@ -384,7 +384,7 @@ func TestNICBoundJobEvenedOverNodes(t *testing.T) {
 	}
 }
 
-// A job's shards of unequal bytes are placed the largest first, each on the emptiest node, so that
+// A job's shards of unequal bytes (per step, and so per second) are placed the largest first, each on the emptiest node, so that
 // the fullest node carries as little as it can: shards of 2, 1 and 1 (key order 1, 1, 2) on 2 nodes
 // end 2 and 2, not 3 and 1. Their bytes are far below the NICs, so no later move evens them.
 func TestJobShardsPlacedLargestFirst(t *testing.T) {
@@ -393,10 +393,47 @@ func TestJobShardsPlacedLargestFirst(t *testing.T) {
 	p.MinRuntimes, p.MaxRuntimes = 2, 2
 	rts := onNodes(runtimes(2), mbit100, "a", "b")
 	shards := bytesJob("j", 3, 1e6)
-	shards[2].BytesIn, shards[2].BytesOut = 2e6, 2e6
+	shards[2].Bytes, shards[2].BytesIn, shards[2].BytesOut = 2*shards[2].Bytes, 2e6, 2e6
 	dec := NewDecider().Decide(p, Observations{Runtimes: rts, Shards: shards}, at(0))
 	load := nodeLoad(rts, shards, dec.Placement)
 	if load["a"] != 2e6 || load["b"] != 2e6 {
 		t.Errorf("bytes in per node %v, want 2 MB/s on each", load)
+	}
+}
+
+// A BSP job's shards all step at the job's pace, so their bytes per second are in proportion to
+// their bytes per step; what each runtime measures is not: a shard that just moved, or whose
+// steps' periods happen to vary, reports a rate a quarter off its siblings'. Evening a job's
+// bytes on such rates moved a shard every second or two in the cluster bench, back and forth
+// between nodes of 3 and 2 shards, each move a pause of the step. The decider reads a job's
+// shards at the job's rate (the median of its shards' rates per byte): 3, 3, 2, 2 stays.
+func TestNoisyRatesDoNotMoveAJobsShards(t *testing.T) {
+	t.Parallel()
+	p := DefaultPolicy()
+	p.MinRuntimes, p.MaxRuntimes = 4, 4
+	rts := onNodes(runtimes(4), mbit100, "w0", "w1", "w2", "w3")
+	shards := bytesJob("bench", 10, 2.26e6)
+	on := []string{"rt-1", "rt-1", "rt-1", "rt-2", "rt-2", "rt-2", "rt-3", "rt-3", "rt-4", "rt-4"}
+	for k := range shards {
+		shards[k].Runtime = on[k]
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	d := NewDecider()
+	var moved []string
+	for i := range 40 {
+		for k := range shards {
+			f := 0.75 + 0.5*rng.Float64() // each shard's measurement within 25% of the job's rate
+			shards[k].BytesIn, shards[k].BytesOut = 2.26e6*f, 2.26e6*f
+		}
+		dec := d.Decide(p, Observations{Runtimes: rts, Shards: shards}, at(time.Duration(i)*time.Second))
+		for _, m := range dec.Moves {
+			moved = append(moved, fmt.Sprintf("%s %s->%s", m.Shard, m.From, m.To))
+		}
+		for k := range shards {
+			shards[k].Runtime = dec.Placement[shards[k].Key]
+		}
+	}
+	if len(moved) > 0 {
+		t.Errorf("%d moves in 40 decisions of a job evened already (3, 3, 2, 2), want none: %v", len(moved), moved)
 	}
 }
