@@ -31,7 +31,11 @@ func TestParamsLeadersFromACluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: wire.ParamsStream("j"), Subjects: []string{"test.params.j"}, Storage: jetstream.MemoryStorage})
+	// A cluster just formed, on a machine busy with the package's other tests, took more than
+	// the 5 s that a request is given by default to create a stream.
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	st, err := js.CreateStream(cctx, jetstream.StreamConfig{Name: wire.ParamsStream("j"), Subjects: []string{"test.params.j"}, Storage: jetstream.MemoryStorage})
 	if err != nil {
 		t.Fatal(err)
 	}
