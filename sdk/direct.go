@@ -243,7 +243,7 @@ func (d *directSender) pump(ctx context.Context, t int64) error {
 	w := d.w
 	lost := w.lossMark()
 	began := time.Now()
-	stall := 2 * w.fb.initial()
+	stall := 2 * max(w.fb.initial(), w.fb.whole())
 	tick := time.NewTicker(directPoll)
 	defer tick.Stop()
 	for {

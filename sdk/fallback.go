@@ -7,49 +7,60 @@ const maxFetchAfter = 10 * time.Second
 
 // fallback paces a waiting worker's fetches from the parameters stream. Parameters are pushed;
 // a fetch is for a push that is really missing, not merely late, or the shard's bytes reach the
-// worker twice: a worker on a slow link whose pushes took longer than WithFetchAfter used to
-// fetch every shard still in flight, and received about twice its parameters per step. A push is
-// taken as missing when
+// worker twice. A push is taken as missing when
 //   - the connection reconnected or the subscription dropped messages while the worker waited
 //     (whatever was pushed in between is lost): at once;
-//   - pushes of the step arrived and then stopped for WithFetchAfter;
 //   - no push of the step arrived at all for twice the longest recent wait for a step's first
 //     push, and at least WithFetchAfter (a step's first push waits for the slowest rank and the
-//     aggregation, which WithFetchAfter alone does not know).
+//     aggregation, which WithFetchAfter alone does not know);
+//   - pushes of the step arrived, then none for WithFetchAfter, and the step has waited twice the
+//     longest recent wait for a step's last push (its whole wait).
+//
+// The last rule's second half is for slow links: the pushes of a step come in waves, a node's
+// shards at a time as each node's gradients complete, and on a link of 100 Mbit/s a wave was more
+// than a second behind the one before. Pushes merely in flight were fetched, their bytes came
+// twice, the step took longer and the next fetched more (the cluster bench's spread cases:
+// 3-5 fetches per worker in 5 steps, 1.2x the bytes of the theory on the fullest nodes).
 //
 // Fetches back off from there, to maxFetchAfter apart. fallback is used by the Step goroutine
 // only.
 type fallback struct {
 	after  time.Duration    // WithFetchAfter
 	firsts [8]time.Duration // recent waits for a step's first push, a ring
+	wholes [8]time.Duration // recent waits for a step's last push, the same ring
 	next   int
 }
 
 // initial is how long a worker waits for a step's first push before it fetches.
-func (f *fallback) initial() time.Duration {
+func (f *fallback) initial() time.Duration { return f.bound(f.firsts[:]) }
+
+// whole is how long a step may wait for its last push before the pushes still missing are
+// fetched.
+func (f *fallback) whole() time.Duration { return f.bound(f.wholes[:]) }
+
+// bound is twice the longest of recent waits, at least WithFetchAfter and at most maxFetchAfter.
+func (f *fallback) bound(waits []time.Duration) time.Duration {
 	var longest time.Duration
-	for _, d := range f.firsts {
+	for _, d := range waits {
 		longest = max(longest, d)
 	}
 	return min(max(2*longest, f.after), maxFetchAfter)
 }
 
-// note records how long a step waited for its first push.
-func (f *fallback) note(d time.Duration) {
-	f.firsts[f.next] = d
+// note records how long a step waited for its first push and for its last.
+func (f *fallback) note(first, whole time.Duration) {
+	f.firsts[f.next], f.wholes[f.next] = first, whole
 	f.next = (f.next + 1) % len(f.firsts)
 }
 
 // due reports whether a worker that began waiting at began, whose latest push of the step arrived
 // at last (zero if none did), should fetch at now; if not, how long until it looks again.
 func (f *fallback) due(began, last, now time.Time) (bool, time.Duration) {
-	if last.IsZero() {
-		if left := f.initial() - now.Sub(began); left > 0 {
-			return false, left
-		}
-		return true, 0
+	left := f.initial() - now.Sub(began)
+	if !last.IsZero() {
+		left = max(f.after-now.Sub(last), f.whole()-now.Sub(began))
 	}
-	if left := f.after - now.Sub(last); left > 0 {
+	if left > 0 {
 		return false, left
 	}
 	return true, 0

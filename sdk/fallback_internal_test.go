@@ -21,22 +21,29 @@ func TestFallbackPacing(t *testing.T) {
 	check("no push, early", time.Time{}, at(400*time.Millisecond), false, 600*time.Millisecond)
 	check("no push, at WithFetchAfter", time.Time{}, at(time.Second), true, 0)
 	// Steps whose first push took 3 s: twice that before a step with no push fetches.
-	f.note(3 * time.Second)
-	f.note(time.Second)
+	f.note(3*time.Second, 3500*time.Millisecond)
+	f.note(time.Second, 1500*time.Millisecond)
 	check("no push, learnt", time.Time{}, at(5*time.Second), false, time.Second)
 	check("no push, learnt, due", time.Time{}, at(6*time.Second), true, 0)
-	// Pushes came: WithFetchAfter after the latest, however long the step has waited.
+	// Pushes came: WithFetchAfter after the latest, and not before twice the longest whole wait
+	// (3.5 s): the pushes of a step on a slow link come in waves.
 	check("pushes flowing", at(9*time.Second), at(9500*time.Millisecond), false, 500*time.Millisecond)
 	check("pushes stopped", at(9*time.Second), at(10*time.Second), true, 0)
+	check("a wave in flight", at(2*time.Second), at(3*time.Second), false, 4*time.Second)
+	check("a wave in flight, whole wait past", at(2*time.Second), at(7*time.Second), true, 0)
+	check("a wave just in", at(6500*time.Millisecond), at(7*time.Second), false, 500*time.Millisecond)
 	// Never longer than maxFetchAfter, and the ring forgets.
-	f.note(time.Hour)
+	f.note(time.Hour, time.Hour)
 	if got := f.initial(); got != maxFetchAfter {
 		t.Errorf("initial after a step that waited an hour: %v, want %v", got, maxFetchAfter)
 	}
-	for range len(f.firsts) {
-		f.note(100 * time.Millisecond)
+	if got := f.whole(); got != maxFetchAfter {
+		t.Errorf("whole after a step that waited an hour: %v, want %v", got, maxFetchAfter)
 	}
-	if got := f.initial(); got != time.Second {
-		t.Errorf("initial after short steps: %v, want WithFetchAfter (1s)", got)
+	for range len(f.firsts) {
+		f.note(100*time.Millisecond, 200*time.Millisecond)
+	}
+	if got, got2 := f.initial(), f.whole(); got != time.Second || got2 != time.Second {
+		t.Errorf("initial and whole after short steps: %v and %v, want WithFetchAfter (1s)", got, got2)
 	}
 }

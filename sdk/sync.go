@@ -181,7 +181,7 @@ func (w *Worker) awaitVersions(ctx context.Context, t, need int64) error {
 		last := w.lastPush
 		w.mu.Unlock()
 		if !short {
-			w.noteFirstPush(began)
+			w.notePushWaits(began)
 			return nil
 		}
 		select {

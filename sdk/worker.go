@@ -683,7 +683,7 @@ func (w *Worker) await(ctx context.Context, t int64) error {
 				timer.Reset(0)
 			}
 		case <-ready:
-			w.noteFirstPush(began)
+			w.notePushWaits(began)
 			return nil
 		case rej := <-w.rejects:
 			if rej.Step != t || wire.GradAttempt(rej.MsgID) != w.attempt ||
@@ -745,14 +745,14 @@ func (w *Worker) notePushLocked(at time.Time) {
 	w.lastPush = at
 }
 
-// noteFirstPush tells the fallback how long the step that began at began waited for its first
-// push, if one came.
-func (w *Worker) noteFirstPush(began time.Time) {
+// notePushWaits tells the fallback how long the step that began at began waited for its first
+// push and for its last, if a push came.
+func (w *Worker) notePushWaits(began time.Time) {
 	w.mu.Lock()
-	first := w.firstPush
+	first, last := w.firstPush, w.lastPush
 	w.mu.Unlock()
 	if !first.IsZero() {
-		w.fb.note(max(0, first.Sub(began)))
+		w.fb.note(max(0, first.Sub(began)), max(0, last.Sub(began)))
 	}
 }
 
