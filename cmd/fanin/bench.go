@@ -16,7 +16,7 @@ import (
 
 func benchCmd() *cobra.Command {
 	var quick bool
-	var only, out, redis, cpuProfile, costOut string
+	var only, cases, out, redis, cpuProfile, costOut string
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure the data plane against baselines measured in the same run (writes docs/BENCHMARKS.md)",
@@ -32,6 +32,9 @@ the date of the run they come from. The e2e-redis scenario's baseline is built o
 			limitBenchMemory()
 			if only != "" {
 				cfg.Only = strings.Split(only, ",")
+			}
+			if cases != "" {
+				cfg.Cases = strings.Split(cases, ";")
 			}
 			if cpuProfile != "" {
 				f, err := os.Create(cpuProfile)
@@ -69,6 +72,7 @@ the date of the run they come from. The e2e-redis scenario's baseline is built o
 	}
 	cmd.Flags().BoolVar(&quick, "quick", false, "small sizes and few iterations (under a minute)")
 	cmd.Flags().StringVar(&only, "only", "", "comma-separated scenarios to run (default: all)")
+	cmd.Flags().StringVar(&cases, "cases", "", `semicolon-separated cases of the cluster scenario to run, e.g. "spread,direct;spread,direct,bf16" (default: all)`)
 	cmd.Flags().StringVar(&out, "out", "", "write the markdown report to this file (default: standard output)")
 	cmd.Flags().StringVar(&redis, "redis", "", "redis-server binary for the Redis baseline, in a build with -tags redis (default: from PATH)")
 	cmd.Flags().StringVar(&costOut, "cost-out", "", "the service-cost scenario writes what fanin sim charges the service with (its --cost file, JSON) to this file")

@@ -15,7 +15,10 @@ import (
 type Config struct {
 	Quick bool     // small sizes and iterations, for CI: the whole run takes less than a minute
 	Only  []string // scenario names to run (see Scenarios); empty runs all
-	Redis string   // path of the redis-server binary; "" looks it up in PATH; without it, or without -tags redis, e2e-redis is skipped
+	// Cases, if set, keeps only the cases of the cluster scenario so named (clusterCases): for
+	// looking into one case; a report of it leaves the others out.
+	Cases []string
+	Redis string // path of the redis-server binary; "" looks it up in PATH; without it, or without -tags redis, e2e-redis is skipped
 	// CostOut, if set, is where the service-cost scenario writes the simulator's service cost
 	// (sim.ServiceCost, JSON: fanin sim --cost).
 	CostOut string

@@ -77,6 +77,22 @@ func runCluster(ctx context.Context, rs *runState) ([]Result, error) {
 		return nil, err
 	}
 
+	cases := clusterCases
+	if len(rs.cfg.Cases) > 0 {
+		cases = nil
+		for _, name := range rs.cfg.Cases {
+			i := slices.IndexFunc(clusterCases, func(c clusterCase) bool { return c.name == name })
+			if i < 0 {
+				names := make([]string, len(clusterCases))
+				for j, c := range clusterCases {
+					names[j] = c.name
+				}
+				return nil, fmt.Errorf("bench: unknown cluster case %q (known: %s)", name, strings.Join(names, "; "))
+			}
+			cases = append(cases, clusterCases[i])
+		}
+	}
+
 	var glooRuns []clusterRun
 	gloo := func() error {
 		rs.printf("   cluster gloo run %d ...", len(glooRuns)+1)
@@ -91,9 +107,9 @@ func runCluster(ctx context.Context, rs *runState) ([]Result, error) {
 		return nil
 	}
 	// A case that fails is a row of its own; the others still run.
-	faninRuns := make([]clusterRun, len(clusterCases))
+	faninRuns := make([]clusterRun, len(cases))
 	var errs []error
-	for i, c := range clusterCases {
+	for i, c := range cases {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
@@ -115,17 +131,17 @@ func runCluster(ctx context.Context, rs *runState) ([]Result, error) {
 		faninRuns[i] = r
 	}
 	// The same job ends with the same parameters wherever its service runs.
-	for i, c := range clusterCases {
+	for i, c := range cases {
 		for j := range i {
 			a, b := faninRuns[i], faninRuns[j]
-			if a.err == nil && b.err == nil && clusterCases[j].bf16 == c.bf16 && clusterCases[j].spec == nil && c.spec == nil && a.sum != b.sum {
-				err := fmt.Errorf("fanin %s ended with parameters %.12s, %s with %.12s", c.name, a.sum, clusterCases[j].name, b.sum)
+			if a.err == nil && b.err == nil && cases[j].bf16 == c.bf16 && cases[j].spec == nil && c.spec == nil && a.sum != b.sum {
+				err := fmt.Errorf("fanin %s ended with parameters %.12s, %s with %.12s", c.name, a.sum, cases[j].name, b.sum)
 				faninRuns[i].err = err
 				errs = append(errs, err)
 			}
 		}
 	}
-	return clusterResults(env, glooRuns, faninRuns), errors.Join(errs...)
+	return clusterResults(env, cases, glooRuns, faninRuns), errors.Join(errs...)
 }
 
 // clusterRun is one measurement of the timed steps.
@@ -314,6 +330,7 @@ func runFaninCluster(ctx context.Context, rs *runState, env *clusterEnv, c clust
 		return clusterRun{}, err
 	}
 	run := clusterRun{bytes: m.bytes, cpu: m.cpu}
+	var fetched []string // per worker: shards fetched rather than pushed / gradients sent again
 	for i, out := range m.outputs {
 		var rep WorkersReport
 		if err := json.Unmarshal(out, &rep); err != nil {
@@ -324,6 +341,7 @@ func runFaninCluster(ctx context.Context, rs *runState, env *clusterEnv, c clust
 		}
 		run.sum = rep.Sha256
 		run.runs = append(run.runs, rep.StepsPerSec)
+		fetched = append(fetched, fmt.Sprintf("w%d %d/%d", i, rep.Fetches, rep.Resends))
 	}
 	run.stepsPerSec = slices.Min(run.runs)
 
@@ -339,7 +357,8 @@ func runFaninCluster(ctx context.Context, rs *runState, env *clusterEnv, c clust
 		}
 		notes = append(notes, fmt.Sprintf("%s %d", p.id, s.Shards))
 	}
-	run.observed = "shards per runtime: " + strings.Join(notes, ", ")
+	run.observed = "shards per runtime: " + strings.Join(notes, ", ") +
+		"; parameters fetched / gradients sent again, timed steps: " + strings.Join(fetched, ", ")
 	if c.layout == spreadOverWorkers {
 		run.observed += "; " + streamLeaders(ctx, conns[ctl], created.Spec.ID)
 	}
@@ -671,7 +690,7 @@ func findNATSServer(ctx context.Context, dir string) (path, version string, err 
 
 // clusterResults are the scenario's rows: per case, steps/s against gloo's median run and the
 // bytes per worker node per step against the theory.
-func clusterResults(env *clusterEnv, glooRuns, faninRuns []clusterRun) []Result {
+func clusterResults(env *clusterEnv, cases []clusterCase, glooRuns, faninRuns []clusterRun) []Result {
 	w := env.w
 	var gSteps []float64
 	for _, g := range glooRuns {
@@ -698,7 +717,7 @@ func clusterResults(env *clusterEnv, glooRuns, faninRuns []clusterRun) []Result 
 		env.natsVersion, RuntimeCommand, WorkersCommand, env.torch,
 		env.plan.steps, env.plan.warmup, len(glooRuns), nums(gSteps), nodeBytes(g.bytes, "w"), ring/1e6, env.load, loadAverage())
 	var out []Result
-	for i, c := range clusterCases {
+	for i, c := range cases {
 		f := faninRuns[i]
 		if f.err != nil {
 			out = append(out, Result{Scenario: "cluster", Case: c.name, Metric: "steps/s", Baseline: glooRingBaseline, Goal: c.goal, Setup: setup, Err: f.err.Error()})

@@ -12,6 +12,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fanin-ml/fanin/gateway/api"
@@ -48,7 +49,21 @@ type WorkersReport struct {
 	BytesCopied int64     `json:"bytes_copied"`      // per step, by the worker's language (Python: numpy/torch copies)
 	Elements    int       `json:"elements"`          // parameters of the job
 	Mode        string    `json:"mode,omitempty"`    // python: numpy or torch
+	// Over the timed steps (Go side only): the shards' parameters fetched from the stream because
+	// their push was late or lost, and the gradient requests of a direct-gradients job sent again
+	// (beyond one per shard, rank and step).
+	Fetches int64 `json:"fetches,omitempty"`
+	Resends int64 `json:"resends,omitempty"`
 }
+
+// fetchCounter is a sdk.Meter that counts the parameters fetched rather than pushed.
+type fetchCounter struct{ n atomic.Int64 }
+
+func (f *fetchCounter) Worker(string, int) sdk.WorkerMeter { return f }
+func (f *fetchCounter) Published(time.Duration, int)       {}
+func (f *fetchCounter) Stepped(time.Duration)              {}
+func (f *fetchCounter) Fetched()                           { f.n.Add(1) }
+func (f *fetchCounter) Failed(string)                      {}
 
 // WorkersCommand is the fanin command of a Go worker process (cmd/fanin's hidden bench-workers).
 // WorkersEnv is set in its environment: a test binary standing in for fanin (TestMain) runs
@@ -82,7 +97,8 @@ func ParseWorkers(args []string) (WorkersConfig, error) {
 
 // RunWorkers is the Go SDK side of the python scenario (`fanin bench-workers`).
 func RunWorkers(ctx context.Context, cfg WorkersConfig) (*WorkersReport, error) {
-	var opts []sdk.Option
+	fetches := &fetchCounter{}
+	opts := []sdk.Option{sdk.WithMeter(fetches)}
 	if cfg.CredsFile != "" {
 		b, err := os.ReadFile(cfg.CredsFile)
 		if err != nil {
@@ -146,6 +162,13 @@ func RunWorkers(ctx context.Context, cfg WorkersConfig) (*WorkersReport, error) 
 			return nil, err
 		}
 	}
+	sends := func() (n int64) {
+		for _, w := range workers {
+			n += w.DirectSends()
+		}
+		return n
+	}
+	fetched0, sent0 := fetches.n.Load(), sends()
 	took := make([]time.Duration, cfg.Steps)
 	start := time.Now()
 	for i := range took {
@@ -156,16 +179,19 @@ func RunWorkers(ctx context.Context, cfg WorkersConfig) (*WorkersReport, error) 
 		took[i] = time.Since(t0)
 	}
 	el := time.Since(start)
+	rep := &WorkersReport{Fetches: fetches.n.Load() - fetched0}
+	if sent := sends() - sent0; sent > 0 {
+		rep.Resends = sent - int64(cfg.Steps*cfg.Ranks*workers[0].Job().Layout.NumShards())
+	}
 	stepMs := make([]float64, len(took))
 	for i, d := range took {
 		stepMs[i] = ms(d)
 	}
 	slices.Sort(took)
 	sum := sha256.Sum256(asBytes(last[0]))
-	return &WorkersReport{
-		StepsPerSec: float64(cfg.Steps) / el.Seconds(), P50ms: ms(took[len(took)/2]), P99ms: ms(percentile(took, 0.99)),
-		StepMs: stepMs, Sha256: hex.EncodeToString(sum[:]), Elements: n,
-	}, nil
+	rep.StepsPerSec, rep.P50ms, rep.P99ms = float64(cfg.Steps)/el.Seconds(), ms(took[len(took)/2]), ms(percentile(took, 0.99))
+	rep.StepMs, rep.Sha256, rep.Elements = stepMs, hex.EncodeToString(sum[:]), n
+	return rep, nil
 }
 
 // hold writes holdReady to ready (default standard output) and waits for a line from release
