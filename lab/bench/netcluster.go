@@ -63,7 +63,7 @@ const (
 	clusterWorkers         = 4
 	clusterMbit            = 100
 	clusterElements        = quickElements // 2.56M float32: 10.2 MB
-	clusterShardSize       = 1 << 20
+	clusterShardSize       = 880000        // 12 shards: as many on each of the 4 worker nodes, and on each of the 3 service runtimes
 	clusterServiceRuntimes = e2eRuntimes
 	clusterNATSPort        = 4222
 	clusterRoutePort       = 6222
