@@ -211,8 +211,8 @@ func runGloo(ctx context.Context, rs *runState) ([]Result, error) {
 	}
 
 	// Steps/s at ResNet-50 size, and the service's CPU of each fanin run.
-	var fRuns, bRuns, pRuns, gRuns, costs []string
-	var fBest, bBest, pBest, gBest float64
+	var fRuns, bRuns, pRuns, dRuns, dpRuns, gRuns, costs []string
+	var fBest, bBest, pBest, dBest, dpBest, gBest float64
 	var bestCost float64
 	var torchVersion string
 	// faninRun runs fanin once on w (label names the case, extra are the worker process's flags)
@@ -230,6 +230,9 @@ func runGloo(ctx context.Context, rs *runState) ([]Result, error) {
 	}
 	bigP := big
 	bigP.ParamDtype = "bf16"
+	// The same job with direct gradients (core NATS requests to the runtimes, no stream).
+	bigD, bigDP := big, bigP
+	bigD.Gradients, bigDP.Gradients = "direct", "direct"
 	for i := range p.reps {
 		prev := fBest
 		rep, cpu, err := faninRun("", big, i, &fRuns, &fBest)
@@ -248,6 +251,12 @@ func runGloo(ctx context.Context, rs *runState) ([]Result, error) {
 		if _, _, err := faninRun(" bf16 gradients and parameters", bigP, i, &pRuns, &pBest, "--dtype", "bf16"); err != nil {
 			return nil, err
 		}
+		if _, _, err := faninRun(" direct", bigD, i, &dRuns, &dBest); err != nil {
+			return nil, err
+		}
+		if _, _, err := faninRun(" direct, bf16 gradients and parameters", bigDP, i, &dpRuns, &dpBest, "--dtype", "bf16"); err != nil {
+			return nil, err
+		}
 		rs.printf("   gloo %s gloo run %d/%d ...", big.name(), i+1, p.reps)
 		g, err := runGlooOnce(ctx, python, script, big, "throughput", p.warmup, p.steps)
 		if err != nil {
@@ -257,7 +266,7 @@ func runGloo(ctx context.Context, rs *runState) ([]Result, error) {
 		gRuns = append(gRuns, num(g.stepsPerSec))
 		gBest, torchVersion = max(gBest, g.stepsPerSec), g.torch
 	}
-	setup := fmt.Sprintf("%s, %d ranks, sgd; fanin open (no security), %d runtimes, shards of %s, JetStream memory storage, its %d ranks in one Go worker process with a connection each; gloo: %d Python processes (torch %s, one thread each); best of %d runs of %d steps after %d warm-up, fanin (f32, bf16 gradients, bf16 gradients and parameters) and gloo alternating",
+	setup := fmt.Sprintf("%s, %d ranks, sgd; fanin open (no security), %d runtimes, shards of %s, JetStream memory storage, its %d ranks in one Go worker process with a connection each; gloo: %d Python processes (torch %s, one thread each); best of %d runs of %d steps after %d warm-up, fanin (f32, bf16 gradients, bf16 gradients and parameters; the last two again with direct gradients) and gloo alternating",
 		model, big.Ranks, big.Runtimes, mib(big.ShardSize), big.Ranks, big.Ranks, torchVersion, p.reps, p.steps, p.warmup)
 	out := []Result{throughput(Result{
 		Scenario: "gloo", Case: big.name(), Metric: "steps/s", Baseline: glooBaseline,
@@ -273,6 +282,16 @@ func runGloo(ctx context.Context, rs *runState) ([]Result, error) {
 		Scenario: "gloo", Case: big.name() + ",bf16 gradients and parameters", Metric: "steps/s", Baseline: glooBaseline,
 		Fanin: pBest, Base: gBest, Goal: 1.8, Setup: setup,
 		Notes: fmt.Sprintf("bfloat16 gradients as above, and a job with param_dtype bf16: after step 0 the workers receive the float32 master parameters rounded to bfloat16 (half the bytes of the fan-out), and each shard writes a float32 checkpoint per step instead; runs: fanin %s; gloo %s steps/s", strings.Join(pRuns, ", "), strings.Join(gRuns, ", ")),
+	}))
+	out = append(out, throughput(Result{
+		Scenario: "gloo", Case: big.name() + ",direct", Metric: "steps/s", Baseline: glooBaseline,
+		Fanin: dBest, Base: gBest, Goal: 0.6, Setup: setup,
+		Notes: fmt.Sprintf("float32, a job with gradients: direct (core NATS requests to the runtimes, no gradient stream: PROTOCOL.md); runs: fanin %s; gloo %s steps/s", strings.Join(dRuns, ", "), strings.Join(gRuns, ", ")),
+	}))
+	out = append(out, throughput(Result{
+		Scenario: "gloo", Case: big.name() + ",direct,bf16 gradients and parameters", Metric: "steps/s", Baseline: glooBaseline,
+		Fanin: dpBest, Base: gBest, Goal: 1, Setup: setup,
+		Notes: fmt.Sprintf("bfloat16 gradients and parameters, direct gradients; runs: fanin %s; gloo %s steps/s", strings.Join(dpRuns, ", "), strings.Join(gRuns, ", ")),
 	}))
 	out = append(out, throughput(Result{
 		Scenario: "gloo", Case: "service cost," + big.name(), Metric: "GB of gradient per core-second", Baseline: bytepsBaseline,

@@ -27,7 +27,9 @@ func TestGlooQuick(t *testing.T) {
 		}
 		t.Skipf("no torch: %v", terr)
 	}
-	want := []string{"N=8,Shard=4MiB", "N=8,Shard=4MiB,bf16 gradients", "N=8,Shard=4MiB,bf16 gradients and parameters", "service cost,N=8,Shard=4MiB", "N=4,Shard=1MiB,p50", "N=4,Shard=1MiB,p99", "service cost,N=4,Shard=1MiB"}
+	want := []string{"N=8,Shard=4MiB", "N=8,Shard=4MiB,bf16 gradients", "N=8,Shard=4MiB,bf16 gradients and parameters",
+		"N=8,Shard=4MiB,direct", "N=8,Shard=4MiB,direct,bf16 gradients and parameters",
+		"service cost,N=8,Shard=4MiB", "N=4,Shard=1MiB,p50", "N=4,Shard=1MiB,p99", "service cost,N=4,Shard=1MiB"}
 	if len(res) != len(want) {
 		t.Fatalf("%d results, want %d: %+v", len(res), len(want), res)
 	}
@@ -39,8 +41,9 @@ func TestGlooQuick(t *testing.T) {
 			t.Errorf("%s: figures must be > 0 and the ratio fanin/baseline", r)
 		}
 	}
-	if res[4].Goal != 1 || !res[4].LowerIsBetter || res[0].Goal != 1 || res[0].LowerIsBetter || res[1].Goal != 1.8 || res[2].Goal != 1.8 {
-		t.Errorf("goals: steps/s %+v, bf16 %+v, bf16 parameters %+v, p50 %+v", res[0], res[1], res[2], res[4])
+	if res[6].Goal != 1 || !res[6].LowerIsBetter || res[0].Goal != 1 || res[0].LowerIsBetter || res[1].Goal != 1.8 || res[2].Goal != 1.8 ||
+		res[3].Goal != 0.6 || res[4].Goal != 1 {
+		t.Errorf("goals: steps/s %+v, bf16 %+v, bf16 parameters %+v, direct %+v, direct bf16 %+v, p50 %+v", res[0], res[1], res[2], res[3], res[4], res[6])
 	}
 	md := Markdown(res, "go run ./cmd/fanin bench --quick --only gloo", "env")
 	for _, s := range []string{"## gloo", "| gloo | N=4,Shard=1MiB,p50 |", "<= 1x", "BytePS"} {
