@@ -47,3 +47,18 @@ func TestServiceCostGBPerCoreSecond(t *testing.T) {
 		t.Errorf("no cost: %v, want 0 (unknown)", got)
 	}
 }
+
+// The measured file a simulation reads for jobs with direct gradients (--cost) is valid, and
+// says so: a direct measurement costs the broker less per byte than the stored default.
+func TestDirectServiceCostFile(t *testing.T) {
+	c, err := ReadServiceCost("service-cost-direct.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(c.Source, "gradients direct") {
+		t.Errorf("source %q does not say the gradients were direct", c.Source)
+	}
+	if def := DefaultServiceCost(); c.BrokerCPUPerByteIn >= def.BrokerCPUPerByteIn {
+		t.Errorf("direct broker %.3g s per byte, stored default %.3g: want less", c.BrokerCPUPerByteIn, def.BrokerCPUPerByteIn)
+	}
+}

@@ -22,7 +22,9 @@ type Config struct {
 	// CostOut, if set, is where the service-cost scenario writes the simulator's service cost
 	// (sim.ServiceCost, JSON: fanin sim --cost).
 	CostOut string
-	Log     *slog.Logger
+	// CostOutDirect, if set, is where it writes the same for the job with direct gradients.
+	CostOutDirect string
+	Log           *slog.Logger
 }
 
 // Result is one figure of fanin next to its baseline's, measured in the same run on the same bytes.

@@ -483,12 +483,16 @@ func costRows(rs *runState, w workload, p e2ePlan, model string, runs []costRun)
 		row("runtimes", m.runtimeCPU, fmt.Sprintf("the processes' whole CPU: %.3g ns per gradient byte", 1e9*m.runtimeCPU.Seconds()/m.gradBytes)),
 		row("runtimes' work", m.work, "fold and function (what the runtimes report as a shard's Work): the kernels alone"),
 	}
-	if rs.cfg.CostOut != "" && w.Gradients == "" {
+	dst := rs.cfg.CostOut
+	if w.Gradients != "" {
+		dst = rs.cfg.CostOutDirect
+	}
+	if dst != "" {
 		c := serviceCost(m, w, p, model)
-		if err := os.WriteFile(rs.cfg.CostOut, c.MarshalIndent(), 0o644); err != nil {
+		if err := os.WriteFile(dst, c.MarshalIndent(), 0o644); err != nil {
 			return out, m, fmt.Errorf("service-cost: %w", err)
 		}
-		rs.printf("   wrote %s", rs.cfg.CostOut)
+		rs.printf("   wrote %s", dst)
 	}
 	return out, m, nil
 }
@@ -506,7 +510,7 @@ func serviceCost(m costRun, w workload, p e2ePlan, model string) sim.ServiceCost
 		Date:                time.Now().UTC().Format("2006-01-02 15:04 MST"),
 		Commit:              commit(),
 		Machine:             fmt.Sprintf("%s, %d logical CPUs, %s/%s", cpuModel(), goruntime.NumCPU(), goruntime.GOOS, goruntime.GOARCH),
-		Source:              fmt.Sprintf("fanin bench --only service-cost: %s, %d ranks, %d runtimes of %d cores, loopback", model, w.Ranks, w.Runtimes, runtimeCores),
+		Source:              fmt.Sprintf("fanin bench --only service-cost: %s, %d ranks, %d runtimes of %d cores, gradients %s, loopback", model, w.Ranks, w.Runtimes, runtimeCores, cmp.Or(w.Gradients, "stored")),
 		BrokerCPUPerByteIn:  through,
 		BrokerCPUPerByteOut: through,
 		RuntimeCPUPerByte:   m.runtimeCPU.Seconds() / m.gradBytes,
