@@ -238,12 +238,12 @@ func (d *directSender) onAnswer(m *nats.Msg) {
 }
 
 // pump sends step t's gradients, and again whatever is due, until ctx ends (the Step's wait is
-// over). It returns the first error a send met.
-func (d *directSender) pump(ctx context.Context, t int64) error {
+// over); after stall without every shard's parameters, it sends the missing shards' again. It
+// returns the first error a send met.
+func (d *directSender) pump(ctx context.Context, t int64, stall time.Duration) error {
 	w := d.w
 	lost := w.lossMark()
 	began := time.Now()
-	stall := 2 * max(w.fb.initial(), w.fb.whole())
 	tick := time.NewTicker(directPoll)
 	defer tick.Stop()
 	for {
@@ -346,11 +346,14 @@ func (d *directSender) sendDue(t int64, now time.Time) error {
 // stepDirect publishes step t's gradients and waits for its parameters, sending again on a gap.
 func (w *Worker) stepDirect(ctx context.Context, t int64, grads [][]float32) error {
 	w.direct.keep(t, grads)
+	// Twice what the fallback waits for a step's last push before it fetches: read here, as the
+	// fallback belongs to this goroutine (await notes the step's waits in it).
+	stall := 2 * (w.fb.initial() + w.fb.spread())
 	pctx, stop := context.WithCancel(ctx)
 	defer stop()
 	pumped := make(chan error, 1)
 	go func() { // owned here: stopped and waited for below
-		err := w.direct.pump(pctx, t)
+		err := w.direct.pump(pctx, t, stall)
 		if err != nil {
 			stop() // await returns: the step failed
 		}

@@ -29,7 +29,8 @@
 //
 // A parameters message a worker cannot read (a Fanin-Dtype it does not know, a payload that is not
 // the shard's elements in its dtype) is never taken as parameters: pushed, it is ignored as if
-// lost, and the worker fetches the shard from the stream after WithFetchAfter; fetched (Params,
-// that fallback, an ssp or asp worker's catch-up), it fails the call with an error naming the
-// job, shard, step and what is wrong, and the parameters the worker held are kept for that shard.
+// lost, and the worker fetches the shard from the stream when its fallback's wait is over
+// (WithFetchAfter); fetched (Params, that fallback, an ssp or asp worker's catch-up), it fails the
+// call with an error naming the job, shard, step and what is wrong, and the parameters the worker
+// held are kept for that shard.
 package sdk

@@ -13,30 +13,31 @@ const maxFetchAfter = 10 * time.Second
 //   - no push of the step arrived at all for twice the longest recent wait for a step's first
 //     push, and at least WithFetchAfter (a step's first push waits for the slowest rank and the
 //     aggregation, which WithFetchAfter alone does not know);
-//   - pushes of the step arrived, then none for WithFetchAfter, and the step has waited twice the
-//     longest recent wait for a step's last push (its whole wait).
+//   - pushes of the step arrived, then none for WithFetchAfter, and twice the longest recent
+//     spread of a step's pushes (its last push's time after its first) has passed since this
+//     step's first push.
 //
-// The last rule's second half is for slow links: the pushes of a step come in waves, a node's
-// shards at a time as each node's gradients complete, and on a link of 100 Mbit/s a wave was more
-// than a second behind the one before. Pushes merely in flight were fetched, their bytes came
-// twice, the step took longer and the next fetched more (the cluster bench's spread cases:
-// 3-5 fetches per worker in 5 steps, 1.2x the bytes of the theory on the fullest nodes).
+// The spread is for slow links: the pushes of a step come in waves, a node's shards at a time as
+// each node's gradients complete, and on a link of 100 Mbit/s a wave came more than a second
+// after the one before. Pushes merely in flight were fetched, their bytes came twice, the step
+// took longer and the next fetched more (the cluster bench's spread cases: 3-5 fetches per worker
+// in 5 steps). The spread starts at the first push, so a straggler's compute, which delays every
+// push alike, does not lengthen it.
 //
 // Fetches back off from there, to maxFetchAfter apart. fallback is used by the Step goroutine
-// only.
+// only: a direct-gradient job's sender reads what it needs (stall) before it starts.
 type fallback struct {
-	after  time.Duration    // WithFetchAfter
-	firsts [8]time.Duration // recent waits for a step's first push, a ring
-	wholes [8]time.Duration // recent waits for a step's last push, the same ring
-	next   int
+	after   time.Duration    // WithFetchAfter
+	firsts  [8]time.Duration // recent waits for a step's first push, a ring
+	spreads [8]time.Duration // recent spreads of a step's pushes, the same ring
+	next    int
 }
 
 // initial is how long a worker waits for a step's first push before it fetches.
 func (f *fallback) initial() time.Duration { return f.bound(f.firsts[:]) }
 
-// whole is how long a step may wait for its last push before the pushes still missing are
-// fetched.
-func (f *fallback) whole() time.Duration { return f.bound(f.wholes[:]) }
+// spread is how long after a step's first push its last may come.
+func (f *fallback) spread() time.Duration { return f.bound(f.spreads[:]) }
 
 // bound is twice the longest of recent waits, at least WithFetchAfter and at most maxFetchAfter.
 func (f *fallback) bound(waits []time.Duration) time.Duration {
@@ -47,18 +48,19 @@ func (f *fallback) bound(waits []time.Duration) time.Duration {
 	return min(max(2*longest, f.after), maxFetchAfter)
 }
 
-// note records how long a step waited for its first push and for its last.
-func (f *fallback) note(first, whole time.Duration) {
-	f.firsts[f.next], f.wholes[f.next] = first, whole
+// note records how long a step waited for its first push, and how long after it its last came.
+func (f *fallback) note(first, spread time.Duration) {
+	f.firsts[f.next], f.spreads[f.next] = first, spread
 	f.next = (f.next + 1) % len(f.firsts)
 }
 
-// due reports whether a worker that began waiting at began, whose latest push of the step arrived
-// at last (zero if none did), should fetch at now; if not, how long until it looks again.
-func (f *fallback) due(began, last, now time.Time) (bool, time.Duration) {
+// due reports whether a worker that began waiting at began, whose first and latest pushes of the
+// step arrived at first and last (zero if none did), should fetch at now; if not, how long until
+// it looks again.
+func (f *fallback) due(began, first, last, now time.Time) (bool, time.Duration) {
 	left := f.initial() - now.Sub(began)
 	if !last.IsZero() {
-		left = max(f.after-now.Sub(last), f.whole()-now.Sub(began))
+		left = max(f.after-now.Sub(last), f.spread()-now.Sub(first))
 	}
 	if left > 0 {
 		return false, left

@@ -178,7 +178,7 @@ func (w *Worker) awaitVersions(ctx context.Context, t, need int64) error {
 		if !short {
 			w.takeStagedLocked()
 		}
-		last := w.lastPush
+		first, last := w.firstPush, w.lastPush
 		w.mu.Unlock()
 		if !short {
 			w.notePushWaits(began)
@@ -203,7 +203,7 @@ func (w *Worker) awaitVersions(ctx context.Context, t, need int64) error {
 			}
 		case <-timer.C:
 			if !force && !fetched {
-				if due, left := w.fb.due(began, last, time.Now()); !due {
+				if due, left := w.fb.due(began, first, last, time.Now()); !due {
 					timer.Reset(left) // pushes are late, not missing
 					continue
 				}

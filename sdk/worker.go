@@ -96,9 +96,11 @@ func WithWeight(w float64) WorkerOption {
 
 // WithFetchAfter sets how long Step waits for pushed parameters before it fetches them from the
 // stream (default 1s): the fallback for a worker that missed a push. It is the least wait: once a
-// step's pushes have begun, Step fetches when they stop for this long; before the first push, it
-// waits twice the longest recent wait for one (a step's first push waits for the slowest rank), at
-// most 10s; after a reconnect or a dropped push it fetches at once.
+// step's pushes have begun, Step fetches when they stop for this long and twice the longest
+// recent spread of a step's pushes has passed since its first (on a slow link they come in
+// waves); before the first push, it waits twice the longest recent wait for one (a step's first
+// push waits for the slowest rank); each at most 10s. After a reconnect or a dropped push it
+// fetches at once.
 func WithFetchAfter(d time.Duration) WorkerOption {
 	return func(wk *Worker) error { wk.fb.after = d; return nil }
 }
@@ -706,9 +708,9 @@ func (w *Worker) await(ctx context.Context, t int64) error {
 		case <-timer.C:
 			if !force && !fetched {
 				w.mu.Lock()
-				last := w.lastPush
+				first, last := w.firstPush, w.lastPush
 				w.mu.Unlock()
-				if due, left := w.fb.due(began, last, time.Now()); !due {
+				if due, left := w.fb.due(began, first, last, time.Now()); !due {
 					timer.Reset(left) // pushes are late, not missing
 					continue
 				}
@@ -746,13 +748,13 @@ func (w *Worker) notePushLocked(at time.Time) {
 }
 
 // notePushWaits tells the fallback how long the step that began at began waited for its first
-// push and for its last, if a push came.
+// push, and how long after it its last came, if a push came.
 func (w *Worker) notePushWaits(began time.Time) {
 	w.mu.Lock()
 	first, last := w.firstPush, w.lastPush
 	w.mu.Unlock()
 	if !first.IsZero() {
-		w.fb.note(max(0, first.Sub(began)), max(0, last.Sub(began)))
+		w.fb.note(max(0, first.Sub(began)), max(0, last.Sub(first)))
 	}
 }
 
