@@ -33,8 +33,10 @@ the date of the run they come from. The e2e-redis scenario's baseline is built o
 			if only != "" {
 				cfg.Only = strings.Split(only, ",")
 			}
-			if cases != "" {
-				cfg.Cases = strings.Split(cases, ";")
+			for c := range strings.SplitSeq(cases, ";") {
+				if c = strings.TrimSpace(c); c != "" {
+					cfg.Cases = append(cfg.Cases, c)
+				}
 			}
 			if cpuProfile != "" {
 				f, err := os.Create(cpuProfile)

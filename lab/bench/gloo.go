@@ -266,7 +266,7 @@ func runGloo(ctx context.Context, rs *runState) ([]Result, error) {
 		gRuns = append(gRuns, num(g.stepsPerSec))
 		gBest, torchVersion = max(gBest, g.stepsPerSec), g.torch
 	}
-	setup := fmt.Sprintf("%s, %d ranks, sgd; fanin open (no security), %d runtimes, shards of %s, JetStream memory storage, its %d ranks in one Go worker process with a connection each; gloo: %d Python processes (torch %s, one thread each); best of %d runs of %d steps after %d warm-up, fanin (f32, bf16 gradients, bf16 gradients and parameters; the last two again with direct gradients) and gloo alternating",
+	setup := fmt.Sprintf("%s, %d ranks, sgd; fanin open (no security), %d runtimes, shards of %s, JetStream memory storage, its %d ranks in one Go worker process with a connection each; gloo: %d Python processes (torch %s, one thread each); best of %d runs of %d steps after %d warm-up, fanin (f32, bf16 gradients, bf16 gradients and parameters; f32 and bf16 gradients and parameters again with direct gradients) and gloo alternating",
 		model, big.Ranks, big.Runtimes, mib(big.ShardSize), big.Ranks, big.Ranks, torchVersion, p.reps, p.steps, p.warmup)
 	out := []Result{throughput(Result{
 		Scenario: "gloo", Case: big.name(), Metric: "steps/s", Baseline: glooBaseline,

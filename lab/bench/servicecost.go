@@ -453,7 +453,8 @@ func runServiceCost(ctx context.Context, rs *runState) ([]Result, error) {
 }
 
 // costRows are the service-cost rows of one workload's runs: the median run by the whole
-// service's CPU per byte, which it also returns. Only the stored workload writes --cost-out.
+// service's CPU per byte, which it also returns. The stored workload writes --cost-out, the
+// direct one --cost-out-direct.
 func costRows(rs *runState, w workload, p e2ePlan, model string, runs []costRun) ([]Result, costRun, error) {
 	// The median run by the whole service's CPU per byte.
 	slices.SortFunc(runs, func(a, b costRun) int {
