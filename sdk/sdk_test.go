@@ -218,6 +218,11 @@ func TestWorkerErrors(t *testing.T) {
 			t.Fatalf("a worker of ranks %v was made", ranks)
 		}
 	}
+	for _, d := range []time.Duration{0, -time.Second} { // a worker still short would fetch without pause
+		if _, err := c.Worker(ctx, rec.Spec.ID, 0, sdk.WithFetchAfter(d)); err == nil || !strings.Contains(err.Error(), "fetch after must be > 0") {
+			t.Fatalf("WithFetchAfter(%v): %v, want an error naming it", d, err)
+		}
+	}
 	w, _ := c.Worker(ctx, rec.Spec.ID, 0)
 	if _, err := w.StepRanks(ctx, [][]float32{make([]float32, 3000), make([]float32, 3000)}); err == nil {
 		t.Fatal("StepRanks with two gradients for one rank succeeded")

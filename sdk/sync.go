@@ -217,6 +217,7 @@ func (w *Worker) awaitVersions(ctx context.Context, t, need int64) error {
 					continue // its push came: fetching it again would only repeat its bytes
 				}
 				id := w.rec.Spec.ID
+				w.met.fetched()
 				m, err := w.c.directGet(ctx, wire.DirectGetLast(wire.ParamsStream(id), wire.ParamsSubject(id, s.ID)), nil)
 				if err != nil {
 					return fmt.Errorf("fetch parameters of shard %d: %w", s.ID, err)

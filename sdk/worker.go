@@ -100,9 +100,15 @@ func WithWeight(w float64) WorkerOption {
 // recent spread of a step's pushes has passed since its first (on a slow link they come in
 // waves); before the first push, it waits twice the longest recent wait for one (a step's first
 // push waits for the slowest rank); each at most 10s. After a reconnect or a dropped push it
-// fetches at once.
+// fetches at once. It must be positive: the fetches of a worker still short back off from it.
 func WithFetchAfter(d time.Duration) WorkerOption {
-	return func(wk *Worker) error { wk.fb.after = d; return nil }
+	return func(wk *Worker) error {
+		if d <= 0 {
+			return fmt.Errorf("fetch after must be > 0 (the least wait for a push, and the fetches' first backoff), got %v", d)
+		}
+		wk.fb.after = d
+		return nil
+	}
 }
 
 // WithFullStreamRetries sets how many times a gradient whose publish JetStream refused because
