@@ -13,10 +13,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/fanin-ml/fanin/autoscaler"
+	"github.com/fanin-ml/fanin/lab/testutil"
 	"github.com/fanin-ml/fanin/sim"
 )
 
@@ -178,7 +182,8 @@ func TestSimValidateOperating(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The closed loop's input, live against the simulator's on the same workload and policy.
-	ls := liveSignal{Throughput: thr, Startup: startup.Seconds(), Length: length, Jobs: el.signal}
+	ls := liveSignal{Throughput: thr, Startup: startup.Seconds(), Length: length, Jobs: el.signal, ConnRate: connRate(t, opShard)}
+	t.Logf("a NATS connection takes in %.2f GB/s of %d-byte messages on this machine", ls.ConnRate/1e9, opShard)
 	if data, err := json.MarshalIndent(ls, "", " "); err != nil {
 		t.Fatal(err)
 	} else if err := os.WriteFile(filepath.Join(out, "live-signal.json"), data, 0o644); err != nil {
@@ -319,6 +324,10 @@ func TestSimValidateOperating(t *testing.T) {
 // within 20% of the live one.
 const signalGoal = 0.2
 
+// signalFloor is the queue wait over period below which the signal is taken as no queue at all: a
+// twentieth of the smallest slowdown_budget the closed loop is given in the docs (2%).
+const signalFloor = 0.001
+
 // liveSignal is what a live run measured of the closed loop's input (live-signal.json), with what
 // the simulator needs to run the same workload at the measured parameters.
 type liveSignal struct {
@@ -326,18 +335,25 @@ type liveSignal struct {
 	Startup    float64                   `json:"startup"`    // seconds, the pool's measured start-up
 	Length     float64                   `json:"length"`     // seconds of the workload
 	Jobs       map[string][]signalSample `json:"jobs"`
+	// ConnRate is how fast one NATS connection on this machine takes messages in (bytes/s; 0
+	// unknown, in runs saved before it was measured): what a live runtime's gradients queue behind
+	// before its cores, which the simulator models as the runtime's NIC.
+	ConnRate float64 `json:"conn_rate,omitempty"`
 }
 
 // compare runs the simulator on the workload and policy at the live run's measured throughput and
-// start-up, with no stragglers and no NIC limit (the live run is on one machine's loopback), its
-// decisions every 250 ms as the live autoscaler's, and compares its closed-loop input with the
-// live one.
+// start-up, with no stragglers, its decisions every 250 ms as the live autoscaler's, and compares
+// its closed-loop input with the live one. The live run is on one machine's loopback: a runtime's
+// NIC is its NATS connection, which delivers one message after another at the rate measured
+// (ConnRate; none when it was not measured). Without it the simulator's gradients of a burst all
+// arrived at once and queued for the cores, where live ones came in one by one, each summed before
+// the next was in: on a quiet machine it told the loop 300 times the live queue wait.
 func (ls liveSignal) compare(pol autoscaler.Policy, wl *sim.Workload) (*signalComparison, error) {
 	c := sim.DefaultConfig()
 	c.Duration = time.Duration(ls.Length * float64(time.Second))
 	c.Interval = 250 * time.Millisecond
 	c.ShardBytes = opShard
-	c.Throughput, c.StartupDelay, c.SlowFraction, c.NIC = ls.Throughput, time.Duration(ls.Startup*float64(time.Second)), 0, 0
+	c.Throughput, c.StartupDelay, c.SlowFraction, c.NIC = ls.Throughput, time.Duration(ls.Startup*float64(time.Second)), 0, ls.ConnRate
 	r, err := sim.Run(c, pol, wl, nil)
 	if err != nil {
 		return nil, err
@@ -438,6 +454,11 @@ func (c *signalComparison) check() error {
 		return errors.New("signal: no live samples of the closed loop's input (no load reports with a measured period)")
 	case c.live == 0:
 		return errors.New("signal: the live queue wait is 0 throughout: the workload never made a gradient wait for a core, so nothing is compared")
+	case c.live < signalFloor && c.sim < signalFloor:
+		// A runtime fed by one connection slower than its cores sum never queues a gradient: what
+		// the runtime then measures is scheduling noise, and a ratio of it says nothing.
+		return fmt.Errorf("signal: inconclusive: the queue wait over period is below %.1f%% both live (%.5f) and simulated (%.5f): no gradient queued for a core, so there is nothing to compare",
+			100*signalFloor, c.live, c.sim)
 	case math.Abs(c.sim-c.live) > signalGoal*c.live:
 		return fmt.Errorf("signal: simulated queue wait over period %.4f is %.2fx the live %.4f, not within %.0f%%",
 			c.sim, c.sim/c.live, c.live, 100*signalGoal)
@@ -668,6 +689,50 @@ func stepOverhead(r *liveRun, wl *sim.Workload) []float64 {
 }
 
 // loadavg is the machine's 1-minute load average, as /proc/loadavg says.
+// connRate is how fast one connection takes in core NATS messages of size bytes that another
+// publishes through a NATS server of this machine: the best of three rounds of 64 MiB, from the
+// first publish to the last message in.
+func connRate(t *testing.T, size int) float64 {
+	t.Helper()
+	url := testutil.NATS(t)
+	sub, _ := testutil.Connect(t, url)
+	pub, _ := testutil.Connect(t, url)
+	n := max(1, (64<<20)/size)
+	data := make([]byte, size)
+	var best float64
+	for round := range 3 {
+		var got atomic.Int64
+		done := make(chan struct{})
+		subj := "rate." + strconv.Itoa(round)
+		s, err := sub.Subscribe(subj, func(*nats.Msg) {
+			if got.Add(1) == int64(n) {
+				close(done)
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = s.SetPendingLimits(-1, -1)
+		if err := sub.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		for range n {
+			if err := pub.Publish(subj, data); err != nil {
+				t.Fatal(err)
+			}
+		}
+		select {
+		case <-done:
+		case <-time.After(time.Minute):
+			t.Fatalf("connection rate: %d of %d messages in a minute", got.Load(), n)
+		}
+		best = max(best, float64(n*size)/time.Since(start).Seconds())
+		_ = s.Unsubscribe()
+	}
+	return best
+}
+
 func loadavg() string {
 	data, err := os.ReadFile("/proc/loadavg")
 	if err != nil {
@@ -773,6 +838,14 @@ func TestCompareSignals(t *testing.T) {
 	}
 	if err := compareSignals(nil, rows).check(); err == nil || !strings.Contains(err.Error(), "no live samples") {
 		t.Errorf("no live samples: %v", err)
+	}
+	c.live, c.sim = 0.00003, 0 // a quiet machine: neither queues
+	if err := c.check(); err == nil || !strings.Contains(err.Error(), "inconclusive") {
+		t.Errorf("live 0.00003, simulated 0: %v, want inconclusive", err)
+	}
+	c.live, c.sim = 0.00003, 0.005 // the simulator queues where live does not: a disagreement
+	if err := c.check(); err == nil || strings.Contains(err.Error(), "inconclusive") {
+		t.Errorf("live 0.00003, simulated 0.005: %v, want not within 20%%", err)
 	}
 }
 
