@@ -350,21 +350,25 @@ func TestUnreportedRuntimeCountsWhenNoNICIsKnown(t *testing.T) {
 	}
 }
 
+// benchJobOn is the cluster bench's spread case: 4 runtimes on 4 nodes of 100 Mbit/s, pool held
+// at 4, and its job of 10 shards at their measured 2.26 MB/s each way, shard k on runtime on[k].
+func benchJobOn(on ...string) (Policy, []RuntimeObs, []ShardObs) {
+	p := DefaultPolicy()
+	p.MinRuntimes, p.MaxRuntimes = 4, 4
+	shards := bytesJob("bench", len(on), 2.26e6)
+	for k := range shards {
+		shards[k].Runtime = on[k]
+	}
+	return p, onNodes(runtimes(4), mbit100, "w0", "w1", "w2", "w3"), shards
+}
+
 // A NIC-bound job left uneven (4, 2, 2, 2 of 10 equal shards on 4 nodes, every node within its
 // NIC's move cap, so no node is overloaded) is evened to 3, 3, 2, 2 by one move, and stays so: a
 // move between nodes that differ by one shard would not lower the fullest.
 func TestNICBoundJobEvenedOverNodes(t *testing.T) {
 	t.Parallel()
-	p := DefaultPolicy()
-	p.MinRuntimes, p.MaxRuntimes = 4, 4
-	rts := onNodes(runtimes(4), mbit100, "w0", "w1", "w2", "w3")
-	// The bench's measured rates: 2.26 MB/s each way a shard, 9 MB/s on the node of 4 (90% of
-	// its NIC's 10 MB/s target, below the move cap).
-	shards := bytesJob("bench", 10, 2.26e6)
-	on := []string{"rt-4", "rt-4", "rt-4", "rt-4", "rt-1", "rt-1", "rt-2", "rt-2", "rt-3", "rt-3"}
-	for k := range shards {
-		shards[k].Runtime = on[k]
-	}
+	// 9 MB/s on the node of 4: 90% of its NIC's 10 MB/s target, below the move cap.
+	p, rts, shards := benchJobOn("rt-4", "rt-4", "rt-4", "rt-4", "rt-1", "rt-1", "rt-2", "rt-2", "rt-3", "rt-3")
 	d := NewDecider()
 	var moves int
 	for i := range 4 {
@@ -409,14 +413,7 @@ func TestJobShardsPlacedLargestFirst(t *testing.T) {
 // shards at the job's rate (the median of its shards' rates per byte): 3, 3, 2, 2 stays.
 func TestNoisyRatesDoNotMoveAJobsShards(t *testing.T) {
 	t.Parallel()
-	p := DefaultPolicy()
-	p.MinRuntimes, p.MaxRuntimes = 4, 4
-	rts := onNodes(runtimes(4), mbit100, "w0", "w1", "w2", "w3")
-	shards := bytesJob("bench", 10, 2.26e6)
-	on := []string{"rt-1", "rt-1", "rt-1", "rt-2", "rt-2", "rt-2", "rt-3", "rt-3", "rt-4", "rt-4"}
-	for k := range shards {
-		shards[k].Runtime = on[k]
-	}
+	p, rts, shards := benchJobOn("rt-1", "rt-1", "rt-1", "rt-2", "rt-2", "rt-2", "rt-3", "rt-3", "rt-4", "rt-4")
 	rng := rand.New(rand.NewPCG(1, 2))
 	d := NewDecider()
 	var moved []string
