@@ -268,31 +268,21 @@ func runGloo(ctx context.Context, rs *runState) ([]Result, error) {
 	}
 	setup := fmt.Sprintf("%s, %d ranks, sgd; fanin open (no security), %d runtimes, shards of %s, JetStream memory storage, its %d ranks in one Go worker process with a connection each; gloo: %d Python processes (torch %s, one thread each); best of %d runs of %d steps after %d warm-up, fanin (f32, bf16 gradients, bf16 gradients and parameters; f32 and bf16 gradients and parameters again with direct gradients) and gloo alternating",
 		model, big.Ranks, big.Runtimes, mib(big.ShardSize), big.Ranks, big.Ranks, torchVersion, p.reps, p.steps, p.warmup)
-	out := []Result{throughput(Result{
-		Scenario: "gloo", Case: big.name(), Metric: "steps/s", Baseline: glooBaseline,
-		Fanin: fBest, Base: gBest, Goal: 1, Setup: setup,
-		Notes: fmt.Sprintf("runs: fanin %s; gloo %s steps/s", strings.Join(fRuns, ", "), strings.Join(gRuns, ", ")),
-	})}
-	out = append(out, throughput(Result{
-		Scenario: "gloo", Case: big.name() + ",bf16 gradients", Metric: "steps/s", Baseline: glooBaseline,
-		Fanin: bBest, Base: gBest, Goal: 1.8, Setup: setup,
-		Notes: fmt.Sprintf("fanin's workers publish bfloat16 gradients (sdk.WithGradDtype(wire.BF16): half the bytes, rounded to nearest even, summed in float32), against gloo's float32; runs: fanin bf16 %s; gloo %s steps/s", strings.Join(bRuns, ", "), strings.Join(gRuns, ", ")),
-	}))
-	out = append(out, throughput(Result{
-		Scenario: "gloo", Case: big.name() + ",bf16 gradients and parameters", Metric: "steps/s", Baseline: glooBaseline,
-		Fanin: pBest, Base: gBest, Goal: 1.8, Setup: setup,
-		Notes: fmt.Sprintf("bfloat16 gradients as above, and a job with param_dtype bf16: after step 0 the workers receive the float32 master parameters rounded to bfloat16 (half the bytes of the fan-out), and each shard writes a float32 checkpoint per step instead; runs: fanin %s; gloo %s steps/s", strings.Join(pRuns, ", "), strings.Join(gRuns, ", ")),
-	}))
-	out = append(out, throughput(Result{
-		Scenario: "gloo", Case: big.name() + ",direct", Metric: "steps/s", Baseline: glooBaseline,
-		Fanin: dBest, Base: gBest, Goal: 0.6, Setup: setup,
-		Notes: fmt.Sprintf("float32, a job with gradients: direct (core NATS requests to the runtimes, no gradient stream: PROTOCOL.md); runs: fanin %s; gloo %s steps/s", strings.Join(dRuns, ", "), strings.Join(gRuns, ", ")),
-	}))
-	out = append(out, throughput(Result{
-		Scenario: "gloo", Case: big.name() + ",direct,bf16 gradients and parameters", Metric: "steps/s", Baseline: glooBaseline,
-		Fanin: dpBest, Base: gBest, Goal: 1, Setup: setup,
-		Notes: fmt.Sprintf("bfloat16 gradients and parameters, direct gradients; runs: fanin %s; gloo %s steps/s", strings.Join(dpRuns, ", "), strings.Join(gRuns, ", ")),
-	}))
+	// vsGloo is a steps/s row of a fanin case (suffix of the case's name) against gloo's best run.
+	vsGloo := func(suffix string, best, goal float64, what string, runs []string) Result {
+		return throughput(Result{
+			Scenario: "gloo", Case: big.name() + suffix, Metric: "steps/s", Baseline: glooBaseline,
+			Fanin: best, Base: gBest, Goal: goal, Setup: setup,
+			Notes: fmt.Sprintf("%sruns: fanin %s; gloo %s steps/s", what, strings.Join(runs, ", "), strings.Join(gRuns, ", ")),
+		})
+	}
+	out := []Result{
+		vsGloo("", fBest, 1, "", fRuns),
+		vsGloo(",bf16 gradients", bBest, 1.8, "fanin's workers publish bfloat16 gradients (sdk.WithGradDtype(wire.BF16): half the bytes, rounded to nearest even, summed in float32), against gloo's float32; ", bRuns),
+		vsGloo(",bf16 gradients and parameters", pBest, 1.8, "bfloat16 gradients as above, and a job with param_dtype bf16: after step 0 the workers receive the float32 master parameters rounded to bfloat16 (half the bytes of the fan-out), and each shard writes a float32 checkpoint per step instead; ", pRuns),
+		vsGloo(",direct", dBest, 0.6, "float32, a job with gradients: direct (core NATS requests to the runtimes, no gradient stream: PROTOCOL.md); ", dRuns),
+		vsGloo(",direct,bf16 gradients and parameters", dpBest, 1, "bfloat16 gradients and parameters, direct gradients; ", dpRuns),
+	}
 	out = append(out, throughput(Result{
 		Scenario: "gloo", Case: "service cost," + big.name(), Metric: "GB of gradient per core-second", Baseline: bytepsBaseline,
 		Fanin: bestCost, Base: bytepsGBPerCoreSecond, Setup: setup,
