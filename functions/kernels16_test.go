@@ -35,9 +35,9 @@ func same32(a, b float32) bool {
 }
 
 // The 16-bit kernels give the bits of scalar float32 arithmetic on the exactly converted
-// elements, for random lengths and alignments, every dtype, and every bit pattern.
+// elements, for random lengths and alignments, every dtype, and every bit pattern. Not parallel:
+// it switches the package's use16SIMD, which the parallel tests read.
 func TestKernels16AgainstScalar(t *testing.T) {
-	t.Parallel()
 	for _, simd := range []bool{true, false} {
 		t.Run(map[bool]string{true: "simd", false: "go"}[simd], func(t *testing.T) {
 			defer func(old bool) { use16SIMD = old }(use16SIMD)
