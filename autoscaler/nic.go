@@ -124,10 +124,11 @@ func (r *round) jobRates() {
 	}
 	for k := range r.shards {
 		s := &r.shards[k]
-		if v := rate[s.obs.Job]; v[0] > 0 {
+		v := rate[s.obs.Job]
+		if v[0] > 0 {
 			s.in = float64(s.obs.Bytes) * v[0]
 		}
-		if v := rate[s.obs.Job]; v[1] > 0 {
+		if v[1] > 0 {
 			s.out = float64(s.obs.Bytes) * v[1]
 		}
 	}
