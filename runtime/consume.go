@@ -220,16 +220,16 @@ func (g *gradConsumer) checkIdle(ctx context.Context, cons jetstream.Consumer, c
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return "the servers say the consumer does not exist"
 	}
-	if err != nil && ctx.Err() == nil { // gone with its server: its heartbeats tell, or these checks
+	if err != nil { // gone with its server: its heartbeats tell, or these checks
+		if ctx.Err() != nil {
+			return "" // stopping
+		}
 		c.failed++
 		c.quiet = 0 // ask again within consumerCheck
 		if c.failed >= idleFailed {
 			return fmt.Sprintf("the consumer's info failed in %d checks in a row (%v)", c.failed, err)
 		}
 		return ""
-	}
-	if err != nil {
-		return "" // stopping
 	}
 	c.failed = 0
 	if info.Delivered.Consumer > dseq {
