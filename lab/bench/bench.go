@@ -24,7 +24,10 @@ type Config struct {
 	CostOut string
 	// CostOutDirect, if set, is where it writes the same for the job with direct gradients.
 	CostOutDirect string
-	Log           *slog.Logger
+	// LinkTrace, if set, is a directory where the cluster scenario writes each run's trace of the
+	// nodes' link counters through its timed steps (cluster-<case>.tsv, every 10 ms).
+	LinkTrace string
+	Log       *slog.Logger
 }
 
 // Result is one figure of fanin next to its baseline's, measured in the same run on the same bytes.

@@ -103,6 +103,9 @@ func runCluster(ctx context.Context, rs *runState) ([]Result, error) {
 		}
 		rs.printf("   cluster gloo: %.3f steps/s (run in %.0f s)", r.stepsPerSec, time.Since(start).Seconds())
 		glooRuns = append(glooRuns, r)
+		if err := rs.writeLinkTrace(r, fmt.Sprintf("gloo-%d", len(glooRuns))); err != nil {
+			return err
+		}
 		env.torch = r.torch
 		return nil
 	}
@@ -127,6 +130,9 @@ func runCluster(ctx context.Context, rs *runState) ([]Result, error) {
 			rs.printf("   cluster fanin %s FAILED: %v", c.name, err)
 		} else {
 			rs.printf("   cluster fanin %s: %.3f steps/s (run in %.0f s)", c.name, r.stepsPerSec, time.Since(start).Seconds())
+			if err := rs.writeLinkTrace(r, strings.ReplaceAll(c.name, ",", "-")); err != nil {
+				return nil, err
+			}
 		}
 		faninRuns[i] = r
 	}
@@ -144,6 +150,33 @@ func runCluster(ctx context.Context, rs *runState) ([]Result, error) {
 	return clusterResults(env, cases, glooRuns, faninRuns), errors.Join(errs...)
 }
 
+// writeLinkTrace writes a run's trace of the links to the directory Config.LinkTrace names, if
+// any, as name.tsv.
+func (rs *runState) writeLinkTrace(r clusterRun, name string) error {
+	if rs.cfg.LinkTrace == "" {
+		return nil
+	}
+	path := filepath.Join(rs.cfg.LinkTrace, "cluster-"+name+".tsv")
+	if err := r.links.write(path); err != nil {
+		return fmt.Errorf("bench: the links' trace: %w", err)
+	}
+	rs.printf("   wrote %s", path)
+	return nil
+}
+
+// linkUseNote says how a run used the worker nodes' links through its timed steps.
+func (r clusterRun) linkUseNote() string {
+	u, ok := r.links.use("w", linkUseBin)
+	if !ok {
+		return "not traced"
+	}
+	return u.String()
+}
+
+// linkUseBin is the time over which the trace's rates are taken when it tells a busy link from an
+// idle one.
+const linkUseBin = 50 * time.Millisecond
+
 // clusterRun is one measurement of the timed steps.
 type clusterRun struct {
 	stepsPerSec float64
@@ -153,6 +186,7 @@ type clusterRun struct {
 	sum         string               // the parameters at the end (sha256)
 	torch       string               // gloo: torch's version
 	observed    string               // what explains the figure
+	links       linkTrace            // the links through the timed steps
 	err         error                // why the run failed
 }
 
@@ -329,7 +363,7 @@ func runFaninCluster(ctx context.Context, rs *runState, env *clusterEnv, c clust
 	if err != nil {
 		return clusterRun{}, err
 	}
-	run := clusterRun{bytes: m.bytes, cpu: m.cpu}
+	run := clusterRun{bytes: m.bytes, cpu: m.cpu, links: m.links}
 	var fetched []string // per worker: shards fetched rather than pushed / gradients sent again
 	for i, out := range m.outputs {
 		var rep WorkersReport
@@ -451,7 +485,7 @@ func runGlooCluster(ctx context.Context, env *clusterEnv) (_ clusterRun, err err
 	if err != nil {
 		return clusterRun{}, err
 	}
-	run := clusterRun{bytes: m.bytes, cpu: m.cpu}
+	run := clusterRun{bytes: m.bytes, cpu: m.cpu, links: m.links}
 	reps := make([]glooRank, len(m.outputs))
 	var slowest float64
 	for i, out := range m.outputs {
@@ -516,6 +550,7 @@ type heldMeasure struct {
 	bytes   map[string]linkBytes
 	cpu     []procCPU
 	outputs [][]byte
+	links   linkTrace // the links through the timed steps
 }
 
 // measureHeld starts the held processes, waits until every one is ready, reads the counters,
@@ -580,6 +615,13 @@ func measureHeld(ctx context.Context, lab *netLab, held []*heldProc, others []*t
 	for _, o := range others {
 		o.cpu0 = childCPU(o.pid)
 	}
+	stopTrace := traceLinks(lab)
+	traced := false
+	defer func() {
+		if !traced {
+			_, _ = stopTrace()
+		}
+	}()
 	for _, p := range held {
 		if _, err := io.WriteString(p.stdin, "go\n"); err != nil {
 			return heldMeasure{}, fmt.Errorf("%s: release: %w", p.name, err)
@@ -591,6 +633,11 @@ func measureHeld(ctx context.Context, lab *netLab, held []*heldProc, others []*t
 	if err := failed.failed(); err != nil { // the last one failed as the others ended
 		return heldMeasure{}, err
 	}
+	traced = true
+	links, err := stopTrace()
+	if err != nil {
+		return heldMeasure{}, fmt.Errorf("the links' trace: %w", err)
+	}
 	othersCPU := make([]time.Duration, len(others)) // before reading the counters, which this process does
 	for i, o := range others {
 		othersCPU[i] = childCPU(o.pid) - o.cpu0
@@ -600,7 +647,7 @@ func measureHeld(ctx context.Context, lab *netLab, held []*heldProc, others []*t
 		return heldMeasure{}, err
 	}
 	per := time.Duration(steps)
-	m := heldMeasure{bytes: map[string]linkBytes{}}
+	m := heldMeasure{bytes: map[string]linkBytes{}, links: links}
 	for name, b := range c1 {
 		d := b.sub(c0[name])
 		m.bytes[name] = linkBytes{d.rx / uint64(steps), d.tx / uint64(steps)}
@@ -724,8 +771,8 @@ func clusterResults(env *clusterEnv, cases []clusterCase, glooRuns, faninRuns []
 			continue
 		}
 		theory := clusterTheory(c, w)
-		notes := fmt.Sprintf("%s; CPU per step, ms: %s (gloo's median run: %s); workers' steps/s %s",
-			f.observed, f.cpuList(), g.cpuList(), nums(f.runs))
+		notes := fmt.Sprintf("%s; CPU per step, ms: %s (gloo's median run: %s); workers' steps/s %s; the worker nodes' links, both ways, through the timed steps: %s (gloo's median run: %s)",
+			f.observed, f.cpuList(), g.cpuList(), nums(f.runs), f.linkUseNote(), g.linkUseNote())
 		out = append(out, throughput(Result{
 			Scenario: "cluster", Case: c.name, Metric: "steps/s", Baseline: glooRingBaseline,
 			Fanin: f.stepsPerSec, Base: base, Goal: c.goal, Setup: setup, Notes: notes,
