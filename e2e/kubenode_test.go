@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/fanin-ml/fanin/gateway/api"
 	"github.com/fanin-ml/fanin/internal/auth"
 	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/job"
@@ -256,6 +257,59 @@ func (k *kubeNode) attackTarget(natsURL, api string, admin *sdk.Admin, authDir s
 		memory:   k.memory,
 		memoryOf: "the resident memory of the NATS servers (/varz mem) and the runtimes (process_resident_memory_bytes) together",
 	}
+}
+
+// scrapeTargets scrapes every runtime the gateway lists for Prometheus (GET /v1/metrics/targets),
+// as a Prometheus in the cluster would: every running runtime pod is listed, at an address
+// reachable in the cluster, and serves the runtime's metrics there.
+func (k *kubeNode) scrapeTargets(gw, token string) {
+	k.t.Helper()
+	testutil.CheckFor(k.t, 30*time.Second, 500*time.Millisecond, func() error {
+		req, err := http.NewRequest("GET", gw+"/v1/metrics/targets", nil)
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		var groups []api.TargetGroup
+		if err := json.NewDecoder(resp.Body).Decode(&groups); err != nil {
+			return fmt.Errorf("GET /v1/metrics/targets: %s: %w", resp.Status, err)
+		}
+		pods, err := k.runningPods("fanin-runtime")
+		if err != nil {
+			return err
+		}
+		listed := map[string]string{} // runtime id: target
+		for _, g := range groups {
+			for _, tg := range g.Targets {
+				listed[g.Labels["fanin_runtime_id"]] = tg
+			}
+		}
+		for _, p := range pods {
+			tg, ok := listed[p.Name]
+			if !ok {
+				return fmt.Errorf("runtime pod %s is not among the metrics targets %v", p.Name, listed)
+			}
+			if tg != p.Status.PodIP+":9464" {
+				return fmt.Errorf("runtime pod %s is listed at %s, want its IP %s:9464", p.Name, tg, p.Status.PodIP)
+			}
+			m, err := http.Get("http://" + tg + "/metrics")
+			if err != nil {
+				return fmt.Errorf("scrape %s: %w", p.Name, err)
+			}
+			body, err := io.ReadAll(m.Body)
+			m.Body.Close()
+			if err != nil || m.StatusCode != http.StatusOK || !strings.Contains(string(body), "fanin_runtime_") {
+				return fmt.Errorf("scrape %s at %s: %s, %v, %d bytes without fanin_runtime_", p.Name, tg, m.Status, err, len(body))
+			}
+		}
+		k.t.Logf("Prometheus's service discovery lists the %d runtime pods at their IPs; each serves its metrics there", len(pods))
+		return nil
+	})
 }
 
 // podIPs are the addresses of the running pods of app (app.kubernetes.io/name), not being deleted.
@@ -577,6 +631,7 @@ patches:
 	for range 5 {
 		normal = max(normal, step())
 	}
+	k.scrapeTargets(api, strings.TrimSpace(string(token)))
 
 	// The runtime pod that serves the job: deleted (SIGTERM: it checkpoints and hands over).
 	pl, err := admin.Placement(ctx)

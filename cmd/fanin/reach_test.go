@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -112,5 +114,45 @@ func TestNoGateway(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "no fanin gateway at "+api+" (is it running? set the address with --api or FANIN_API)") ||
 		!strings.Contains(err.Error(), "connection refused") {
 		t.Fatalf("jobs ls without a gateway: %v", err)
+	}
+}
+
+// A runtime's registered metrics URL names a wildcard listener by the host it is given (a pod's
+// IP on Kubernetes, where the pod's name is no DNS name), else by this host's name; a listener on
+// one address keeps it.
+func TestMetricsURLNamesTheGivenHost(t *testing.T) {
+	ctx := t.Context()
+	url, stop, err := serveMetrics(ctx, "0.0.0.0:0", "10.1.2.3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	if !strings.HasPrefix(url, "http://10.1.2.3:") || !strings.HasSuffix(url, "/metrics") {
+		t.Errorf("with a host: %s", url)
+	}
+	host, _ := os.Hostname()
+	url, stop, err = serveMetrics(ctx, "0.0.0.0:0", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	if !strings.HasPrefix(url, "http://"+host+":") {
+		t.Errorf("without one: %s, want this host's name %s", url, host)
+	}
+	url, stop, err = serveMetrics(ctx, "127.0.0.1:0", "10.1.2.3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	if !strings.HasPrefix(url, "http://127.0.0.1:") {
+		t.Errorf("one address: %s", url)
+	}
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("GET %s: %s", url, resp.Status)
 	}
 }

@@ -85,7 +85,7 @@ func (f *natsFlags) connect(name string) (*nats.Conn, error) {
 
 func runtimeCmd() *cobra.Command {
 	var nf natsFlags
-	var id, metricsAddr, node, nic string
+	var id, metricsAddr, metricsHost, node, nic string
 	var cores int
 	cmd := &cobra.Command{
 		Use:   "runtime",
@@ -101,7 +101,7 @@ func runtimeCmd() *cobra.Command {
 			}
 			defer nc.Close()
 			// Serve metrics first: the runtime registers their URL for service discovery.
-			metricsURL, stop, err := serveMetrics(cmd.Context(), metricsAddr)
+			metricsURL, stop, err := serveMetrics(cmd.Context(), metricsAddr, metricsHost)
 			if err != nil {
 				return err
 			}
@@ -123,6 +123,8 @@ func runtimeCmd() *cobra.Command {
 	}
 	nf.register(cmd)
 	metricsFlag(cmd, &metricsAddr)
+	cmd.Flags().StringVar(&metricsHost, "metrics-host", envOr("FANIN_METRICS_HOST", ""),
+		"the host name or address the runtime registers its metrics URL with, when --metrics listens on every address (env FANIN_METRICS_HOST; default: this host's name; on Kubernetes, the pod's IP)")
 	cmd.Flags().StringVar(&id, "id", envOr("FANIN_RUNTIME_ID", ""), "runtime id (default: random)")
 	cmd.Flags().IntVar(&cores, "cores", 0, "concurrent shard invocations and reported capacity (default: GOMAXPROCS)")
 	cmd.Flags().StringVar(&node, "node", envOr("FANIN_NODE", ""),
@@ -280,7 +282,7 @@ stores a file there at start.`,
 				}
 				defer w.Stop()
 			}
-			_, stop, err := serveMetrics(ctx, metricsAddr)
+			_, stop, err := serveMetrics(ctx, metricsAddr, "")
 			if err != nil {
 				return err
 			}
@@ -333,8 +335,9 @@ func metricsFlag(cmd *cobra.Command, addr *string) {
 }
 
 // serveMetrics serves the process's metrics at http://addr/metrics until ctx is done or stop is
-// called; stop returns once the server is down. An empty addr serves nothing.
-func serveMetrics(ctx context.Context, addr string) (url string, stop func(), err error) {
+// called; stop returns once the server is down. An empty addr serves nothing. The URL it returns
+// names a wildcard address by host, or by this host's name if host is "".
+func serveMetrics(ctx context.Context, addr, host string) (url string, stop func(), err error) {
 	if addr == "" {
 		return "", func() {}, nil
 	}
@@ -342,7 +345,7 @@ func serveMetrics(ctx context.Context, addr string) (url string, stop func(), er
 	if err != nil {
 		return "", nil, fmt.Errorf("--metrics: %w", err)
 	}
-	url = "http://" + reachable(ln.Addr().(*net.TCPAddr)) + "/metrics"
+	url = "http://" + reachable(ln.Addr().(*net.TCPAddr), host) + "/metrics"
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", metrics.Handler())
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
@@ -366,11 +369,14 @@ func serveMetrics(ctx context.Context, addr string) (url string, stop func(), er
 	return url, func() { cancel(); <-done }, nil
 }
 
-// reachable names a listening address as others can dial it: a wildcard address (":9090") by this
-// host's name.
-func reachable(a *net.TCPAddr) string {
+// reachable names a listening address as others can dial it: a wildcard address (":9090") by host,
+// or if host is "" by this host's name.
+func reachable(a *net.TCPAddr, host string) string {
 	if a.IP.IsUnspecified() {
-		if host, err := os.Hostname(); err == nil {
+		if host == "" {
+			host, _ = os.Hostname()
+		}
+		if host != "" {
 			return net.JoinHostPort(host, strconv.Itoa(a.Port))
 		}
 	}
