@@ -130,7 +130,7 @@ func runCluster(ctx context.Context, rs *runState) ([]Result, error) {
 			rs.printf("   cluster fanin %s FAILED: %v", c.name, err)
 		} else {
 			rs.printf("   cluster fanin %s: %.3f steps/s (run in %.0f s)", c.name, r.stepsPerSec, time.Since(start).Seconds())
-			if err := rs.writeLinkTrace(r, strings.ReplaceAll(c.name, ",", "-")); err != nil {
+			if err := rs.writeLinkTrace(r, c.name); err != nil {
 				return nil, err
 			}
 		}
@@ -151,11 +151,13 @@ func runCluster(ctx context.Context, rs *runState) ([]Result, error) {
 }
 
 // writeLinkTrace writes a run's trace of the links to the directory Config.LinkTrace names, if
-// any, as name.tsv.
+// any, as cluster-name.tsv.
 func (rs *runState) writeLinkTrace(r clusterRun, name string) error {
 	if rs.cfg.LinkTrace == "" {
 		return nil
 	}
+	// A file name of the case's: "service node,4x link" is cluster-service-node-4x-link.tsv.
+	name = strings.Join(strings.FieldsFunc(name, func(r rune) bool { return r == ' ' || r == ',' }), "-")
 	path := filepath.Join(rs.cfg.LinkTrace, "cluster-"+name+".tsv")
 	if err := r.links.write(path); err != nil {
 		return fmt.Errorf("bench: the links' trace: %w", err)
