@@ -24,6 +24,11 @@ const maxFetchAfter = 10 * time.Second
 // in 5 steps). The spread starts at the first push, so a straggler's compute, which delays every
 // push alike, does not lengthen it.
 //
+// A fetch takes the missing shards one after another and stops at the first whose stream has
+// not got the step yet: its push is to come, and most likely the others' too; fetching them all
+// brought a whole step's parameters again on a slow link (the cluster bench's service-node case,
+// whose pushes trickle out of one node's link: up to 13 fetches per worker in 5 steps).
+//
 // Fetches back off from there, to maxFetchAfter apart. fallback is used by the Step goroutine
 // only: a direct-gradient job's sender reads what it needs (stall) before it starts.
 type fallback struct {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/sdk"
 	"github.com/fanin-ml/fanin/wire"
 )
@@ -76,6 +77,80 @@ func TestLatePushesAreNotFetched(t *testing.T) {
 	for i, n := range fetched[1:] {
 		if n != 0 {
 			t.Errorf("step %d: %d fetches of parameters that were on their way (fetches per step %v)", i+2, n, fetched)
+		}
+	}
+}
+
+// A worker that looks for a step still being aggregated (the stream has the step before) fetches
+// one shard, not every missing one, each time it looks: it stops at the first whose stream has an
+// earlier step, for the others' pushes are most likely to come as well. The "runtime" publishes
+// the step only once the worker has looked twice, so the test sees two looks whatever the load.
+func TestFetchStopsAtAStepUnderWay(t *testing.T) {
+	t.Parallel()
+	s := spec("underway", "sum", 1)
+	s.Tensors = []job.Tensor{{Name: "w", Shape: []int{8000}}}
+	f := newFakeJob(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	id, shards := f.rec.Spec.ID, f.rec.Layout.Shards
+	if len(shards) < 4 {
+		t.Fatalf("%d shards: the test needs several", len(shards))
+	}
+	// The worker's direct gets, as this connection sees them: in order, each delivered before the
+	// server answers it.
+	sub, err := f.nc.SubscribeSync(wire.DirectGetLast(wire.ParamsStream(id), ">"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := f.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	p, _, w := f.startAtStepZero(ctx, sdk.WithFetchAfter(20*time.Millisecond))
+	if _, _, err := w.Params(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The start's fetches of step 0 are all in this connection's queue once a ping comes back.
+	if err := f.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	n, _, err := sub.Pending()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range n {
+		if _, err := sub.NextMsg(time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := next(p, 1)
+	done := make(chan error, 1)
+	var got []float32
+	go func() {
+		var err error
+		got, err = w.Step(ctx, make([]float32, len(p)))
+		done <- err
+	}()
+	f.waitGrads(ctx, 1)
+	var looked []string
+	for range 2 {
+		m, err := sub.NextMsg(20 * time.Second)
+		if err != nil {
+			t.Fatalf("the worker's look %d at the step under way: %v", len(looked)+1, err)
+		}
+		looked = append(looked, m.Subject)
+	}
+	f.publishAll(1, wire.F32, want)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(bits(got), bits(want)) {
+		t.Fatal("wrong parameters")
+	}
+	first := wire.DirectGetLast(wire.ParamsStream(id), wire.ParamsSubject(id, shards[0].ID))
+	for i, subj := range looked {
+		if subj != first {
+			t.Errorf("fetch %d of the step under way: %s, want %s again (one shard per look): %v", i+1, subj, first, looked)
 		}
 	}
 }

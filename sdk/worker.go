@@ -721,21 +721,31 @@ func (w *Worker) await(ctx context.Context, t int64) error {
 					continue
 				}
 			}
+			forced := force
 			force, fetched = false, true
 			for _, s := range w.rec.Layout.Shards {
 				w.mu.Lock()
 				have := w.got[s.ID] >= t
 				w.mu.Unlock()
-				if !have {
-					span := w.trace.fetch(s.ID)
-					w.met.fetched()
-					_, err := w.fetchShard(ctx, s, t)
-					telemetry.EndSpan(span, err)
-					if err != nil {
-						return err
-					}
-					w.markIfComplete(t)
+				if have {
+					continue
 				}
+				span := w.trace.fetch(s.ID)
+				w.met.fetched()
+				got, err := w.fetchShard(ctx, s, t)
+				telemetry.EndSpan(span, err)
+				if err != nil {
+					return err
+				}
+				if got < t {
+					// The stream has not got this shard's step yet: its push is not lost but to
+					// come, and the other missing shards' most likely too. Fetching them all would
+					// bring a step's parameters the worker has again (a whole step's bytes on a slow
+					// link); it looks again later, by the same rules.
+					fetched, force = false, forced
+					break
+				}
+				w.markIfComplete(t)
 			}
 			timer.Reset(backoff)
 			backoff = min(2*backoff, maxFetchAfter)
