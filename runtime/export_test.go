@@ -33,3 +33,10 @@ func SetLoadInterval(d time.Duration) (undo func()) {
 	prev := loadEvery.Swap(int64(d))
 	return func() { loadEvery.Store(prev) }
 }
+
+// SetMinOverheadWork sets the least work between two readings of the process's CPU that gives an
+// Overhead, for runtimes started from now on; undo restores the default.
+func SetMinOverheadWork(d time.Duration) (undo func()) {
+	prev := minOverheadWork.Swap(int64(d))
+	return func() { minOverheadWork.Store(prev) }
+}

@@ -132,6 +132,10 @@ func (r *Runtime) report(ctx context.Context, interval time.Duration) {
 	defer t.Stop()
 	var lastWork, lastBytes int64
 	var nsPerByte float64
+	var over overhead
+	if r.processCPU != nil {
+		over.start(r.processCPU(), r.stats.workNanos.Load())
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -150,13 +154,44 @@ func (r *Runtime) report(ctx context.Context, interval time.Duration) {
 			nsPerByte = ewma(nsPerByte, float64(work-lastWork)/float64(db))
 		}
 		lastWork, lastBytes = work, bytes
+		if r.processCPU != nil {
+			over.observe(r.processCPU(), work)
+		}
 		node, server := r.where()
 		rep := wire.LoadReport{Runtime: r.id, Cores: r.cores, At: r.now().UTC(), NanosPerByte: nsPerByte,
-			Node: node, Server: server, NICBytesPerSec: r.nic}
+			Node: node, Server: server, NICBytesPerSec: r.nic, Overhead: over.factor}
 		for _, x := range r.shardExecs() {
 			rep.Shards = append(rep.Shards, x.loadSignals())
 		}
 		data, _ := json.Marshal(rep)
 		_ = r.nc.Publish(wire.LoadSubject(r.id), data)
 	}
+}
+
+// overhead follows a runtime process's CPU time per unit of its shards' work (wire.LoadReport's
+// Overhead): between two readings, the process's CPU over the work done, smoothed over the last
+// few, at least 1 and at most maxOverhead. A stretch with less than minOverheadWork of work says
+// nothing (a quiet runtime's heartbeats over almost no work) and is skipped.
+type overhead struct {
+	cpu, work int64 // at the last reading that was used, in nanoseconds
+	factor    float64
+}
+
+// minOverheadWork is a stretch's least work, in nanoseconds (tests lower it: export_test.go).
+var minOverheadWork atomic.Int64
+
+func init() { minOverheadWork.Store(int64(20 * time.Millisecond)) }
+
+const maxOverhead = 20
+
+func (o *overhead) start(cpu time.Duration, work int64) { o.cpu, o.work = int64(cpu), work }
+
+func (o *overhead) observe(cpu time.Duration, work int64) {
+	dw := work - o.work
+	if dw <= 0 || dw < minOverheadWork.Load() {
+		return
+	}
+	f := min(max(float64(int64(cpu)-o.cpu)/float64(dw), 1), maxOverhead)
+	o.factor = ewma(o.factor, f)
+	o.cpu, o.work = int64(cpu), work
 }

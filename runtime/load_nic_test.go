@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync/atomic"
 	"testing"
 	"testing/fstest"
 	"time"
@@ -175,6 +176,60 @@ func TestFirstLoadReportAtStart(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("no load report from a runtime that started (the next periodic one is an hour away)")
+	}
+}
+
+// A runtime given its process's CPU reports the CPU per unit of its shards' work, which the
+// autoscaler plans; one not given it (a runtime sharing its process, as every other runtime of
+// these tests) reports none. The "process" here spends three times the work. Not parallel: it sets
+// the interval and the least work of the overhead of every runtime it starts.
+func TestLoadReportsTheProcessOverhead(t *testing.T) {
+	defer runtime.SetLoadInterval(50 * time.Millisecond)()
+	defer runtime.SetMinOverheadWork(time.Nanosecond)()
+	st := testutil.Stack(t, 0)
+	reports := loadReports(t, st.URL, wire.LoadSubject("rt-over"), 256)
+	rnc, err := nats.Connect(st.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rnc.Close()
+	var r *runtime.Runtime
+	var ready atomic.Bool
+	cpu := func() time.Duration {
+		if !ready.Load() {
+			return 0
+		}
+		return 3 * r.Stats().WorkTime
+	}
+	if r, err = runtime.New(rnc, runtime.WithID("rt-over"), runtime.WithProcessCPU(cpu)); err != nil {
+		t.Fatal(err)
+	}
+	ready.Store(true)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	rec, err := st.Gateway.CreateJob(ctx, testSpec("over", "sgd", map[string]float64{"lr": 0.1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := testutil.TrainUntilStopped(t, st.URL, rec, 0)
+	defer stop()
+	deadline := time.After(60 * time.Second)
+	for {
+		select {
+		case rep := <-reports:
+			if rep.Overhead == 0 {
+				continue // no work measured yet
+			}
+			// The work read for the report and the CPU read after it may be a fold apart.
+			if rep.Overhead < 3 || rep.Overhead > 3.3 {
+				t.Fatalf("overhead %v, want 3 (the process's CPU is three times the work)", rep.Overhead)
+			}
+			return
+		case <-deadline:
+			t.Fatal("no load report with an overhead from a runtime that worked")
+		}
 	}
 }
 

@@ -40,6 +40,8 @@ type Runtime struct {
 	nic  float64 // the node's bandwidth each way in bytes per second (WithNICBandwidth); 0 unknown
 
 	metricsURL string // where this runtime's metrics are served; "" when nowhere
+	// processCPU reads the CPU time its process has used (WithProcessCPU); nil: not measured.
+	processCPU func() time.Duration
 
 	heartbeat time.Duration
 	sweep     time.Duration
@@ -129,6 +131,15 @@ func WithCores(n int) Option {
 // served (see `fanin runtime --metrics`), so that service discovery finds it.
 func WithMetricsURL(u string) Option {
 	return func(r *Runtime) error { r.metricsURL = u; return nil }
+}
+
+// WithProcessCPU gives the runtime a reading of its process's CPU time (user and system), for a
+// runtime that has its process to itself (fanin runtime): its load reports then say how much CPU
+// the process spends per second of its shards' work (wire.LoadReport.Overhead), which the
+// autoscaler plans. A runtime sharing its process with others (fanin dev, tests) must not: their
+// CPU would count as its own.
+func WithProcessCPU(read func() time.Duration) Option {
+	return func(r *Runtime) error { r.processCPU = read; return nil }
 }
 
 // New returns a runtime that talks to NATS over nc. Options: WithID, WithLogger, WithCores,

@@ -106,7 +106,9 @@ func runtimeCmd() *cobra.Command {
 				return err
 			}
 			defer stop()
-			opts := []runtime.Option{runtime.WithLogger(slog.Default()), runtime.WithMetricsURL(metricsURL)}
+			// The process is this runtime's alone: its CPU per unit of work goes into the load
+			// reports, and the autoscaler plans it.
+			opts := []runtime.Option{runtime.WithLogger(slog.Default()), runtime.WithMetricsURL(metricsURL), runtime.WithProcessCPU(runtime.ProcessCPU)}
 			if id != "" {
 				opts = append(opts, runtime.WithID(id))
 			}

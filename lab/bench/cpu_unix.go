@@ -6,18 +6,13 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
+
+	"github.com/fanin-ml/fanin/runtime"
 )
 
 // processCPU is the CPU time (user and system) this process has used.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
+func processCPU() time.Duration { return runtime.ProcessCPU() }
 
 // childCPU is the CPU time another process has used, from /proc (Linux); 0 where unknown.
 func childCPU(pid int) time.Duration {

@@ -90,7 +90,7 @@ func RunRuntime(ctx context.Context, cfg RuntimeConfig, in io.Reader, out io.Wri
 		return err
 	}
 	defer nc.Close()
-	opts := []runtime.Option{runtime.WithID(cfg.ID), runtime.WithLogger(slog.New(slog.DiscardHandler))}
+	opts := []runtime.Option{runtime.WithID(cfg.ID), runtime.WithLogger(slog.New(slog.DiscardHandler)), runtime.WithProcessCPU(runtime.ProcessCPU)}
 	if cfg.Cores > 0 {
 		opts = append(opts, runtime.WithCores(cfg.Cores))
 	}
