@@ -571,6 +571,10 @@ func (c *Controller) observe(snap view.Snapshot, now time.Time, lapses bool) Obs
 	shardLoad := map[string]wire.ShardLoad{}
 	for _, l := range loads {
 		for _, s := range l.Shards {
+			// A shard costs its runtime's process more than its kernels' time: plan what it costs.
+			if l.Overhead > 1 {
+				s.Work *= l.Overhead
+			}
 			shardLoad[s.Key] = s
 		}
 	}

@@ -1,6 +1,7 @@
 package autoscaler
 
 import (
+	"math"
 	"testing"
 
 	"github.com/fanin-ml/fanin/internal/view"
@@ -41,5 +42,42 @@ func TestObserveReadsNodesAndBytes(t *testing.T) {
 	}
 	if sh := obs.Shards[0]; sh.BytesIn != 1200 || sh.BytesOut != 300 {
 		t.Errorf("shard bytes in %v out %v, want 1200 and 3 x 100", sh.BytesIn, sh.BytesOut)
+	}
+}
+
+// A shard is planned at its work times its runtime's process overhead: what the process spends
+// for it, not only its kernels. A report without an overhead (a runtime sharing its process, an
+// older one) leaves the work as reported.
+func TestObservePlansTheProcessOverhead(t *testing.T) {
+	t.Parallel()
+	s := job.Spec{ID: "j", Tensors: []job.Tensor{{Name: "w", Shape: []int{2048}}}, Ranks: 2,
+		Function: job.Function{Name: "sum"}, ShardSize: 4096}
+	snap := view.Snapshot{
+		Jobs: map[string]job.Record{"j": job.NewRecord(s, t0)},
+		Runtimes: map[string]view.Runtime{
+			"rt-a": {RuntimeInfo: wire.RuntimeInfo{ID: "rt-a", Cores: 2}, Beat: t0, Registered: t0},
+			"rt-b": {RuntimeInfo: wire.RuntimeInfo{ID: "rt-b", Cores: 2}, Beat: t0, Registered: t0},
+		},
+		Placement: map[string]view.Placed{
+			"j.0": {Placement: wire.Placement{Runtime: "rt-a"}},
+			"j.1": {Placement: wire.Placement{Runtime: "rt-b"}},
+		},
+		Loads: map[string]view.Load{
+			"rt-a": {LoadReport: wire.LoadReport{Runtime: "rt-a", Cores: 2, Overhead: 1.7,
+				Shards: []wire.ShardLoad{{Key: "j.0", Job: "j", Work: 0.01}}}},
+			"rt-b": {LoadReport: wire.LoadReport{Runtime: "rt-b", Cores: 2,
+				Shards: []wire.ShardLoad{{Key: "j.1", Job: "j", Work: 0.01}}}},
+		},
+	}
+	obs := (&Controller{}).observe(snap, t0, false)
+	if len(obs.Shards) != 2 {
+		t.Fatalf("observed %d shards, want 2", len(obs.Shards))
+	}
+	work := map[string]float64{}
+	for _, sh := range obs.Shards {
+		work[sh.Key] = sh.Work
+	}
+	if math.Abs(work["j.0"]-0.017) > 1e-12 || work["j.1"] != 0.01 {
+		t.Errorf("planned work %v, want j.0 0.017 (0.01 x 1.7) and j.1 0.01 (no overhead reported)", work)
 	}
 }

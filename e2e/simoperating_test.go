@@ -209,7 +209,8 @@ func TestSimValidateOperating(t *testing.T) {
 	w := func(f string, a ...any) { fmt.Fprintf(&sb, f, a...) }
 	w("workload: %d jobs, %.0f s, step scale %.2f s, shard %d KiB; policy:\n%s\n", len(wl.Jobs), length, stepScale, opShard>>10, pol.YAML())
 	w("machine load average (1 min) before the static run %s, before the elastic run %s, after it %s\n", load0, load1, load2)
-	w("measured throughput %.3g B/s per core (shard work); startup median %v of %d\n", thr, startup, len(su))
+	w("measured throughput %.3g B/s per core (shard work times the runtime process's overhead, median %.2f of %d reports, as the autoscaler plans it); startup median %v of %d\n",
+		thr, valQuantile(slices.Sorted(slices.Values(el.overheads)), 0.5), len(el.overheads), startup, len(su))
 	w("\n| | live elastic | live static (2 x 1 core) | sim default | sim measured |\n|---|---:|---:|---:|---:|\n")
 	w("| reserved core-seconds | %.1f | %.1f | %.1f | %.1f |\n", el.coreSeconds, st.coreSeconds, def.ElasticCoreSeconds, meas.ElasticCoreSeconds)
 	w("| hindsight static (sim def.), core-s | %.1f (measured thr.) | | %.1f | %.1f |\n", tightCS, def.StaticCoreSeconds, meas.StaticCoreSeconds)

@@ -76,6 +76,7 @@ type liveRun struct {
 	work         map[string][]float64         // per job: reported CPU seconds per step (sum over shards)
 	bytesPerStep map[string]float64           // per job: gradient bytes per step (all shards, all ranks)
 	nsPerByte    []float64                    // runtimes' reported aggregation cost
+	overheads    []float64                    // runtimes' reported process CPU per unit of work
 	decisions    int                          // decisions that changed something
 	panics       int                          // of them in panic
 	moves        int                          // shard moves (placing a new shard included)
@@ -410,6 +411,9 @@ func runLive(t *testing.T, wl *sim.Workload, policy string, o liveOpts) *liveRun
 		if rep.NanosPerByte > 0 {
 			run.nsPerByte = append(run.nsPerByte, rep.NanosPerByte)
 		}
+		if rep.Overhead > 0 {
+			run.overheads = append(run.overheads, rep.Overhead)
+		}
 		per := map[string]float64{}
 		bytes := map[string]float64{}
 		now := time.Now()
@@ -432,7 +436,7 @@ func runLive(t *testing.T, wl *sim.Workload, policy string, o liveOpts) *liveRun
 				continue
 			}
 			lastStep[s.Key] = s.Step
-			per[s.Job] += s.Work
+			per[s.Job] += s.Work * max(rep.Overhead, 1) // as the autoscaler plans it
 			bytes[s.Job] += float64(s.Bytes)
 		}
 		for j, w := range per {

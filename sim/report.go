@@ -317,7 +317,7 @@ func (r *Report) Markdown() []byte {
 	}
 	if c.KernelWork {
 		w("- What-if (--kernel-work): the decider is told a shard's work as the aggregation function's time\n")
-		w("  (%.3g ns per byte), as the live runtime reports it, not the runtime's whole CPU.\n", 1e9*c.Cost.KernelCPUPerByte)
+		w("  (%.3g ns per byte), as a runtime inside another process reports it, not the runtime's whole CPU.\n", 1e9*c.Cost.KernelCPUPerByte)
 	}
 	w("\n")
 

@@ -845,7 +845,7 @@ func (s *state) observe(t float64) autoscaler.Observations {
 			}
 			b := j.shardBytes[i] * int64(j.ranks)
 			work := float64(b) / s.thr
-			if s.c.KernelWork { // what-if: the aggregation function's time only, as the live runtime reports
+			if s.c.KernelWork { // what-if: the aggregation function's time only (a runtime without its process's overhead)
 				work = float64(b) * s.c.Cost.KernelCPUPerByte
 			}
 			if s.c.NICWork && s.c.NIC > 0 { // what-if: the shard's share of a runtime's NIC, in cores

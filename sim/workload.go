@@ -43,8 +43,9 @@ type Config struct {
 	// BrokerNodeCores is the cores of a broker node, which has one NIC of NIC bytes per second
 	// each way: with a NIC modelled, the broker needs as many nodes as its bytes fill NICs.
 	BrokerNodeCores int
-	// KernelWork is a what-if: the decider is told a shard's Work as the live runtime reports it,
-	// the time in the aggregation function (Cost.KernelCPUPerByte), not the runtime's whole CPU.
+	// KernelWork is a what-if: the decider is told a shard's Work as the time in the aggregation
+	// function (Cost.KernelCPUPerByte), not the runtime's whole CPU: what a live runtime sharing its
+	// process (fanin dev) reports, with no process overhead to multiply it by.
 	KernelWork bool
 	// OraclePeriod is how often the oracle resizes its pool (0: Interval, the decider's period);
 	// OracleStartup is how long before it needs cores it must ask for them (0: StartupDelay, the
