@@ -140,15 +140,18 @@ func TestSimValidateOperating(t *testing.T) {
 	el := runLive(t, wl, policyText, opts)
 	load2 := loadavg()
 
-	// Measured throughput: bytes one core aggregates per second, from the runtimes' reports.
-	var bytes, work float64
+	// Measured throughput: bytes one core aggregates per second, from the runtimes' reports: in the
+	// kernels (what a gradient waits for, for the closed loop's input), and in the whole runtime
+	// process (what the autoscaler plans and a core costs, for the pool and the baselines).
+	var bytes, work, procWork float64
 	for id, ws := range el.work {
-		for _, w := range ws {
+		for i, w := range ws {
 			work += w
+			procWork += el.procWork[id][i]
 			bytes += el.bytesPerStep[id]
 		}
 	}
-	thr := bytes / work
+	thr, procThr := bytes/work, bytes/procWork
 	su := slices.Clone(el.startups)
 	slices.Sort(su)
 	startup := valMedian(su)
@@ -166,7 +169,7 @@ func TestSimValidateOperating(t *testing.T) {
 		t.Fatal(err)
 	}
 	cm := c
-	cm.Throughput, cm.StartupDelay, cm.SlowFraction = thr, startup, 0
+	cm.Throughput, cm.StartupDelay, cm.SlowFraction = procThr, startup, 0
 	meas, err := sim.Run(cm, pol, wl, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -201,7 +204,7 @@ func TestSimValidateOperating(t *testing.T) {
 		life := math.Min(j.Arrival+j.Duration, length) - j.Arrival
 		ranks := len(j.StepTimes[0])
 		perWorkerCS += float64(ranks) * life
-		tightCS += float64(staticCores(j, thr)) * life
+		tightCS += float64(staticCores(j, procThr)) * life
 	}
 
 	q := valQuantile
@@ -209,8 +212,8 @@ func TestSimValidateOperating(t *testing.T) {
 	w := func(f string, a ...any) { fmt.Fprintf(&sb, f, a...) }
 	w("workload: %d jobs, %.0f s, step scale %.2f s, shard %d KiB; policy:\n%s\n", len(wl.Jobs), length, stepScale, opShard>>10, pol.YAML())
 	w("machine load average (1 min) before the static run %s, before the elastic run %s, after it %s\n", load0, load1, load2)
-	w("measured throughput %.3g B/s per core (shard work times the runtime process's overhead, median %.2f of %d reports, as the autoscaler plans it); startup median %v of %d\n",
-		thr, valQuantile(slices.Sorted(slices.Values(el.overheads)), 0.5), len(el.overheads), startup, len(su))
+	w("measured throughput %.3g B/s per core in the kernels (the closed loop's input is compared at it), %.3g in the whole runtime process (the kernels' time times the process's overhead, median %.2f of %d reports: what the autoscaler plans; the sim's measured runs and the baselines use it); startup median %v of %d\n",
+		thr, procThr, valQuantile(slices.Sorted(slices.Values(el.overheads)), 0.5), len(el.overheads), startup, len(su))
 	w("\n| | live elastic | live static (2 x 1 core) | sim default | sim measured |\n|---|---:|---:|---:|---:|\n")
 	w("| reserved core-seconds | %.1f | %.1f | %.1f | %.1f |\n", el.coreSeconds, st.coreSeconds, def.ElasticCoreSeconds, meas.ElasticCoreSeconds)
 	w("| hindsight static (sim def.), core-s | %.1f (measured thr.) | | %.1f | %.1f |\n", tightCS, def.StaticCoreSeconds, meas.StaticCoreSeconds)
@@ -218,7 +221,7 @@ func TestSimValidateOperating(t *testing.T) {
 	w("| one core per worker, core-s | %.1f | | | |\n", perWorkerCS)
 	w("| cost vs one core per worker | %.1f%% | %.1f%% | %.1f%% | %.1f%% |\n", 100*el.coreSeconds/perWorkerCS, 100*st.coreSeconds/perWorkerCS,
 		100*def.ElasticCoreSeconds/perWorkerCS, 100*meas.ElasticCoreSeconds/perWorkerCS)
-	w("| work floor, core-s | %.1f (live shard work) | | %.1f | %.1f |\n", work, def.WorkCoreSeconds, meas.WorkCoreSeconds)
+	w("| work floor, core-s | %.1f (live shard work; %.1f with the overhead) | | %.1f | %.1f |\n", work, procWork, def.WorkCoreSeconds, meas.WorkCoreSeconds)
 	slow, raw := valSlowdown(el, st)
 	w("| step slowdown mean / p99 (live: elastic vs static, paired) | %.2f%% / %.1f%% (unfloored mean %.2f%%, %d steps) | | %.2f%% / %.1f%% | %.2f%% / %.1f%% |\n",
 		100*valMean(slow), 100*q(slow, .99), 100*valMean(raw), len(slow), 100*def.Slowdown.Mean, 100*def.Slowdown.P99, 100*meas.Slowdown.Mean, 100*meas.Slowdown.P99)
@@ -286,7 +289,7 @@ func TestSimValidateOperating(t *testing.T) {
 	// What the decider saw of each job, live, against the workload's own figures (the sim's
 	// decider sees the spread of the step times as the burst, and work = bytes / throughput).
 	w("\nper job: live load reports (mean over shards and reports) against the workload\n")
-	w("| job | ranks | params | live burst | workload spread (median) | live period | workload period (median max rank) | live queue wait mean/max | live work/step (ms) | sim work/step at measured thr. (ms) | sim static cores |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	w("| job | ranks | params | live burst | workload spread (median) | live period | workload period (median max rank) | live queue wait mean/max | live work/step with the overhead (ms) | sim work/step at measured process thr. (ms) | sim static cores |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, j := range wl.Jobs {
 		o := el.obs[j.ID]
 		if o == nil {
@@ -294,17 +297,17 @@ func TestSimValidateOperating(t *testing.T) {
 		}
 		n := float64(max(o.n, 1))
 		spread, period := spreadPeriod(j)
-		lw := valMean(el.work[j.ID])
+		lw := valMean(el.procWork[j.ID]) // as planned: with the overhead
 		ranks := len(j.StepTimes[0])
 		w("| %s | %d | %d | %.0f ms | %.0f ms | %.3f s | %.3f s | %.1f / %.0f ms | %.2f | %.2f | %d |\n", j.ID, ranks, j.Params,
 			1000*o.burst/n, 1000*spread, o.period/n, period, 1000*o.queueWait/n, 1000*o.maxQueueWait, 1000*lw,
-			1000*float64(j.Params*4*int64(ranks))/thr, staticCores(j, thr))
+			1000*float64(j.Params*4*int64(ranks))/procThr, staticCores(j, procThr))
 	}
 	w("\npublished live decisions (t, demand, desired):")
 	for _, d := range el.published {
 		w(" %.1f:%.2f/%g", d.t, d.demand, d.desired)
 	}
-	w("\nsim flags for measured parameters: --throughput %.3g --startup %v --slow-fraction 0\n", thr, startup)
+	w("\nsim flags for measured parameters: --throughput %.3g --startup %v --slow-fraction 0\n", procThr, startup)
 	sb.WriteString("\n" + signalMarkdown(given, shaped))
 	t.Log("\n" + sb.String())
 	if err := os.WriteFile(filepath.Join(out, "live.md"), []byte(sb.String()), 0o644); err != nil {

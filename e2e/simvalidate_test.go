@@ -74,6 +74,7 @@ type liveRun struct {
 	peakCores    int                          //
 	steps        map[string][]float64         // per job: step durations (rank 0), in order
 	work         map[string][]float64         // per job: reported CPU seconds per step (sum over shards)
+	procWork     map[string][]float64         // the same times each runtime's overhead: as the autoscaler plans it
 	bytesPerStep map[string]float64           // per job: gradient bytes per step (all shards, all ranks)
 	nsPerByte    []float64                    // runtimes' reported aggregation cost
 	overheads    []float64                    // runtimes' reported process CPU per unit of work
@@ -383,7 +384,7 @@ func runLive(t *testing.T, wl *sim.Workload, policy string, o liveOpts) *liveRun
 		time.Sleep(100 * time.Millisecond)
 	}
 
-	run := &liveRun{steps: map[string][]float64{}, work: map[string][]float64{}, bytesPerStep: map[string]float64{},
+	run := &liveRun{steps: map[string][]float64{}, work: map[string][]float64{}, procWork: map[string][]float64{}, bytesPerStep: map[string]float64{},
 		obs: map[string]*jobObs{}, signal: map[string][]signalSample{}}
 	var mu sync.Mutex
 	// The latest load of each shard, and when it came: what the autoscaler reads its signal from.
@@ -414,7 +415,7 @@ func runLive(t *testing.T, wl *sim.Workload, policy string, o liveOpts) *liveRun
 		if rep.Overhead > 0 {
 			run.overheads = append(run.overheads, rep.Overhead)
 		}
-		per := map[string]float64{}
+		per, proc := map[string]float64{}, map[string]float64{}
 		bytes := map[string]float64{}
 		now := time.Now()
 		for _, s := range rep.Shards {
@@ -436,7 +437,8 @@ func runLive(t *testing.T, wl *sim.Workload, policy string, o liveOpts) *liveRun
 				continue
 			}
 			lastStep[s.Key] = s.Step
-			per[s.Job] += s.Work * max(rep.Overhead, 1) // as the autoscaler plans it
+			per[s.Job] += s.Work
+			proc[s.Job] += s.Work * max(rep.Overhead, 1)
 			bytes[s.Job] += float64(s.Bytes)
 		}
 		for j, w := range per {
@@ -446,6 +448,7 @@ func runLive(t *testing.T, wl *sim.Workload, policy string, o liveOpts) *liveRun
 				continue
 			}
 			run.work[j] = append(run.work[j], w*all/bytes[j])
+			run.procWork[j] = append(run.procWork[j], proc[j]*all/bytes[j])
 			run.bytesPerStep[j] = all
 		}
 	})
