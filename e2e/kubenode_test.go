@@ -620,6 +620,14 @@ patches:
 	// TestAttacks' suite, against the deployment.
 	t.Run("attacks", func(t *testing.T) { runAttacks(t, k.attackTarget(natsURL, api, admin, authDir)) })
 	tr.run(10)
+	// Under the default policy, one small job and the attack suite's probes need one runtime: a
+	// pool that grew here planned more than its runtimes spend (a runtime's idle CPU taken for its
+	// shards' once made it 17 pods).
+	if n, err := k.runtimeReplicas(); err != nil {
+		t.Fatal(err)
+	} else if n != 1 {
+		t.Errorf("the runtime Deployment has %d replicas for one small job, want 1", n)
+	}
 
 	// step runs one step and returns how long it took.
 	step := func() time.Duration {

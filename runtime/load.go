@@ -134,7 +134,7 @@ func (r *Runtime) report(ctx context.Context, interval time.Duration) {
 	var nsPerByte float64
 	var over overhead
 	if r.processCPU != nil {
-		over.start(r.processCPU(), r.stats.workNanos.Load())
+		over.start(r.processCPU(), r.stats.workNanos.Load(), time.Now())
 	}
 	for {
 		select {
@@ -155,7 +155,7 @@ func (r *Runtime) report(ctx context.Context, interval time.Duration) {
 		}
 		lastWork, lastBytes = work, bytes
 		if r.processCPU != nil {
-			over.observe(r.processCPU(), work)
+			over.observe(r.processCPU(), work, time.Now())
 		}
 		node, server := r.where()
 		rep := wire.LoadReport{Runtime: r.id, Cores: r.cores, At: r.now().UTC(), NanosPerByte: nsPerByte,
@@ -169,29 +169,39 @@ func (r *Runtime) report(ctx context.Context, interval time.Duration) {
 }
 
 // overhead follows a runtime process's CPU time per unit of its shards' work (wire.LoadReport's
-// Overhead): between two readings, the process's CPU over the work done, smoothed over the last
-// few, at least 1 and at most maxOverhead. A stretch with less than minOverheadWork of work says
-// nothing (a quiet runtime's heartbeats over almost no work) and is skipped.
+// Overhead), from one reading to the next (a load report's interval). A runtime spends CPU when it
+// has no work at all (heartbeats, its placement watch, idle consumers): that is the runtime's own
+// cost, not its shards', so it is learnt from the intervals without work, as CPU per second, and
+// taken off the others. An interval with work but less than minOverheadWork says too little and is
+// skipped; the ratio is kept within 1 and maxOverhead, and smoothed.
 type overhead struct {
-	cpu, work int64 // at the last reading that was used, in nanoseconds
+	cpu, work int64     // at the last reading, in nanoseconds
+	at        time.Time // when it was taken
+	idle      float64   // CPU seconds per second with no work, smoothed; 0 until seen
 	factor    float64
 }
 
-// minOverheadWork is a stretch's least work, in nanoseconds (tests lower it: export_test.go).
+// minOverheadWork is an interval's least work, in nanoseconds, for an overhead (tests lower it:
+// export_test.go).
 var minOverheadWork atomic.Int64
 
 func init() { minOverheadWork.Store(int64(20 * time.Millisecond)) }
 
-const maxOverhead = 20
+const maxOverhead = 10
 
-func (o *overhead) start(cpu time.Duration, work int64) { o.cpu, o.work = int64(cpu), work }
+func (o *overhead) start(cpu time.Duration, work int64, at time.Time) {
+	o.cpu, o.work, o.at = int64(cpu), work, at
+}
 
-func (o *overhead) observe(cpu time.Duration, work int64) {
-	dw := work - o.work
-	if dw <= 0 || dw < minOverheadWork.Load() {
-		return
+func (o *overhead) observe(cpu time.Duration, work int64, at time.Time) {
+	dc, dw, dt := float64(int64(cpu)-o.cpu), work-o.work, at.Sub(o.at).Seconds()
+	o.start(cpu, work, at)
+	switch {
+	case dt <= 0:
+	case dw == 0:
+		o.idle = ewma(o.idle, max(dc, 0)/1e9/dt)
+	case dw >= minOverheadWork.Load():
+		f := (dc - o.idle*dt*1e9) / float64(dw)
+		o.factor = ewma(o.factor, min(max(f, 1), maxOverhead))
 	}
-	f := min(max(float64(int64(cpu)-o.cpu)/float64(dw), 1), maxOverhead)
-	o.factor = ewma(o.factor, f)
-	o.cpu, o.work = int64(cpu), work
 }

@@ -57,10 +57,10 @@ type LoadReport struct {
 	// (--nic-bandwidth) or the link speed the kernel reports. 0 means unknown: not a limit.
 	NICBytesPerSec float64 `json:"nic_bytes_per_sec,omitempty"`
 	// Overhead is the runtime process's recent CPU time per second of its shards' Work (at least
-	// 1): what else the process spends to do that work (reading its connection, decoding, the
-	// garbage collector, its heartbeats), which a shard's Work, its kernels' time, leaves out. The
-	// autoscaler plans a shard at Work x Overhead. 0: not measured (a runtime sharing its process
-	// with other components, as in fanin dev, or an older runtime), taken as 1.
+	// 1), less what the process spends with no work at all: what else it spends to do that work
+	// (reading its connection, decoding, the garbage collector), which a shard's Work, its kernels'
+	// time, leaves out. The autoscaler plans a shard at Work x Overhead. 0: not measured (a runtime
+	// sharing its process with other components, as in fanin dev, or an older runtime), taken as 1.
 	Overhead float64     `json:"overhead,omitempty"`
 	Shards   []ShardLoad `json:"shards"`
 }
