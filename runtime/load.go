@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -93,8 +94,9 @@ func (r *Runtime) reportSoon() {
 
 func seconds(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
 
-// loadSignals reports the shard's signals.
-func (x *shardExec) loadSignals() wire.ShardLoad {
+// loadSignals reports the shard's signals, and whether its work is timed in the runtime's
+// workNanos (not ssp's or asp's).
+func (x *shardExec) loadSignals() (_ wire.ShardLoad, timed bool) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	// Every applied step publishes the shard's parameters once, in the job's param_dtype.
@@ -111,7 +113,7 @@ func (x *shardExec) loadSignals() wire.ShardLoad {
 		Pending:        x.stats.pending,
 		BytesInPerSec:  in,
 		BytesOutPerSec: out,
-	}
+	}, x.sync.mode == modeBSP
 }
 
 // where is the runtime's node and NATS server, for its load reports: the server's name changes
@@ -161,7 +163,12 @@ func (r *Runtime) report(ctx context.Context, interval time.Duration) {
 		rep := wire.LoadReport{Runtime: r.id, Cores: r.cores, At: r.now().UTC(), NanosPerByte: nsPerByte,
 			Node: node, Server: server, NICBytesPerSec: r.nic, Overhead: over.factor}
 		for _, x := range r.shardExecs() {
-			rep.Shards = append(rep.Shards, x.loadSignals())
+			sl, timed := x.loadSignals()
+			if !timed {
+				// Its work is not in workNanos: its CPU would be put down to the other shards.
+				rep.Overhead = 0
+			}
+			rep.Shards = append(rep.Shards, sl)
 		}
 		data, _ := json.Marshal(rep)
 		_ = r.nc.Publish(wire.LoadSubject(r.id), data)
@@ -172,12 +179,18 @@ func (r *Runtime) report(ctx context.Context, interval time.Duration) {
 // Overhead), from one reading to the next (a load report's interval). A runtime spends CPU when it
 // has no work at all (heartbeats, its placement watch, idle consumers): that is the runtime's own
 // cost, not its shards', so it is learnt from the intervals without work, as CPU per second, and
-// taken off the others. An interval with work but less than minOverheadWork says too little and is
-// skipped; the ratio is kept within 1 and maxOverhead, and smoothed.
+// taken off the others. Such an interval may still hold the tail of work (a publish, a snapshot
+// after a step): the least rate seen is kept, not an average. The first interval after the start
+// (the restores of the shards placed on it) is not read. An interval with work but less than
+// minOverheadWork says too little and is skipped; each interval's ratio is kept within 1 and
+// maxOverhead, and the overhead is the median of the last few, so that one interval of a shard
+// restored or handed over does not move it.
 type overhead struct {
 	cpu, work int64     // at the last reading, in nanoseconds
 	at        time.Time // when it was taken
-	idle      float64   // CPU seconds per second with no work, smoothed; 0 until seen
+	readings  int
+	idle      float64 // least CPU seconds per second with no work; < 0 until seen
+	recent    []float64
 	factor    float64
 }
 
@@ -187,21 +200,33 @@ var minOverheadWork atomic.Int64
 
 func init() { minOverheadWork.Store(int64(20 * time.Millisecond)) }
 
-const maxOverhead = 10
+const (
+	maxOverhead    = 10
+	overheadWindow = 5 // intervals the median is taken over
+)
 
 func (o *overhead) start(cpu time.Duration, work int64, at time.Time) {
-	o.cpu, o.work, o.at = int64(cpu), work, at
+	o.cpu, o.work, o.at, o.idle = int64(cpu), work, at, -1
 }
 
 func (o *overhead) observe(cpu time.Duration, work int64, at time.Time) {
 	dc, dw, dt := float64(int64(cpu)-o.cpu), work-o.work, at.Sub(o.at).Seconds()
-	o.start(cpu, work, at)
+	o.cpu, o.work, o.at = int64(cpu), work, at
+	if o.readings++; o.readings == 1 || dt <= 0 {
+		return
+	}
 	switch {
-	case dt <= 0:
 	case dw == 0:
-		o.idle = ewma(o.idle, max(dc, 0)/1e9/dt)
+		if r := max(dc, 0) / 1e9 / dt; o.idle < 0 || r < o.idle {
+			o.idle = r
+		}
 	case dw >= minOverheadWork.Load():
-		f := (dc - o.idle*dt*1e9) / float64(dw)
-		o.factor = ewma(o.factor, min(max(f, 1), maxOverhead))
+		f := (dc - max(o.idle, 0)*dt*1e9) / float64(dw)
+		o.recent = append(o.recent, min(max(f, 1), maxOverhead))
+		if len(o.recent) > overheadWindow {
+			o.recent = o.recent[1:]
+		}
+		sorted := slices.Sorted(slices.Values(o.recent))
+		o.factor = sorted[len(sorted)/2]
 	}
 }
