@@ -27,7 +27,8 @@ const maxFetchAfter = 10 * time.Second
 // A fetch takes the missing shards one after another and stops at the first whose stream has
 // not got the step yet: its push is to come, and most likely the others' too; fetching them all
 // brought a whole step's parameters again on a slow link (the cluster bench's service-node case,
-// whose pushes trickle out of one node's link: up to 13 fetches per worker in 5 steps).
+// whose pushes trickle out of one node's link: up to 13 fetches per worker in 5 steps). After a
+// reconnect or a dropped message it takes them all: pushes may be gone.
 //
 // Fetches back off from there, to maxFetchAfter apart. fallback is used by the Step goroutine
 // only: a direct-gradient job's sender reads what it needs (stall) before it starts.

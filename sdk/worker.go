@@ -721,7 +721,7 @@ func (w *Worker) await(ctx context.Context, t int64) error {
 					continue
 				}
 			}
-			forced := force
+			forced, stopped := force, false
 			force, fetched = false, true
 			for _, s := range w.rec.Layout.Shards {
 				w.mu.Lock()
@@ -737,15 +737,21 @@ func (w *Worker) await(ctx context.Context, t int64) error {
 				if err != nil {
 					return err
 				}
-				if got < t {
+				if got < t && !forced {
 					// The stream has not got this shard's step yet: its push is not lost but to
 					// come, and the other missing shards' most likely too. Fetching them all would
 					// bring a step's parameters the worker has again (a whole step's bytes on a slow
-					// link); it looks again later, by the same rules.
-					fetched, force = false, forced
+					// link); it looks again later, by the same rules. After a known loss (forced)
+					// the others' pushes may be gone: it fetches them all.
+					stopped = true
 					break
 				}
 				w.markIfComplete(t)
+			}
+			if stopped {
+				fetched = false
+				timer.Reset(backoff) // no doubling: the step is under way, nothing failed
+				continue
 			}
 			timer.Reset(backoff)
 			backoff = min(2*backoff, maxFetchAfter)
