@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -132,25 +133,28 @@ func (t linkTrace) use(prefix string, bin time.Duration) (linkUse, bool) {
 	if bins == 0 {
 		return linkUse{}, false
 	}
-	// Each node's bytes in each bin, both ways, as a share of what its link carries in a bin; a
-	// bin's bytes are those between the samples nearest its edges.
+	// Each node's bytes in each bin, both ways, as a share of what its link carries in a bin: the
+	// counters at a bin's edges are interpolated between the samples either side (on a loaded
+	// machine the sampler falls behind, and a bin may hold no sample).
 	share := make([]float64, bins)
 	for _, i := range idx {
 		s := t.samples[i]
 		perBin := float64(t.mbit[i]) * 1e6 / 8 * bin.Seconds() * 2
-		at := func(d time.Duration) linkSample { // the last sample at or before d
-			k := 0
-			for k+1 < len(s) && s[k+1].at <= d {
-				k++
+		at := func(d time.Duration) float64 { // rx+tx at d
+			k := sort.Search(len(s), func(k int) bool { return s[k].at >= d })
+			switch {
+			case k == 0:
+				return float64(s[0].rx + s[0].tx)
+			case k == len(s):
+				return float64(s[k-1].rx + s[k-1].tx)
 			}
-			return s[k]
+			a, z := s[k-1], s[k]
+			f := float64(d-a.at) / float64(z.at-a.at)
+			return float64(a.rx+a.tx) + f*(float64(z.rx+z.tx)-float64(a.rx+a.tx))
 		}
 		for b := range bins {
-			a, z := at(time.Duration(b)*bin), at(time.Duration(b+1)*bin)
-			if z.at > a.at {
-				moved := float64(z.rx-a.rx+z.tx-a.tx) * bin.Seconds() / (z.at - a.at).Seconds()
-				share[b] += moved / perBin / float64(len(idx))
-			}
+			moved := at(time.Duration(b+1)*bin) - at(time.Duration(b)*bin)
+			share[b] += moved / perBin / float64(len(idx))
 		}
 	}
 	// From the first bin that carried something to the last: not the processes' start and end.

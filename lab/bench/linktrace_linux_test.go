@@ -68,4 +68,19 @@ func TestLinkTraceUse(t *testing.T) {
 	if _, ok := tr.use("svc", 50*time.Millisecond); ok {
 		t.Error("a node with one sample: traced")
 	}
+	// A sampler that fell 120 ms behind (no sample from 0.30 to 0.42 s, while the links were
+	// full): the bins in between are interpolated, not taken as idle.
+	for i := range 2 {
+		var kept []linkSample
+		for _, x := range tr.samples[i] {
+			if x.at <= 300*time.Millisecond || x.at >= 420*time.Millisecond {
+				kept = append(kept, x)
+			}
+		}
+		tr.samples[i] = kept
+	}
+	g, ok := tr.use("w", 50*time.Millisecond)
+	if !ok || math.Abs(g.mean-u.mean) > 1e-3 || g.belowHalf != u.belowHalf {
+		t.Errorf("with a gap in the samples: %+v, want %+v", g, u)
+	}
 }
