@@ -16,19 +16,10 @@ func TestObserveReadsNodesAndBytes(t *testing.T) {
 	t.Parallel()
 	s := job.Spec{ID: "j", Tensors: []job.Tensor{{Name: "w", Shape: []int{1024}}}, Ranks: 3,
 		Function: job.Function{Name: "sum"}, ShardSize: 4096}
-	snap := view.Snapshot{
-		Jobs: map[string]job.Record{"j": job.NewRecord(s, t0)},
-		Runtimes: map[string]view.Runtime{
-			"rt-a": {RuntimeInfo: wire.RuntimeInfo{ID: "rt-a", Cores: 4}, Beat: t0, Registered: t0},
-			"rt-b": {RuntimeInfo: wire.RuntimeInfo{ID: "rt-b", Cores: 4}, Beat: t0, Registered: t0},
-		},
-		Placement: map[string]view.Placed{"j.0": {Placement: wire.Placement{Runtime: "rt-a"}}},
-		Loads: map[string]view.Load{
-			"rt-a": {LoadReport: wire.LoadReport{Runtime: "rt-a", Cores: 4, Node: "host-1", Server: "n1", NICBytesPerSec: mbit100,
-				Shards: []wire.ShardLoad{{Key: "j.0", Job: "j", BytesInPerSec: 1200, BytesOutPerSec: 100}}}},
-			"rt-b": {LoadReport: wire.LoadReport{Runtime: "rt-b", Cores: 4}},
-		},
-	}
+	snap := twoRuntimes(s, 4, map[string]string{"j.0": "rt-a"},
+		wire.LoadReport{Runtime: "rt-a", Cores: 4, Node: "host-1", Server: "n1", NICBytesPerSec: mbit100,
+			Shards: []wire.ShardLoad{{Key: "j.0", Job: "j", BytesInPerSec: 1200, BytesOutPerSec: 100}}},
+		wire.LoadReport{Runtime: "rt-b", Cores: 4})
 	obs := (&Controller{}).observe(snap, t0, false)
 	if len(obs.Runtimes) != 2 || len(obs.Shards) != 1 {
 		t.Fatalf("observed %d runtimes and %d shards, want 2 and 1", len(obs.Runtimes), len(obs.Shards))
@@ -52,23 +43,9 @@ func TestObservePlansTheProcessOverhead(t *testing.T) {
 	t.Parallel()
 	s := job.Spec{ID: "j", Tensors: []job.Tensor{{Name: "w", Shape: []int{2048}}}, Ranks: 2,
 		Function: job.Function{Name: "sum"}, ShardSize: 4096}
-	snap := view.Snapshot{
-		Jobs: map[string]job.Record{"j": job.NewRecord(s, t0)},
-		Runtimes: map[string]view.Runtime{
-			"rt-a": {RuntimeInfo: wire.RuntimeInfo{ID: "rt-a", Cores: 2}, Beat: t0, Registered: t0},
-			"rt-b": {RuntimeInfo: wire.RuntimeInfo{ID: "rt-b", Cores: 2}, Beat: t0, Registered: t0},
-		},
-		Placement: map[string]view.Placed{
-			"j.0": {Placement: wire.Placement{Runtime: "rt-a"}},
-			"j.1": {Placement: wire.Placement{Runtime: "rt-b"}},
-		},
-		Loads: map[string]view.Load{
-			"rt-a": {LoadReport: wire.LoadReport{Runtime: "rt-a", Cores: 2, Overhead: 1.7,
-				Shards: []wire.ShardLoad{{Key: "j.0", Job: "j", Work: 0.01}}}},
-			"rt-b": {LoadReport: wire.LoadReport{Runtime: "rt-b", Cores: 2,
-				Shards: []wire.ShardLoad{{Key: "j.1", Job: "j", Work: 0.01}}}},
-		},
-	}
+	snap := twoRuntimes(s, 2, map[string]string{"j.0": "rt-a", "j.1": "rt-b"},
+		wire.LoadReport{Runtime: "rt-a", Cores: 2, Overhead: 1.7, Shards: []wire.ShardLoad{{Key: "j.0", Job: "j", Work: 0.01}}},
+		wire.LoadReport{Runtime: "rt-b", Cores: 2, Shards: []wire.ShardLoad{{Key: "j.1", Job: "j", Work: 0.01}}})
 	obs := (&Controller{}).observe(snap, t0, false)
 	if len(obs.Shards) != 2 {
 		t.Fatalf("observed %d shards, want 2", len(obs.Shards))
@@ -80,4 +57,22 @@ func TestObservePlansTheProcessOverhead(t *testing.T) {
 	if math.Abs(work["j.0"]-0.017) > 1e-12 || work["j.1"] != 0.01 {
 		t.Errorf("planned work %v, want j.0 0.017 (0.01 x 1.7) and j.1 0.01 (no overhead reported)", work)
 	}
+}
+
+// twoRuntimes is a snapshot of job s (id "j") on runtimes rt-a and rt-b of cores each, its shards
+// placed as placed says (key: runtime), with the runtimes' load reports.
+func twoRuntimes(s job.Spec, cores int, placed map[string]string, a, b wire.LoadReport) view.Snapshot {
+	snap := view.Snapshot{
+		Jobs: map[string]job.Record{"j": job.NewRecord(s, t0)},
+		Runtimes: map[string]view.Runtime{
+			"rt-a": {RuntimeInfo: wire.RuntimeInfo{ID: "rt-a", Cores: cores}, Beat: t0, Registered: t0},
+			"rt-b": {RuntimeInfo: wire.RuntimeInfo{ID: "rt-b", Cores: cores}, Beat: t0, Registered: t0},
+		},
+		Placement: map[string]view.Placed{},
+		Loads:     map[string]view.Load{"rt-a": {LoadReport: a}, "rt-b": {LoadReport: b}},
+	}
+	for key, rt := range placed {
+		snap.Placement[key] = view.Placed{Placement: wire.Placement{Runtime: rt}}
+	}
+	return snap
 }
