@@ -39,6 +39,14 @@ const (
 	ackAttempt    = 2 * time.Second
 )
 
+// noResend turns off the client library's own resend of a publish that found no stream
+// (nats.ErrNoResponders: 2 more attempts, 250 ms apart, for every publish by default). The stream
+// of a deleted job answers nothing, and a resend a quarter of a second later lands in the stream
+// its job created again under the same name: a late checkpoint of the old incarnation would be the
+// newest snapshot of the new one, which then restores from it. Every resend of a job's message is
+// ours (acker.wait), each after a check that the stream is still its incarnation's (current).
+var noResend = jetstream.WithRetryAttempts(0)
+
 func newAcker(js jetstream.JetStream, log *slog.Logger) *acker {
 	return &acker{js: js, log: log, queue: make(chan ackItem, 4096)}
 }
@@ -47,7 +55,7 @@ func newAcker(js jetstream.JetStream, log *slog.Logger) *acker {
 // sent only while current (if not nil) finds the job's streams as they were: a message of a job
 // deleted meanwhile must not land in the streams of the job created again under its id.
 func (a *acker) submit(msg *nats.Msg, current func(context.Context) error, done func(ok bool)) {
-	fut, err := a.js.PublishMsgAsync(msg)
+	fut, err := a.js.PublishMsgAsync(msg, noResend)
 	a.queue <- ackItem{msg: msg, fut: fut, err: err, current: current, done: done}
 }
 
@@ -91,7 +99,7 @@ func (a *acker) wait(ctx context.Context, it ackItem) bool {
 				return false
 			}
 		}
-		_, err = a.js.PublishMsg(pctx, it.msg)
+		_, err = a.js.PublishMsg(pctx, it.msg, noResend)
 		cancel()
 		if err == nil {
 			return true

@@ -14,16 +14,18 @@ import (
 // jetstream.ErrStreamNotFound: for the old incarnation the stream is gone.
 var errStreamReplaced = fmt.Errorf("%w: created again since this runtime opened it", jetstream.ErrStreamNotFound)
 
-// streamRef is one stream of one job incarnation: its name and the time it was created.
+// streamRef is one stream of one job incarnation: its name, the time it was created and its first
+// sequence (store.FirstSeq; 0 for a stream made before there was one).
 type streamRef struct {
 	stream  jetstream.Stream
 	name    string
 	created time.Time
+	first   uint64
 }
 
 func newStreamRef(s jetstream.Stream) streamRef {
 	info := s.CachedInfo()
-	return streamRef{stream: s, name: info.Config.Name, created: info.Created}
+	return streamRef{stream: s, name: info.Config.Name, created: info.Created, first: info.Config.FirstSeq}
 }
 
 // current returns nil if the stream is still the one it was, errStreamReplaced if it was created

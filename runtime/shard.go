@@ -330,6 +330,12 @@ func (x *shardExec) restoreSnapshot(ctx context.Context) error {
 				return fmt.Errorf("read snapshot: %w", err)
 			}
 		}
+		if m := x.foreignSnapshot(ck, pm); m != nil {
+			if err := x.dropForeign(ctx, m); err != nil {
+				return err
+			}
+			continue // the message before it on its subject, if any, is the newest again
+		}
 		// A parameters message is a snapshot when it is exact: f32, of a stateless function. That
 		// is every one of an f32 job, and of a bf16 job its step 0, or one that a runtime of before
 		// param_dtype wrote while it served the shard (a rolling upgrade: it purged the gradients
@@ -364,6 +370,45 @@ func (x *shardExec) restoreSnapshot(ctx context.Context) error {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// foreignSnapshot returns whichever of ck and pm is a snapshot of an earlier incarnation of the
+// job, or nil. The executor of a deleted job may still be stopping when the job is created again:
+// a checkpoint or parameters message it sent just then (its send delayed on a loaded node, after it
+// checked the stream) lands in the new incarnation's parameter stream, under the same subject, as
+// its newest message. Its gradient sequence gives it away: every snapshot after step 0 covers a
+// gradient of its own incarnation's stream, whose sequences start at that stream's FirstSeq, above
+// every sequence of an earlier incarnation (store.FirstSeq). A stream without a FirstSeq (made
+// before there was one), a direct-gradients job (no gradient stream) and a snapshot naming no
+// sequence (0) cannot tell.
+func (x *shardExec) foreignSnapshot(ck, pm *jetstream.RawStreamMsg) *jetstream.RawStreamMsg {
+	if x.direct != nil || len(x.ji.streams) < 2 || x.ji.streams[0].first <= 1 {
+		return nil
+	}
+	for _, m := range []*jetstream.RawStreamMsg{ck, pm} {
+		if m == nil || snapStep(m) == 0 {
+			continue
+		}
+		if seq, err := wire.ParseSeq(m.Header); err == nil && seq > 0 && seq < x.ji.streams[0].first {
+			return m
+		}
+	}
+	return nil
+}
+
+// dropForeign deletes m, a snapshot of an earlier incarnation (foreignSnapshot), from the
+// incarnation's parameter stream: left there, it would be every restore's newest snapshot.
+func (x *shardExec) dropForeign(ctx context.Context, m *jetstream.RawStreamMsg) error {
+	params := x.ji.streams[len(x.ji.streams)-1]
+	x.log.Warn("a snapshot of an earlier incarnation of the job is in its parameter stream; deleting it",
+		"subject", m.Subject, "stream_seq", m.Sequence, "step", snapStep(m), "seq", m.Header.Get(wire.HdrSeq))
+	if err := params.current(ctx); err != nil {
+		return fmt.Errorf("delete a snapshot of an earlier incarnation: %w", err)
+	}
+	if err := params.stream.DeleteMsg(ctx, m.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		return fmt.Errorf("delete a snapshot of an earlier incarnation: %w", err)
+	}
+	return nil
 }
 
 // adoptUpload makes the shard's uploaded initial parameters its step-0 parameters: parameters are
@@ -763,7 +808,7 @@ func (x *shardExec) checkpointSync(ctx context.Context, onlyNewer bool) error {
 	if err := x.ji.current(ctx); err != nil {
 		return fmt.Errorf("checkpoint at step %d: %w", step, err)
 	}
-	if _, err := x.r.js.PublishMsg(ctx, x.ckptBuf.msg); err != nil {
+	if _, err := x.r.js.PublishMsg(ctx, x.ckptBuf.msg, noResend); err != nil { // checked just now: no resend later (noResend)
 		return fmt.Errorf("checkpoint at step %d: %w", step, err)
 	}
 	storeMax(&x.ckptAt, step)

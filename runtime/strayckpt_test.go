@@ -1,0 +1,73 @@
+package runtime
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fanin-ml/fanin/internal/store"
+	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// TestRestoreSkipsEarlierIncarnationsSnapshot: the executor of a deleted job may still be stopping
+// when the job is created again under its id, and a checkpoint it sends then (delayed on a loaded
+// node, or sent again by the client library after the old stream answered nothing) lands in the
+// new incarnation's parameter stream as the newest message of its subject. A restore must not
+// take it for the shard's snapshot: a momentum checkpoint restored into a sum job failed every
+// restore ("snapshot at step 15 has 8192 bytes, want 4096"), and the shard was never served
+// (TestRecreatedJobIsServedAsItself stalled at step 1 with no consumer on the gradient stream).
+// The stray message is put in place by hand, so the interleaving is exact.
+func TestRestoreSkipsEarlierIncarnationsSnapshot(t *testing.T) {
+	t.Parallel()
+	h := newShardHarness(t)
+	ctx := h.ctx
+	for _, c := range []struct {
+		name string
+		fn   job.Function
+		own  int64 // the step of the new incarnation's own checkpoint before the stray one; 0: none
+	}{
+		{"sum", job.Function{Name: "sum"}, 0},
+		{"momentum", job.Function{Name: "momentum", Hyper: map[string]float64{"lr": 0.1, "momentum": 0.9}}, 3},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			spec := job.Spec{ID: "stray-" + c.name, Tensors: []job.Tensor{{Name: "w", Shape: []int{1024}}}, Ranks: 1,
+				Function: c.fn, Init: job.Init{Kind: "normal", Seed: 1, Scale: 0.1}}
+			rec, grads, params := h.job(t, spec)
+			if err := store.PublishInitial(ctx, h.js, &rec); err != nil {
+				t.Fatal(err)
+			}
+			first := store.FirstSeq(&rec)
+			shardBytes := rec.Layout.Shards[0].Bytes()
+			if c.own > 0 { // its own checkpoint, covering gradients of its own stream
+				m := wire.ParamsMsg(spec.ID, 0, 0, 0, make([]byte, 2*shardBytes))
+				m.Subject = wire.CkptSubject(spec.ID, 0)
+				wire.SetCheckpointHeaders(m.Header, spec.ID, 0, c.own, first+uint64(c.own)-1)
+				if _, err := h.js.PublishMsg(ctx, m); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// The earlier incarnation's last checkpoint (momentum: parameters and one state
+			// vector), of a gradient sequence of its own stream, below this one's first.
+			stray := wire.ParamsMsg(spec.ID, 0, 0, 0, make([]byte, 2*shardBytes))
+			stray.Subject = wire.CkptSubject(spec.ID, 0)
+			wire.SetCheckpointHeaders(stray.Header, spec.ID, 0, 15, first-1000)
+			ack, err := h.js.PublishMsg(ctx, stray)
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			x := h.shard(t, h.runtime(t), &rec, grads, params)
+			if err := x.restore(ctx); err != nil {
+				t.Fatalf("restore with an earlier incarnation's checkpoint in the stream: %v", err)
+			}
+			if x.step != c.own {
+				t.Fatalf("restored step %d, want %d (its own snapshot)", x.step, c.own)
+			}
+			if _, err := params.GetMsg(ctx, ack.Sequence); !errors.Is(err, jetstream.ErrMsgNotFound) {
+				t.Fatalf("the earlier incarnation's checkpoint is still in the parameter stream (get: %v)", err)
+			}
+		})
+	}
+}
