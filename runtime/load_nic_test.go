@@ -156,19 +156,7 @@ func TestFirstLoadReportAtStart(t *testing.T) {
 	defer runtime.SetLoadInterval(time.Hour)()
 	st := testutil.Stack(t, 1)
 	reports := loadReports(t, st.URL, wire.LoadSubject("rt-first"), 4)
-	rnc, err := nats.Connect(st.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rnc.Close()
-	r, err := runtime.New(rnc, runtime.WithID("rt-first"), runtime.WithNICBandwidth(12.5e6))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	runRuntime(t, st.URL, runtime.WithID("rt-first"), runtime.WithNICBandwidth(12.5e6))
 	select {
 	case rep := <-reports:
 		if rep.Runtime != "rt-first" || rep.NICBytesPerSec != 12.5e6 || rep.Server != st.NATS.Name() {
@@ -180,36 +168,22 @@ func TestFirstLoadReportAtStart(t *testing.T) {
 }
 
 // A runtime given its process's CPU reports the CPU per unit of its shards' work, which the
-// autoscaler plans; one not given it (a runtime sharing its process, as every other runtime of
-// these tests) reports none. The "process" here spends three times the work. Not parallel: it sets
-// the interval and the least work of the overhead of every runtime it starts.
+// autoscaler plans. The "process" here spends three times the work. Not parallel: it sets the
+// interval and the least work of the overhead of every runtime it starts.
 func TestLoadReportsTheProcessOverhead(t *testing.T) {
 	defer runtime.SetLoadInterval(50 * time.Millisecond)()
 	defer runtime.SetMinOverheadWork(time.Nanosecond)()
 	st := testutil.Stack(t, 0)
 	reports := loadReports(t, st.URL, wire.LoadSubject("rt-over"), 256)
-	rnc, err := nats.Connect(st.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rnc.Close()
-	var r *runtime.Runtime
-	var ready atomic.Bool
+	var r atomic.Pointer[runtime.Runtime]
 	cpu := func() time.Duration {
-		if !ready.Load() {
-			return 0
+		if rt := r.Load(); rt != nil {
+			return 3 * rt.Stats().WorkTime
 		}
-		return 3 * r.Stats().WorkTime
+		return 0
 	}
-	if r, err = runtime.New(rnc, runtime.WithID("rt-over"), runtime.WithProcessCPU(cpu)); err != nil {
-		t.Fatal(err)
-	}
-	ready.Store(true)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	rec, err := st.Gateway.CreateJob(ctx, testSpec("over", "sgd", map[string]float64{"lr": 0.1}))
+	r.Store(runRuntime(t, st.URL, runtime.WithID("rt-over"), runtime.WithProcessCPU(cpu)))
+	rec, err := st.Gateway.CreateJob(context.Background(), testSpec("over", "sgd", map[string]float64{"lr": 0.1}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,6 +205,25 @@ func TestLoadReportsTheProcessOverhead(t *testing.T) {
 			t.Fatal("no load report with an overhead from a runtime that worked")
 		}
 	}
+}
+
+// runRuntime starts a runtime with opts on its own connection to url, running until the test ends.
+func runRuntime(t *testing.T, url string, opts ...runtime.Option) *runtime.Runtime {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := runtime.New(nc, opts...)
+	if err != nil {
+		nc.Close()
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done; nc.Close() })
+	return r
 }
 
 // loadReports subscribes to the load reports on subject, up to buffer of them waiting (the rest are
