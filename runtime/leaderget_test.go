@@ -29,7 +29,7 @@ func TestRestoreReadsSnapshotsFromTheLeader(t *testing.T) {
 	spec := job.Spec{ID: "leader", Tensors: []job.Tensor{{Name: "w", Shape: []int{1000}}}, Ranks: 2,
 		Function: job.Function{Name: "adam", Hyper: map[string]float64{"lr": 0.1}}}
 	rec, grads, params := h.job(t, spec)
-	if err := store.PublishParams(ctx, js, spec.ID, 0, 0, 0, make([]byte, 4000)); err != nil { // step 0
+	if err := store.PublishParams(ctx, js, spec.ID, "", 0, 0, 0, make([]byte, 4000)); err != nil { // step 0
 		t.Fatal(err)
 	}
 	if !params.CachedInfo().Config.AllowDirect {

@@ -120,8 +120,8 @@ func TestRestoreFromAnOlderRuntimesParameters(t *testing.T) {
 			dt, _ := wire.ParseDtype(c.dtype)
 			data := make([]byte, len(want)*dt.ElemSize())
 			wire.Encode(data, want, dt)
-			m := wire.ParamsMsg(spec.ID, 0, 3, 0, data)
-			wire.SetParamsHeaders(m.Header, spec.ID, 0, 3, 0, dt)
+			m := wire.ParamsMsg(spec.ID, "", 0, 3, 0, data)
+			wire.SetParamsHeaders(m.Header, spec.ID, "", 0, 3, 0, dt)
 			if _, err := js.PublishMsg(ctx, m); err != nil {
 				t.Fatal(err)
 			}

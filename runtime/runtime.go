@@ -85,6 +85,9 @@ type jobInfo struct {
 	// incarnation is the job's id and creation time: the key of r.jobs and of its rejection counts
 	// (r.tally).
 	incarnation string
+	// inc is the incarnation in the message ids of its parameters and checkpoints
+	// (wire.Incarnation).
+	inc string
 	// streams are the gradient and parameter streams as this incarnation created them: an executor
 	// checks them (current) before it creates a consumer, purges, or retries a publish, so that
 	// nothing it does lands in the streams of the job created again under the same id.
@@ -617,7 +620,7 @@ func (r *Runtime) acquireJob(ctx context.Context, id string) (*jobInfo, error) {
 // newJobInfo is the jobInfo of one incarnation of rec's job, with one reference.
 func newJobInfo(rec *job.Record, grads, params, init jetstream.Stream) *jobInfo {
 	ji := &jobInfo{rec: rec, grads: grads, params: params, init: init, refs: 1,
-		incarnation: rec.Spec.ID + "@" + strconv.FormatInt(rec.Created.UnixNano(), 36)}
+		incarnation: rec.Spec.ID + "@" + strconv.FormatInt(rec.Created.UnixNano(), 36), inc: wire.Incarnation(rec.Created)}
 	if grads != nil {
 		ji.streams = []streamRef{newStreamRef(grads), newStreamRef(params)}
 	} else { // direct gradients: nothing may use streams[0] as the gradient stream (purgeGrads)

@@ -447,7 +447,7 @@ func (x *shardExec) adoptUpload(ctx context.Context) (bool, error) {
 		}
 		return false, nil
 	}
-	if err := store.PublishParams(ctx, x.r.js, id, x.shard.ID, 0, 0, m.Data); err != nil {
+	if err := store.PublishParams(ctx, x.r.js, id, x.ji.inc, x.shard.ID, 0, 0, m.Data); err != nil {
 		return false, err
 	}
 	return true, nil
@@ -729,7 +729,7 @@ func (x *shardExec) publishParams() {
 	ob := <-x.outs
 	wire.Encode(ob.data, x.params, x.paramsDt)
 	ob.msg.Data = ob.data
-	wire.SetParamsHeaders(ob.msg.Header, x.ji.rec.Spec.ID, x.shard.ID, x.step, x.stepSeq, x.paramsDt)
+	wire.SetParamsHeaders(ob.msg.Header, x.ji.rec.Spec.ID, x.ji.inc, x.shard.ID, x.step, x.stepSeq, x.paramsDt)
 	x.setSyncHeaders(ob.msg.Header)
 	done := x.completeStep(ob.msg)
 	purgeTo := uint64(0)
@@ -777,7 +777,7 @@ func (x *shardExec) fillCkpt() {
 		wire.Encode(x.ckptBuf.data[(i+1)*b:(i+2)*b], s, wire.F32)
 	}
 	h := x.ckptBuf.msg.Header
-	wire.SetCheckpointHeaders(h, x.ji.rec.Spec.ID, x.shard.ID, x.step, x.stepSeq)
+	wire.SetCheckpointHeaders(h, x.ji.rec.Spec.ID, x.ji.inc, x.shard.ID, x.step, x.stepSeq)
 	x.setSyncHeaders(h)
 	x.ckptBuf.msg.Data = x.ckptBuf.data
 }

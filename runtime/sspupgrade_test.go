@@ -30,7 +30,7 @@ func TestRestoreFromOlderParametersKeepsHeldGradients(t *testing.T) {
 	oldSpec := rec.Spec
 	oldSpec.ParamDtype = ""
 	old.Spec = oldSpec
-	if err := store.PublishParams(ctx, js, spec.ID, 0, 0, 0, make([]byte, 4000)); err != nil {
+	if err := store.PublishParams(ctx, js, spec.ID, "", 0, 0, 0, make([]byte, 4000)); err != nil {
 		t.Fatal(err)
 	}
 	// The old runtime: steps 1 and 2, rank 0 sending step 3 (from version 1) before rank 1's step 2.

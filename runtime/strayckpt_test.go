@@ -3,6 +3,7 @@ package runtime
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -41,18 +42,19 @@ func TestRestoreSkipsEarlierIncarnationsSnapshot(t *testing.T) {
 			first := store.FirstSeq(&rec)
 			shardBytes := rec.Layout.Shards[0].Bytes()
 			if c.own > 0 { // its own checkpoint, covering gradients of its own stream
-				m := wire.ParamsMsg(spec.ID, 0, 0, 0, make([]byte, 2*shardBytes))
+				m := wire.ParamsMsg(spec.ID, "", 0, 0, 0, make([]byte, 2*shardBytes))
 				m.Subject = wire.CkptSubject(spec.ID, 0)
-				wire.SetCheckpointHeaders(m.Header, spec.ID, 0, c.own, first+uint64(c.own)-1)
+				wire.SetCheckpointHeaders(m.Header, spec.ID, "", 0, c.own, first+uint64(c.own)-1)
 				if _, err := h.js.PublishMsg(ctx, m); err != nil {
 					t.Fatal(err)
 				}
 			}
 			// The earlier incarnation's last checkpoint (momentum: parameters and one state
 			// vector), of a gradient sequence of its own stream, below this one's first.
-			stray := wire.ParamsMsg(spec.ID, 0, 0, 0, make([]byte, 2*shardBytes))
+			stray := wire.ParamsMsg(spec.ID, "", 0, 0, 0, make([]byte, 2*shardBytes))
 			stray.Subject = wire.CkptSubject(spec.ID, 0)
-			wire.SetCheckpointHeaders(stray.Header, spec.ID, 0, 15, first-1000)
+			earlier := wire.Incarnation(rec.Created.Add(-time.Minute))
+			wire.SetCheckpointHeaders(stray.Header, spec.ID, earlier, 0, 15, first-1000)
 			ack, err := h.js.PublishMsg(ctx, stray)
 			if err != nil {
 				t.Fatal(err)
@@ -67,6 +69,29 @@ func TestRestoreSkipsEarlierIncarnationsSnapshot(t *testing.T) {
 			}
 			if _, err := params.GetMsg(ctx, ack.Sequence); !errors.Is(err, jetstream.ErrMsgNotFound) {
 				t.Fatalf("the earlier incarnation's checkpoint is still in the parameter stream (get: %v)", err)
+			}
+
+			// This incarnation reaches the stray's step within JetStream's duplicate window: its
+			// checkpoint of that step is stored, not dropped as a duplicate of the stray's (one
+			// so dropped is acknowledged all the same, and the gradients it covers are purged).
+			// A sum shard's snapshot is its parameters message: it writes no checkpoint.
+			if x.paramsSnap {
+				return
+			}
+			x.mu.Lock()
+			x.step, x.stepSeq = 15, first+14
+			x.mu.Unlock()
+			if err := x.checkpointSync(ctx, false); err != nil {
+				t.Fatal(err)
+			}
+			last, err := params.GetLastMsgForSubject(ctx, wire.CkptSubject(spec.ID, 0))
+			if err != nil {
+				t.Fatalf("no checkpoint of step 15 stored: %v", err)
+			}
+			step, _ := wire.ParseStep(last.Header)
+			seq, _ := wire.ParseSeq(last.Header)
+			if step != 15 || seq != first+14 {
+				t.Fatalf("the last checkpoint is of step %d, gradient sequence %d; want this incarnation's of step 15, sequence %d", step, seq, first+14)
 			}
 		})
 	}

@@ -61,8 +61,8 @@ func (f *fakeJob) publishParams(i int, step int64, dt wire.Dtype, vals []float32
 		data = make([]byte, dt.ElemSize()*len(vals))
 		wire.Encode(data, vals, dt)
 	}
-	m := wire.ParamsMsg(f.rec.Spec.ID, f.rec.Layout.Shards[i].ID, step, uint64(step), data)
-	wire.SetParamsHeaders(m.Header, f.rec.Spec.ID, f.rec.Layout.Shards[i].ID, step, uint64(step), dt)
+	m := wire.ParamsMsg(f.rec.Spec.ID, "", f.rec.Layout.Shards[i].ID, step, uint64(step), data)
+	wire.SetParamsHeaders(m.Header, f.rec.Spec.ID, "", f.rec.Layout.Shards[i].ID, step, uint64(step), dt)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := f.js.PublishMsg(ctx, m); err != nil {

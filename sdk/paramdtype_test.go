@@ -140,7 +140,7 @@ func paramsUnreadable(t *testing.T, sync, dtype string, size func(int) int, reas
 	want := next(p, 1)
 	for i, sh := range shards {
 		if i == bad.ID {
-			m := wire.ParamsMsg(id, sh.ID, 1, 1, make([]byte, size(sh.Len)))
+			m := wire.ParamsMsg(id, "", sh.ID, 1, 1, make([]byte, size(sh.Len)))
 			m.Header.Set(wire.HdrDtype, dtype)
 			if _, err := f.js.PublishMsg(ctx, m); err != nil {
 				t.Fatal(err)

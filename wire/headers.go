@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"time"
 
 	"github.com/nats-io/nats.go"
 )
@@ -40,9 +41,30 @@ func GradMsgID(job string, shard int, step int64, rank int) string {
 	return GradAttemptMsgID(job, shard, step, rank, 0)
 }
 
-// ParamsMsgID is the de-duplication id of one shard's parameters after one step.
-func ParamsMsgID(job string, shard int, step int64) string {
-	return job + ".p." + strconv.Itoa(shard) + "." + strconv.FormatInt(step, 10)
+// ParamsMsgID is the de-duplication id of one shard's parameters after one step, in the job's
+// incarnation inc (Incarnation; "" leaves it out).
+func ParamsMsgID(job, inc string, shard int, step int64) string {
+	return snapshotMsgID(job, ".p.", inc, shard, step)
+}
+
+// Incarnation names one creation of a job, by its record's Created time, in the message ids of
+// what runtimes publish: a late message of a deleted job's runtime may land in the streams of the
+// job created again under the same id, and JetStream would drop the new incarnation's message of
+// the same step as a duplicate of it for two minutes. A checkpoint so dropped is acknowledged
+// all the same, and the gradients it covers are purged: they would be lost.
+func Incarnation(created time.Time) string {
+	if created.IsZero() {
+		return ""
+	}
+	return strconv.FormatInt(created.UnixNano(), 36)
+}
+
+func snapshotMsgID(job, kind, inc string, shard int, step int64) string {
+	id := job + kind + strconv.Itoa(shard) + "." + strconv.FormatInt(step, 10)
+	if inc != "" {
+		id += "." + inc
+	}
+	return id
 }
 
 // InitMsgID is the de-duplication id of one shard's uploaded initial parameters.

@@ -14,17 +14,18 @@ import (
 // uploads are always f32; parameters are f32, or the job's 16-bit param_dtype after step 0
 // (gradients may be 16-bit: see dtype.go).
 
-// CheckpointMsgID is the de-duplication id of one shard's checkpoint after one step.
-func CheckpointMsgID(job string, shard int, step int64) string {
-	return job + ".c." + strconv.Itoa(shard) + "." + strconv.FormatInt(step, 10)
+// CheckpointMsgID is the de-duplication id of one shard's checkpoint after one step, in the
+// job's incarnation inc (Incarnation; "" leaves it out).
+func CheckpointMsgID(job, inc string, shard int, step int64) string {
+	return snapshotMsgID(job, ".c.", inc, shard, step)
 }
 
 // SetParamsHeaders fills the headers of a parameters message: the step it follows, the last
-// gradient sequence folded in, its dtype, and its message id. A reused message keeps its header
-// slices (no allocation but the id's string).
-func SetParamsHeaders(h nats.Header, job string, shard int, step int64, seq uint64, dt Dtype) {
+// gradient sequence folded in, its dtype, and its message id (in the job's incarnation inc). A
+// reused message keeps its header slices (no allocation but the id's string).
+func SetParamsHeaders(h nats.Header, job, inc string, shard int, step int64, seq uint64, dt Dtype) {
 	setSnapshotHeaders(h, step, seq, dt)
-	set(h, HdrMsgID, ParamsMsgID(job, shard, step))
+	set(h, HdrMsgID, ParamsMsgID(job, inc, shard, step))
 }
 
 // ParamsDtype checks that a parameters message is elems elements of the dtype its HdrDtype names
@@ -58,9 +59,9 @@ func DecodeParams(dst []float32, h nats.Header, data []byte) (Dtype, error) {
 // SetCheckpointHeaders fills the headers of a checkpoint message, as SetParamsHeaders with the
 // checkpoint's message id (always f32). Sync-mode headers (HdrReplayFrom, HdrStepSeqs,
 // HdrRankSteps, HdrApplied) are the caller's.
-func SetCheckpointHeaders(h nats.Header, job string, shard int, step int64, seq uint64) {
+func SetCheckpointHeaders(h nats.Header, job, inc string, shard int, step int64, seq uint64) {
 	setSnapshotHeaders(h, step, seq, F32)
-	set(h, HdrMsgID, CheckpointMsgID(job, shard, step))
+	set(h, HdrMsgID, CheckpointMsgID(job, inc, shard, step))
 }
 
 func setSnapshotHeaders(h nats.Header, step int64, seq uint64, dt Dtype) {
@@ -69,10 +70,11 @@ func setSnapshotHeaders(h nats.Header, step int64, seq uint64, dt Dtype) {
 	set(h, HdrDtype, dt.String())
 }
 
-// ParamsMsg is a parameters message of one shard after step (data: its f32 little-endian bytes).
-func ParamsMsg(job string, shard int, step int64, seq uint64, data []byte) *nats.Msg {
+// ParamsMsg is a parameters message of one shard after step (data: its f32 little-endian bytes),
+// of the job's incarnation inc (Incarnation).
+func ParamsMsg(job, inc string, shard int, step int64, seq uint64, data []byte) *nats.Msg {
 	m := nats.NewMsg(ParamsSubject(job, shard))
-	SetParamsHeaders(m.Header, job, shard, step, seq, F32)
+	SetParamsHeaders(m.Header, job, inc, shard, step, seq, F32)
 	m.Data = data
 	return m
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 )
@@ -277,8 +278,13 @@ func TestRejectTally(t *testing.T) {
 // The builders make the messages PROTOCOL.md describes, and the parsers read them back.
 // Not parallel: testing.AllocsPerRun counts the whole process's allocations.
 func TestMessageBuilders(t *testing.T) {
-	m := ParamsMsg("j", 3, 12, 99, []byte{1, 2, 3, 4})
-	if m.Subject != ParamsSubject("j", 3) || m.Header.Get(HdrMsgID) != "j.p.3.12" || m.Header.Get(HdrDtype) != DtypeF32 || len(m.Data) != 4 {
+	created := time.Date(2026, 11, 27, 14, 0, 0, 0, time.UTC)
+	inc := Incarnation(created)
+	if inc == "" || inc == Incarnation(created.Add(time.Nanosecond)) || Incarnation(time.Time{}) != "" {
+		t.Fatalf("incarnations %q, %q, %q", inc, Incarnation(created.Add(time.Nanosecond)), Incarnation(time.Time{}))
+	}
+	m := ParamsMsg("j", inc, 3, 12, 99, []byte{1, 2, 3, 4})
+	if m.Subject != ParamsSubject("j", 3) || m.Header.Get(HdrMsgID) != "j.p.3.12."+inc || m.Header.Get(HdrDtype) != DtypeF32 || len(m.Data) != 4 {
 		t.Fatalf("params message: %s %v", m.Subject, m.Header)
 	}
 	if step, err := ParseStep(m.Header); err != nil || step != 12 {
@@ -287,7 +293,7 @@ func TestMessageBuilders(t *testing.T) {
 	if seq, err := ParseSeq(m.Header); err != nil || seq != 99 {
 		t.Fatalf("seq %d %v", seq, err)
 	}
-	SetCheckpointHeaders(m.Header, "j", 3, 13, 100)
+	SetCheckpointHeaders(m.Header, "j", "", 3, 13, 100)
 	if m.Header.Get(HdrMsgID) != "j.c.3.13" || m.Header.Get(HdrStep) != "13" || m.Header.Get(HdrSeq) != "100" || len(m.Header[HdrStep]) != 1 {
 		t.Fatalf("checkpoint headers: %v", m.Header)
 	}

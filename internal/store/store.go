@@ -521,16 +521,17 @@ func PublishInitial(ctx context.Context, js jetstream.JetStream, rec *job.Record
 		rec.Spec.InitShard(s.Off, buf)
 		out = resizeBytes(out, s.Bytes())
 		wire.Encode(out, buf, wire.F32)
-		if err := PublishParams(ctx, js, rec.Spec.ID, s.ID, 0, 0, out); err != nil {
+		if err := PublishParams(ctx, js, rec.Spec.ID, wire.Incarnation(rec.Created), s.ID, 0, 0, out); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// PublishParams publishes (idempotently, by message id) one shard's parameters after step.
-func PublishParams(ctx context.Context, js jetstream.JetStream, jobID string, shard int, step int64, seq uint64, data []byte) error {
-	m := wire.ParamsMsg(jobID, shard, step, seq, data)
+// PublishParams publishes (idempotently, by message id) one shard's parameters after step, of the
+// job's incarnation inc (wire.Incarnation).
+func PublishParams(ctx context.Context, js jetstream.JetStream, jobID, inc string, shard int, step int64, seq uint64, data []byte) error {
+	m := wire.ParamsMsg(jobID, inc, shard, step, seq, data)
 	if _, err := js.PublishMsg(ctx, m); err != nil {
 		return fmt.Errorf("publish parameters of shard %d step %d: %w", shard, step, err)
 	}

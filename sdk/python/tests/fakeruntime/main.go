@@ -180,8 +180,8 @@ func (f *fake) publish(step int64, dt wire.Dtype, v []float32, bad int, badDtype
 	for _, s := range f.rec.Layout.Shards {
 		data := make([]byte, dt.ElemSize()*s.Len)
 		wire.Encode(data, v[s.Off:s.Off+s.Len], dt)
-		m := wire.ParamsMsg(id, s.ID, step, uint64(step), data)
-		wire.SetParamsHeaders(m.Header, id, s.ID, step, uint64(step), dt)
+		m := wire.ParamsMsg(id, "", s.ID, step, uint64(step), data)
+		wire.SetParamsHeaders(m.Header, id, "", s.ID, step, uint64(step), dt)
 		if s.ID == bad {
 			m.Data = make([]byte, badBytes)
 			m.Header.Set(wire.HdrDtype, badDtype)
