@@ -145,8 +145,18 @@ func TestCheckpointsStayOnTheServingNode(t *testing.T) {
 	if err := store.DeleteJobStreams(ctx, js, rec.Spec.ID); err != nil {
 		t.Fatal(err)
 	}
-	names := js.StreamNames(ctx, jetstream.WithStreamListSubject(wire.NodeCkptFilter(rec.Spec.ID)))
-	for name := range names.Name() {
-		t.Errorf("stream %s left after the job's streams were deleted", name)
-	}
+	// On a loaded machine the cluster's stream list can still name a stream just after its delete
+	// was answered (once in 14 runs with the cores kept busy; not found 3 s later): none may
+	// remain once the list has caught up.
+	testutil.CheckFor(t, 15*time.Second, 50*time.Millisecond, func() error {
+		names := js.StreamNames(ctx, jetstream.WithStreamListSubject(wire.NodeCkptFilter(rec.Spec.ID)))
+		var left []string
+		for name := range names.Name() {
+			left = append(left, name)
+		}
+		if len(left) > 0 {
+			return fmt.Errorf("streams %v left after the job's streams were deleted", left)
+		}
+		return nil
+	})
 }
