@@ -263,13 +263,18 @@ func (x *shardExec) foldDirect(rank int, w float64, dt wire.Dtype, data []byte) 
 	x.times.folding, x.times.lastRank = started, rank
 	x.fold(rank, w, dt, data)
 	complete := x.next == x.ranks
-	if complete && !x.apply() { // a user function failed: the executor restores and asks again
-		x.giveCore()
-		return
+	var apply time.Duration
+	if complete {
+		t0 := time.Now()
+		ok := x.apply()
+		if apply = time.Since(t0); !ok { // a user function failed: the executor restores and asks again
+			x.giveCore()
+			return
+		}
 	}
 	x.giveCore()
 	work := time.Since(started)
-	x.stats.addWork(started.Sub(now), work)
+	x.stats.addWork(started.Sub(now), work, apply)
 	x.r.stats.workNanos.Add(int64(work))
 	if !complete {
 		return

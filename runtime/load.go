@@ -16,11 +16,12 @@ type shardStats struct {
 	stepStart time.Time     // first gradient of the open step
 	lastDone  time.Time     // when the previous step was applied
 	work      time.Duration // CPU time of the open step so far
+	apply     time.Duration // of which in the update
 	wait      time.Duration // time the open step's messages waited for a core
 
-	avgWork, avgWait, avgPeriod, avgBurst float64 // seconds
-	phase                                 time.Duration
-	pending                               uint64
+	avgWork, avgApply, avgWait, avgPeriod, avgBurst float64 // seconds
+	phase                                           time.Duration
+	pending                                         uint64
 
 	stepIn  int64   // gradient bytes received in the open step
 	avgIn   float64 // gradient bytes per step
@@ -49,9 +50,11 @@ func ewma(avg, v float64) float64 {
 	return avg + ewmaWeight*(v-avg)
 }
 
-func (s *shardStats) addWork(wait, work time.Duration) {
+// addWork counts a gradient's time waiting for a core and on it, apply of which in the update.
+func (s *shardStats) addWork(wait, work, apply time.Duration) {
 	s.wait += wait
 	s.work += work
+	s.apply += apply
 }
 
 // stepDone folds the step that just completed into the averages. It reports whether they just
@@ -60,6 +63,7 @@ func (s *shardStats) addWork(wait, work time.Duration) {
 func (s *shardStats) stepDone(now time.Time) (news bool) {
 	news = s.avgWork == 0 || (s.avgPeriod == 0 && !s.lastDone.IsZero())
 	s.avgWork = ewma(s.avgWork, s.work.Seconds())
+	s.avgApply = ewma(s.avgApply, s.apply.Seconds())
 	s.avgWait = ewma(s.avgWait, s.wait.Seconds())
 	s.avgIn = ewma(s.avgIn, float64(s.stepIn))
 	if !s.stepStart.IsZero() {
@@ -71,7 +75,7 @@ func (s *shardStats) stepDone(now time.Time) (news bool) {
 			s.phase = time.Duration(s.stepStart.UnixNano() % int64(p))
 		}
 	}
-	s.lastDone, s.work, s.wait, s.stepIn = now, 0, 0, 0
+	s.lastDone, s.work, s.apply, s.wait, s.stepIn = now, 0, 0, 0, 0
 	return news
 }
 
@@ -106,6 +110,7 @@ func (x *shardExec) loadSignals() (_ wire.ShardLoad, timed bool) {
 		Key: x.key, Job: x.ji.rec.Spec.ID, Step: x.step,
 		Bytes:          int64(x.ranks) * int64(x.shard.Bytes()),
 		Work:           x.stats.avgWork,
+		Apply:          x.stats.avgApply,
 		Period:         seconds(x.stats.avgPeriod),
 		Phase:          x.stats.phase,
 		Burst:          seconds(x.stats.avgBurst),

@@ -76,7 +76,8 @@ func TestLinkBandwidth(t *testing.T) {
 
 // A runtime's load reports name its node, its NATS server and its NIC, and each shard's bytes in
 // and out per second: what a step brings in (every rank's f32 gradient) and takes out (one bf16
-// parameters message) over the step period; with gradients stored in a stream and sent directly.
+// parameters message) over the step period, and the part of its work in its update; with
+// gradients stored in a stream and sent directly.
 func TestLoadReportCountsShardBytes(t *testing.T) {
 	t.Parallel()
 	for _, g := range []string{job.GradientsStored, job.GradientsDirect} {
@@ -134,6 +135,10 @@ func testLoadReportBytes(t *testing.T, gradients string) {
 		}
 		if err := near(s.BytesOutPerSec*p, out, p); err != nil {
 			t.Errorf("%s: bytes out per step: %v", s.Key, err)
+		}
+		// The update (sgd's, once a step) is part of the step's work, not all of it (3 sums).
+		if !(s.Apply > 0 && s.Apply < s.Work) {
+			t.Errorf("%s: update %v s of a step's work %v s, want within it", s.Key, s.Apply, s.Work)
 		}
 	}
 }

@@ -588,13 +588,18 @@ func (x *shardExec) handleSeq(m jetstream.Msg, seq uint64) {
 	x.times.folding, x.times.lastRank = started, meta.Rank
 	x.fold(meta.Rank, meta.Weight, meta.Dtype, data)
 	complete := x.next == x.ranks
-	if complete && !x.apply() {
-		x.giveCore()
-		return
+	var apply time.Duration
+	if complete {
+		t0 := time.Now()
+		ok := x.apply()
+		if apply = time.Since(t0); !ok {
+			x.giveCore()
+			return
+		}
 	}
 	x.giveCore()
 	work := time.Since(started)
-	x.stats.addWork(started.Sub(queued), work)
+	x.stats.addWork(started.Sub(queued), work, apply)
 	x.r.stats.workNanos.Add(int64(work))
 	if complete {
 		if x.stats.stepDone(time.Now()) {

@@ -67,11 +67,14 @@ type LoadReport struct {
 
 // ShardLoad is one shard's recent load, as averages over its last steps.
 type ShardLoad struct {
-	Key       string        `json:"key"` // <job>.<shard>
-	Job       string        `json:"job"`
-	Step      int64         `json:"step"`  // last applied step
-	Bytes     int64         `json:"bytes"` // gradient bytes per step (ranks x shard)
-	Work      float64       `json:"work"`  // CPU seconds per step
+	Key   string  `json:"key"` // <job>.<shard>
+	Job   string  `json:"job"`
+	Step  int64   `json:"step"`  // last applied step
+	Bytes int64   `json:"bytes"` // gradient bytes per step (ranks x shard)
+	Work  float64 `json:"work"`  // CPU seconds per step
+	// Apply is the part of Work in the shard's update, done once a step when its last gradient
+	// is summed (the function; a user function's can be most of the work); the rest is the sums.
+	Apply     float64       `json:"apply,omitempty"`
 	Period    time.Duration `json:"period"`
 	Phase     time.Duration `json:"phase"` // burst start modulo Period, from the Unix epoch
 	Burst     time.Duration `json:"burst"` // first to last gradient of a step
