@@ -101,16 +101,16 @@ func TestSimJobsRunAFixedAmountOfWork(t *testing.T) {
 // above, and pushes the lower classes back.
 func TestServerServesHigherClassesFirst(t *testing.T) {
 	v := server{cores: 1, speed: 1, throughput: 1e9}
-	_, _, lowDone := v.serve(0, 1e9, 1e6, classIndex(autoscaler.PriorityLow)) // 1 s of low work at 0
-	_, _, highDone := v.serve(0.5, 1e9, 1e6, classIndex(autoscaler.PriorityHigh))
+	_, _, lowDone := v.serve(0, 1e9, 1e6, 1, classIndex(autoscaler.PriorityLow)) // 1 s of low work at 0
+	_, _, highDone := v.serve(0.5, 1e9, 1e6, 1, classIndex(autoscaler.PriorityHigh))
 	if !near(highDone, 1.5, 1e-9) {
 		t.Errorf("high work arriving at 0.5 s behind 1 s of low work done at %.3f, want 1.5 (it preempts)", highDone)
 	}
-	_, _, normalDone := v.serve(0.5, 1e9, 1e6, classIndex(autoscaler.PriorityNormal))
+	_, _, normalDone := v.serve(0.5, 1e9, 1e6, 1, classIndex(autoscaler.PriorityNormal))
 	if !near(normalDone, 2.5, 1e-9) {
 		t.Errorf("normal work done at %.3f, want 2.5 (after the high)", normalDone)
 	}
-	_, _, low2 := v.serve(0.6, 1e8, 1e6, classIndex(autoscaler.PriorityLow))
+	_, _, low2 := v.serve(0.6, 1e8, 1e6, 1, classIndex(autoscaler.PriorityLow))
 	if !near(low2, 3.1, 1e-9) || !near(v.idle(), 3.1, 1e-9) {
 		t.Errorf("second low work done at %.3f (idle %.3f), want 3.1: after all of it", low2, v.idle())
 	}

@@ -158,3 +158,39 @@ func TestSimSignalConfig(t *testing.T) {
 		}
 	}
 }
+
+// With an apply share, a step's update is done with its last rank's gradients: the same work,
+// lumped. TestSimLiveQueueWait's job at ApplyShare 0.5: rank 0's gradients weigh 0.5 (0.25 ms a
+// shard), the last rank's 1.5 (0.75 ms). Step 1, both in at 1 s: rank 0's wait 0, 0.25 and 0.5 ms;
+// rank 1's start once rank 0's are summed, at 1.00075 s: shard 0 (taken at 1.00025) waits 0.5 ms,
+// shard 1 (taken at 1.0005, started at 1.0015) 1 ms, shard 2 (1.00075, 1.00225) 1.5 ms. Per shard
+// 0.5, 1.25 and 2 ms. Step 2, rank 1 10 ms after rank 0, on an idle core: 0, 0.25, 0.5 and 0,
+// 0.75, 1.5, so 0, 1 and 2 ms. The averages: 0.35, 1.175 and 2 ms; the work is the same.
+func TestSimApplyShare(t *testing.T) {
+	t.Parallel()
+	wl := &Workload{Jobs: []JobSpec{{ID: "a", Arrival: 0, Duration: 100, Params: 750_000,
+		StepTimes: [][]float64{{1, 1}, {1, 1.01}}}}}
+	c := quiet(2500 * time.Millisecond)
+	c.NIC, c.ShardBytes = 0, 1_000_000
+	even := runState(t, c, wl, 1)
+	c.ApplyShare = 0.5
+	s := runState(t, c, wl, 1)
+	j := s.jobs[0]
+	if j.step != 2 {
+		t.Fatalf("%d steps done, want 2", j.step)
+	}
+	for i, w := range []float64{0.00035, 0.001175, 0.002} {
+		if !near(j.queueWait[i], w, 1e-9) {
+			t.Errorf("shard %d: live queue wait %.6f s, want %.6f", i, j.queueWait[i], w)
+		}
+	}
+	if !near(s.res.WorkCoreSeconds, even.res.WorkCoreSeconds, 1e-12) {
+		t.Errorf("work %v core-s with the updates lumped, %v without: want the same", s.res.WorkCoreSeconds, even.res.WorkCoreSeconds)
+	}
+	for _, bad := range []float64{-0.1, 1, 2} {
+		c.ApplyShare = bad
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "apply share") {
+			t.Errorf("apply share %v: %v, want refused", bad, err)
+		}
+	}
+}

@@ -276,7 +276,11 @@ func classIndex(priority int) int { return min(2, max(0, 1-priority)) }
 // the given class index, and returns when their sum is done. ready is when the first shard is in,
 // through the NIC (when the live runtime has it queued for a core); start is when the cores start
 // on it, so start - ready is the time it waited for a core.
-func (v *server) serve(t float64, bytes, unit int64, class int) (ready, start, done float64) {
+//
+// work weighs the cores' time against the bytes: 1 for a gradient's sum and an even share of the
+// update, more for the gradients that complete a step when the update is done then
+// (Config.ApplyShare), less for the others.
+func (v *server) serve(t float64, bytes, unit int64, work float64, class int) (ready, start, done float64) {
 	in := t // all of it is in
 	ready = t
 	if v.nic > 0 {
@@ -284,12 +288,12 @@ func (v *server) serve(t float64, bytes, unit int64, class int) (ready, start, d
 		v.nicBusy = s + float64(bytes)/v.nic
 		in, ready = v.nicBusy, s+float64(unit)/v.nic
 	}
-	d := float64(bytes) / v.throughput / (float64(v.cores) * v.speed)
+	d := float64(bytes) * work / v.throughput / (float64(v.cores) * v.speed)
 	start = max(ready, v.busy[class])
 	for k := class; k < len(v.busy); k++ {
 		v.busy[k] = max(ready, v.busy[k]) + d
 	}
-	u := float64(unit) / v.throughput / v.speed
+	u := float64(unit) * work / v.throughput / v.speed
 	return ready, start, max(v.busy[class], start+u, in+u)
 }
 
@@ -317,6 +321,7 @@ type runtimeSim struct {
 }
 
 type jobSim struct {
+	applyShare  float64 // Config.ApplyShare
 	spec        JobSpec
 	model       string
 	class       int // classIndex of its priority
@@ -504,7 +509,7 @@ func (s *state) startRuntime(t, delay float64) {
 }
 
 func (s *state) newJob(js JobSpec, tr *Traces) (*jobSim, error) {
-	j := &jobSim{spec: js, model: js.Model}
+	j := &jobSim{spec: js, model: js.Model, applyShare: s.c.ApplyShare}
 	j.priority, _ = priorityOf(js.Priority)
 	j.class = classIndex(j.priority)
 	if len(js.StepTimes) > 0 {
@@ -577,8 +582,8 @@ func (j *jobSim) idealRun(row []float64, throughput float64) (float64, []span) {
 	per := int64(len(j.shardBytes)-1)*j.shardBytes[0] + j.shardBytes[len(j.shardBytes)-1]
 	done := 0.0
 	var busy []span
-	for _, a := range arr {
-		_, start, d := v.serve(a, per, j.maxShard, 0)
+	for k, a := range arr {
+		_, start, d := v.serve(a, per, j.maxShard, j.workWeight(k == len(arr)-1), 0)
 		done = max(done, d)
 		if n := len(busy); n > 0 && start <= busy[n-1].to {
 			busy[n-1].to = max(busy[n-1].to, d)
@@ -622,6 +627,19 @@ func (s *state) endJob(ji int) {
 	s.active = slices.DeleteFunc(s.active, func(x int) bool { return x == ji })
 }
 
+// workWeight is the cores' time of a rank's gradients against an even share of the step's work:
+// with Config.ApplyShare a, the updates are done with the step's last rank's gradients (1 - a +
+// a x ranks), and the others are sums only (1 - a).
+func (j *jobSim) workWeight(last bool) float64 {
+	if j.applyShare == 0 {
+		return 1
+	}
+	if last {
+		return 1 - j.applyShare + j.applyShare*float64(j.ranks)
+	}
+	return 1 - j.applyShare
+}
+
 // groupsOf returns the job's shards grouped by runtime, in shard order.
 func (s *state) groupsOf(j *jobSim) []jobGroup {
 	if !j.dirty && j.groups != nil {
@@ -653,11 +671,13 @@ func (s *state) groupsOf(j *jobSim) []jobGroup {
 // new parameters are out (bytes/NIC after the sum: the parameters of those shards leave once).
 // units are the job's shards the bytes are gradients of, one per gradient, in the order they
 // come in (a shard repeated for the ranks that waited for its placement); unit is the largest.
-func (s *state) serve(j *jobSim, r *runtimeSim, t float64, units []int, bytes, unit int64) float64 {
-	ready, start, done := r.serve(t, bytes, unit, j.class)
-	s.queueWaits(j, r, units, ready, start, unit)
+// weight is the cores' time of these bytes against an even share of the step's work
+// (jobSim.workWeight).
+func (s *state) serve(j *jobSim, r *runtimeSim, t float64, units []int, bytes, unit int64, weight float64) float64 {
+	ready, start, done := r.serve(t, bytes, unit, weight, j.class)
+	s.queueWaits(j, r, units, ready, start, unit, weight)
 	r.worked = true
-	work := float64(bytes) / s.thr
+	work := float64(bytes) * weight / s.thr
 	s.workIn += work
 	s.res.WorkCoreSeconds += work
 	return done + r.egress(bytes)
@@ -671,12 +691,12 @@ func (s *state) serve(j *jobSim, r *runtimeSim, t float64, units []int, bytes, u
 // cores) sums of the largest unit, not before it is in nor before its shard's previous one is
 // summed. A gradient that waits for its own shard waits for no core, and the runtime does not
 // count it; one that waits behind the other shards of its own rank does.
-func (s *state) queueWaits(j *jobSim, r *runtimeSim, units []int, ready, start float64, unit int64) {
+func (s *state) queueWaits(j *jobSim, r *runtimeSim, units []int, ready, start float64, unit int64, weight float64) {
 	if j.foldDone == nil {
 		n := len(j.shardBytes)
 		j.foldDone, j.stepWait, j.queueWait = make([]float64, n), make([]float64, n), make([]float64, n)
 	}
-	rate := s.thr * r.speed
+	rate := s.thr * r.speed / weight
 	u := float64(unit) / rate
 	in, cum := ready, int64(0) // when the NIC began to take the group in, and the bytes it has taken
 	if r.nic > 0 {
@@ -702,7 +722,7 @@ func (s *state) rank(ji, step, rank int, t float64) {
 	}
 	s.broker.add(t, float64(j.modelBytes), float64(j.modelBytes)) // the rank's gradient in, and out to the runtimes
 	for _, g := range s.groupsOf(j) {
-		j.stepEnd = max(j.stepEnd, s.serve(j, s.rts[g.rt], max(t, g.avail), g.shards, g.bytes, g.maxBytes))
+		j.stepEnd = max(j.stepEnd, s.serve(j, s.rts[g.rt], max(t, g.avail), g.shards, g.bytes, g.maxBytes, j.workWeight(j.arrived == j.ranks-1)))
 	}
 	for i, r := range j.place {
 		if r < 0 {
@@ -724,7 +744,8 @@ func (s *state) flush(ji int, t float64) {
 			continue
 		}
 		b := int64(n) * j.shardBytes[i]
-		j.stepEnd = max(j.stepEnd, s.serve(j, s.rts[j.place[i]], max(t, j.avail[i]), slices.Repeat([]int{i}, n), b, j.shardBytes[i]))
+		// Several ranks' gradients of one shard at once: an even share of the work each.
+		j.stepEnd = max(j.stepEnd, s.serve(j, s.rts[j.place[i]], max(t, j.avail[i]), slices.Repeat([]int{i}, n), b, j.shardBytes[i], 1))
 		j.nDeferred -= n
 		j.deferred[i] = 0
 	}

@@ -65,6 +65,11 @@ type Config struct {
 	// NIC is a runtime's network bandwidth in bytes per second, each way (0: unlimited). Gradients
 	// come in through it before the cores can sum them; new parameters go out through it.
 	NIC float64
+	// ApplyShare is the share of a shard's work in a step that its runtime does once, when the
+	// step's last gradient is in (the function's update; a slow user function's is most of it);
+	// the rest is summing, the same for every gradient. 0: every gradient costs the same. The
+	// step's work is the same either way; where it falls decides what waits for a core.
+	ApplyShare float64
 	// NICWork is a what-if: the decider is told a shard's work as the larger of its cores' time
 	// and its share of a runtime's NIC time in cores (bytes / NIC x runtime cores), as a decider
 	// that planned the network would see it. The live runtime reports CPU time only.
@@ -187,6 +192,9 @@ func (c Config) Validate() error {
 	}
 	if err := c.Cost.Validate(); err != nil {
 		errs = append(errs, err)
+	}
+	if !(c.ApplyShare >= 0 && c.ApplyShare < 1) {
+		bad("apply share must be in [0, 1), got %v", c.ApplyShare)
 	}
 	if c.Throughput == 0 && !(c.Cost.RuntimeCPUPerByte > 0) {
 		bad("throughput: neither given nor in the service cost (runtime_cpu_s_per_byte is 0)")
