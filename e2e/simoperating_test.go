@@ -21,6 +21,7 @@ import (
 
 	"github.com/fanin-ml/fanin/autoscaler"
 	"github.com/fanin-ml/fanin/lab/testutil"
+	"github.com/fanin-ml/fanin/lab/wasmbuild"
 	"github.com/fanin-ml/fanin/sim"
 )
 
@@ -49,6 +50,10 @@ const (
 //	FANIN_VALIDATE_SECONDS   length of the workload (default 80)
 //	FANIN_VALIDATE_STEP      seconds of a normalized PAI batch time of 1000 (default 0.5)
 //	FANIN_VALIDATE_POLICY    policy file (default operatingPolicy)
+//	FANIN_VALIDATE_FUNCTION  a user function's source directory (lab/wasmbuild), every job's
+//	                         function instead of the built-in sgd: e.g.
+//	                         ../functions/wasmfn/testdata/sgdloop, slower than a runtime's
+//	                         connection, so that gradients queue for the cores
 //	FANIN_VALIDATE_OUT       output directory (default $TMPDIR/fanin-validate-operating)
 //	FANIN_VALIDATE_DRY=1     only write workload.json and policy.yaml
 //	FANIN_VALIDATE_REPLAY    a directory of an earlier run: replay its workload.json,
@@ -133,6 +138,9 @@ func TestSimValidateOperating(t *testing.T) {
 	static := pol
 	static.MinRuntimes, static.MaxRuntimes = 2, 2
 	opts := liveOpts{shard: opShard, runtimeCores: 1, metrics: true, signal: true}
+	if dir := os.Getenv("FANIN_VALIDATE_FUNCTION"); dir != "" {
+		opts.module, opts.fnName = wasmbuild.ForTest(t, dir), filepath.Base(dir)
+	}
 
 	load0 := loadavg()
 	st := runLive(t, wl, static.YAML(), opts)
@@ -186,6 +194,10 @@ func TestSimValidateOperating(t *testing.T) {
 	}
 	// The closed loop's input, live against the simulator's on the same workload and policy.
 	ls := liveSignal{Throughput: thr, Startup: startup.Seconds(), Length: length, Jobs: el.signal, ConnRate: connRate(t, opShard)}
+	if el.shardWork > 0 {
+		ls.ApplyShare = min(el.applyWork/el.shardWork, 0.99)
+	}
+	t.Logf("the shards' updates took %.1f%% of their work (the rest: sums)", 100*ls.ApplyShare)
 	t.Logf("a NATS connection takes in %.2f GB/s of %d-byte messages on this machine", ls.ConnRate/1e9, opShard)
 	if data, err := json.MarshalIndent(ls, "", " "); err != nil {
 		t.Fatal(err)
@@ -214,6 +226,7 @@ func TestSimValidateOperating(t *testing.T) {
 	w("machine load average (1 min) before the static run %s, before the elastic run %s, after it %s\n", load0, load1, load2)
 	w("measured throughput %.3g B/s per core in the kernels (the closed loop's input is compared at it), %.3g in the whole runtime process (the kernels' time times the process's overhead, median %.2f of %d reports: what the autoscaler plans; the sim's measured runs and the baselines use it); startup median %v of %d\n",
 		thr, procThr, valQuantile(slices.Sorted(slices.Values(el.overheads)), 0.5), len(el.overheads), startup, len(su))
+	w("the shards' updates took %.1f%% of their work, the rest their sums (the simulator's apply share in the closed loop's comparison)\n", 100*ls.ApplyShare)
 	w("\n| | live elastic | live static (2 x 1 core) | sim default | sim measured |\n|---|---:|---:|---:|---:|\n")
 	w("| reserved core-seconds | %.1f | %.1f | %.1f | %.1f |\n", el.coreSeconds, st.coreSeconds, def.ElasticCoreSeconds, meas.ElasticCoreSeconds)
 	w("| hindsight static (sim def.), core-s | %.1f (measured thr.) | | %.1f | %.1f |\n", tightCS, def.StaticCoreSeconds, meas.StaticCoreSeconds)
@@ -343,6 +356,9 @@ type liveSignal struct {
 	// unknown, in runs saved before it was measured): what a live runtime's gradients queue behind
 	// before its cores, which the simulator models as the runtime's NIC.
 	ConnRate float64 `json:"conn_rate,omitempty"`
+	// ApplyShare is the share of a shard's step work in its update, done when the step's last
+	// gradient is in (sim.Config.ApplyShare; 0 in runs saved before it was measured).
+	ApplyShare float64 `json:"apply_share,omitempty"`
 }
 
 // compare runs the simulator on the workload and policy at the live run's measured throughput and
@@ -358,6 +374,7 @@ func (ls liveSignal) compare(pol autoscaler.Policy, wl *sim.Workload) (*signalCo
 	c.Interval = 250 * time.Millisecond
 	c.ShardBytes = opShard
 	c.Throughput, c.StartupDelay, c.SlowFraction, c.NIC = ls.Throughput, time.Duration(ls.Startup*float64(time.Second)), 0, ls.ConnRate
+	c.ApplyShare = ls.ApplyShare
 	r, err := sim.Run(c, pol, wl, nil)
 	if err != nil {
 		return nil, err

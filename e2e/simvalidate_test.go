@@ -90,6 +90,9 @@ type liveRun struct {
 	runtimeCPU   float64                      // CPU seconds of the runtime processes (Linux; liveOpts.metrics)
 	selfCPU      float64                      // CPU seconds of the test process (workers, embedded NATS) in the run
 	signal       map[string][]signalSample    // per job: the closed loop's input, every 100 ms (liveOpts.signal)
+	// applyWork and shardWork sum the shards' reported update time and work per step, over the
+	// reports of a new step: the share of the work done once a step, in the update.
+	applyWork, shardWork float64
 }
 
 // signalSample is a job's closed-loop input at a moment of a live run, as the autoscaler reads it
@@ -126,6 +129,11 @@ type liveOpts struct {
 	// signal samples every 100 ms each running job's closed-loop input from the latest load
 	// reports (liveRun.signal).
 	signal bool
+	// module, when set, is a user function (WebAssembly) that every job uses instead of the
+	// built-in sgd, uploaded as fnName: a function slower than the runtime's connection makes
+	// gradients wait for a core.
+	module []byte
+	fnName string
 }
 
 // signalFresh is how old a shard's latest load report may be for its queue wait to count: the
@@ -326,6 +334,10 @@ func runLive(t *testing.T, wl *sim.Workload, policy string, o liveOpts) *liveRun
 	gw := start(t, "gateway", "gateway", "--nats", url, "--http", "127.0.0.1:0")
 	defer gw.stop(syscall.SIGTERM)
 	api := gw.waitFor(t, httpURL, 20*time.Second)
+	fn := "sgd"
+	if o.module != nil {
+		fn = uploadFunction(t, api, o.fnName, o.module)
+	}
 	asArgs := []string{"autoscaler", "--nats", url, "--driver", "process", "--policy", pf,
 		"--runtime-binary", faninBin, "--interval", "250ms"}
 	if o.metrics {
@@ -437,6 +449,8 @@ func runLive(t *testing.T, wl *sim.Workload, policy string, o liveOpts) *liveRun
 				continue
 			}
 			lastStep[s.Key] = s.Step
+			run.applyWork += s.Apply
+			run.shardWork += s.Work
 			per[s.Job] += s.Work
 			proc[s.Job] += s.Work * max(rep.Overhead, 1)
 			bytes[s.Job] += float64(s.Bytes)
@@ -588,7 +602,7 @@ func runLive(t *testing.T, wl *sim.Workload, policy string, o liveOpts) *liveRun
 			spec := job.Spec{
 				ID: j.ID, Ranks: ranks, ShardSize: job.ByteSize(o.shard),
 				Tensors:  []job.Tensor{{Name: "w", Shape: []int{int(j.Params)}}},
-				Function: job.Function{Name: "sgd", Hyper: map[string]float64{"lr": 0.01}},
+				Function: job.Function{Name: fn, Hyper: map[string]float64{"lr": 0.01}},
 			}
 			if _, err := admin.CreateJob(ctx, spec); err != nil {
 				t.Error(err)
