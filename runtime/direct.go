@@ -265,9 +265,8 @@ func (x *shardExec) foldDirect(rank int, w float64, dt wire.Dtype, data []byte) 
 	complete := x.next == x.ranks
 	var apply time.Duration
 	if complete {
-		t0 := time.Now()
-		ok := x.apply()
-		if apply = time.Since(t0); !ok { // a user function failed: the executor restores and asks again
+		var ok bool
+		if apply, ok = x.applyTimed(); !ok { // a user function failed: the executor restores and asks again
 			x.giveCore()
 			return
 		}

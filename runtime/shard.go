@@ -590,9 +590,8 @@ func (x *shardExec) handleSeq(m jetstream.Msg, seq uint64) {
 	complete := x.next == x.ranks
 	var apply time.Duration
 	if complete {
-		t0 := time.Now()
-		ok := x.apply()
-		if apply = time.Since(t0); !ok {
+		var ok bool
+		if apply, ok = x.applyTimed(); !ok {
 			x.giveCore()
 			return
 		}
@@ -616,6 +615,13 @@ func (x *shardExec) handleSeq(m jetstream.Msg, seq uint64) {
 			x.snapshot()
 		}
 	}
+}
+
+// applyTimed applies the step (apply) and says how long the update took, for the load reports.
+func (x *shardExec) applyTimed() (time.Duration, bool) {
+	t0 := time.Now()
+	ok := x.apply()
+	return time.Since(t0), ok
 }
 
 // snapshot publishes the parameters of the step just applied, and a checkpoint when one is due.
