@@ -376,12 +376,23 @@ func (x *shardExec) restoreSnapshot(ctx context.Context) error {
 // job, or nil. The executor of a deleted job may still be stopping when the job is created again:
 // a checkpoint or parameters message it sent just then (its send delayed on a loaded node, after it
 // checked the stream) lands in the new incarnation's parameter stream, under the same subject, as
-// its newest message. Its gradient sequence gives it away: every snapshot after step 0 covers a
-// gradient of its own incarnation's stream, whose sequences start at that stream's FirstSeq, above
-// every sequence of an earlier incarnation (store.FirstSeq). A stream without a FirstSeq (made
-// before there was one), a direct-gradients job (no gradient stream) and a snapshot naming no
-// sequence (0) cannot tell.
+// its newest message. Its message id gives it away: it names the incarnation that sent it
+// (wire.Incarnation), whatever the step or the job's gradients. A stray of a runtime of before
+// incarnations (no name in the id) may still be told by its gradient sequence: every snapshot
+// after step 0 covers a gradient of its own incarnation's stream, whose sequences start at that
+// stream's FirstSeq, above every sequence of an earlier incarnation (store.FirstSeq). A
+// checkpoint in a node's stream (ckpthome.go) is not checked here: dropForeign deletes from the
+// parameter stream.
 func (x *shardExec) foreignSnapshot(ck, pm *jetstream.RawStreamMsg) *jetstream.RawStreamMsg {
+	id := x.ji.rec.Spec.ID
+	for _, m := range []*jetstream.RawStreamMsg{ck, pm} {
+		if m == nil || x.ji.inc == "" || m != pm && m.Subject != wire.CkptSubject(id, x.shard.ID) {
+			continue
+		}
+		if inc, ok := wire.SnapshotIncarnation(id, m.Header.Get(wire.HdrMsgID)); ok && inc != x.ji.inc {
+			return m
+		}
+	}
 	if x.direct != nil || len(x.ji.streams) < 2 || x.ji.streams[0].first <= 1 {
 		return nil
 	}

@@ -2,9 +2,11 @@ package runtime
 
 import (
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanin-ml/fanin/internal/store"
@@ -92,6 +94,63 @@ func TestRestoreSkipsEarlierIncarnationsSnapshot(t *testing.T) {
 			seq, _ := wire.ParseSeq(last.Header)
 			if step != 15 || seq != first+14 {
 				t.Fatalf("the last checkpoint is of step %d, gradient sequence %d; want this incarnation's of step 15, sequence %d", step, seq, first+14)
+			}
+		})
+	}
+}
+
+// A stray that its gradient sequence cannot give away (step 0, or a snapshot naming no sequence)
+// is told by its message id, which names the incarnation that sent it: the restore deletes it and
+// restores the shard's own snapshot, not the earlier job's parameters.
+func TestRestoreSkipsAStrayNamingAnotherIncarnation(t *testing.T) {
+	t.Parallel()
+	h := newShardHarness(t)
+	ctx := h.ctx
+	for _, c := range []struct {
+		name string
+		fn   job.Function
+		ckpt bool // the stray is a checkpoint (the shard checkpoints), else parameters
+	}{
+		{"sum-step0", job.Function{Name: "sum"}, false},
+		{"momentum-noseq", job.Function{Name: "momentum", Hyper: map[string]float64{"lr": 0.1, "momentum": 0.9}}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			spec := job.Spec{ID: "inc-" + c.name, Tensors: []job.Tensor{{Name: "w", Shape: []int{1024}}}, Ranks: 1,
+				Function: c.fn, Init: job.Init{Kind: "normal", Seed: 1, Scale: 0.1}}
+			rec, grads, params := h.job(t, spec)
+			if err := store.PublishInitial(ctx, h.js, &rec); err != nil {
+				t.Fatal(err)
+			}
+			earlier := wire.Incarnation(rec.Created.Add(-time.Minute))
+			shardBytes := rec.Layout.Shards[0].Bytes()
+			var stray *nats.Msg
+			if c.ckpt { // step 15 of the earlier run, naming no gradient sequence
+				stray = wire.ParamsMsg(spec.ID, "", 0, 0, 0, make([]byte, 2*shardBytes))
+				stray.Subject = wire.CkptSubject(spec.ID, 0)
+				wire.SetCheckpointHeaders(stray.Header, spec.ID, earlier, 0, 15, 0)
+			} else { // the earlier run's step 0: other values, same subject
+				data := make([]byte, shardBytes)
+				for i := range data {
+					data[i] = 7
+				}
+				stray = wire.ParamsMsg(spec.ID, earlier, 0, 0, 0, data)
+			}
+			ack, err := h.js.PublishMsg(ctx, stray)
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			x := h.shard(t, h.runtime(t), &rec, grads, params)
+			if err := x.restore(ctx); err != nil {
+				t.Fatalf("restore with a stray of an earlier incarnation in the stream: %v", err)
+			}
+			want := make([]float32, rec.Layout.Shards[0].Len)
+			rec.Spec.InitShard(rec.Layout.Shards[0].Off, want)
+			if x.step != 0 || !slices.Equal(x.params, want) {
+				t.Fatalf("restored step %d, parameters %v...; want step 0 and the job's own %v...", x.step, x.params[:2], want[:2])
+			}
+			if _, err := params.GetMsg(ctx, ack.Sequence); !errors.Is(err, jetstream.ErrMsgNotFound) {
+				t.Fatalf("the earlier incarnation's message is still in the parameter stream (get: %v)", err)
 			}
 		})
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -57,6 +58,21 @@ func Incarnation(created time.Time) string {
 		return ""
 	}
 	return strconv.FormatInt(created.UnixNano(), 36)
+}
+
+// SnapshotIncarnation returns the incarnation that a parameters or checkpoint message id of job
+// names (ParamsMsgID, CheckpointMsgID), and whether it names one: an id made without one (by a
+// runtime of before incarnations, or of a record with no creation time) does not.
+func SnapshotIncarnation(job, id string) (string, bool) {
+	rest, ok := strings.CutPrefix(id, job+".")
+	if !ok {
+		return "", false
+	}
+	tok := strings.Split(rest, ".")
+	if len(tok) != 4 || tok[0] != "p" && tok[0] != "c" || tok[3] == "" {
+		return "", false
+	}
+	return tok[3], true
 }
 
 func snapshotMsgID(job, kind, inc string, shard int, step int64) string {

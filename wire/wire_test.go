@@ -293,6 +293,20 @@ func TestMessageBuilders(t *testing.T) {
 	if seq, err := ParseSeq(m.Header); err != nil || seq != 99 {
 		t.Fatalf("seq %d %v", seq, err)
 	}
+	for _, c := range []struct {
+		id, inc string
+		ok      bool
+	}{
+		{ParamsMsgID("j", inc, 3, 12), inc, true},
+		{CheckpointMsgID("j", inc, 3, 12), inc, true},
+		{ParamsMsgID("j", "", 3, 12), "", false},   // no incarnation named
+		{ParamsMsgID("jj", inc, 3, 12), "", false}, // another job's
+		{GradMsgID("j", 3, 12, 1), "", false},
+	} {
+		if got, ok := SnapshotIncarnation("j", c.id); got != c.inc || ok != c.ok {
+			t.Errorf("SnapshotIncarnation(%q) = %q, %v; want %q, %v", c.id, got, ok, c.inc, c.ok)
+		}
+	}
 	SetCheckpointHeaders(m.Header, "j", "", 3, 13, 100)
 	if m.Header.Get(HdrMsgID) != "j.c.3.13" || m.Header.Get(HdrStep) != "13" || m.Header.Get(HdrSeq) != "100" || len(m.Header[HdrStep]) != 1 {
 		t.Fatalf("checkpoint headers: %v", m.Header)
