@@ -21,7 +21,9 @@ import (
 // take it for the shard's snapshot: a momentum checkpoint restored into a sum job failed every
 // restore ("snapshot at step 15 has 8192 bytes, want 4096"), and the shard was never served
 // (TestRecreatedJobIsServedAsItself stalled at step 1 with no consumer on the gradient stream).
-// The stray message is put in place by hand, so the interleaving is exact.
+// The stray here is an older runtime's, whose message ids name no incarnation: its gradient
+// sequence, below the new stream's first, gives it away. The stray message is put in place by
+// hand, so the interleaving is exact.
 func TestRestoreSkipsEarlierIncarnationsSnapshot(t *testing.T) {
 	t.Parallel()
 	h := newShardHarness(t)
@@ -35,42 +37,19 @@ func TestRestoreSkipsEarlierIncarnationsSnapshot(t *testing.T) {
 		{"momentum", job.Function{Name: "momentum", Hyper: map[string]float64{"lr": 0.1, "momentum": 0.9}}, 3},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			spec := job.Spec{ID: "stray-" + c.name, Tensors: []job.Tensor{{Name: "w", Shape: []int{1024}}}, Ranks: 1,
-				Function: c.fn, Init: job.Init{Kind: "normal", Seed: 1, Scale: 0.1}}
-			rec, grads, params := h.job(t, spec)
-			if err := store.PublishInitial(ctx, h.js, &rec); err != nil {
-				t.Fatal(err)
-			}
-			first := store.FirstSeq(&rec)
-			shardBytes := rec.Layout.Shards[0].Bytes()
+			rec, grads, params := strayJob(t, h, "stray-"+c.name, c.fn)
+			id, first := rec.Spec.ID, store.FirstSeq(&rec)
 			if c.own > 0 { // its own checkpoint, covering gradients of its own stream
-				m := wire.ParamsMsg(spec.ID, "", 0, 0, 0, make([]byte, 2*shardBytes))
-				m.Subject = wire.CkptSubject(spec.ID, 0)
-				wire.SetCheckpointHeaders(m.Header, spec.ID, "", 0, c.own, first+uint64(c.own)-1)
+				m := strayCkpt(&rec, wire.Incarnation(rec.Created), c.own, first+uint64(c.own)-1)
 				if _, err := h.js.PublishMsg(ctx, m); err != nil {
 					t.Fatal(err)
 				}
 			}
 			// The earlier incarnation's last checkpoint (momentum: parameters and one state
 			// vector), of a gradient sequence of its own stream, below this one's first.
-			stray := wire.ParamsMsg(spec.ID, "", 0, 0, 0, make([]byte, 2*shardBytes))
-			stray.Subject = wire.CkptSubject(spec.ID, 0)
-			earlier := wire.Incarnation(rec.Created.Add(-time.Minute))
-			wire.SetCheckpointHeaders(stray.Header, spec.ID, earlier, 0, 15, first-1000)
-			ack, err := h.js.PublishMsg(ctx, stray)
-			if err != nil {
-				t.Fatal(err)
-			}
-
-			x := h.shard(t, h.runtime(t), &rec, grads, params)
-			if err := x.restore(ctx); err != nil {
-				t.Fatalf("restore with an earlier incarnation's checkpoint in the stream: %v", err)
-			}
+			x := restoreBeside(t, h, &rec, grads, params, strayCkpt(&rec, "", 15, first-1000))
 			if x.step != c.own {
 				t.Fatalf("restored step %d, want %d (its own snapshot)", x.step, c.own)
-			}
-			if _, err := params.GetMsg(ctx, ack.Sequence); !errors.Is(err, jetstream.ErrMsgNotFound) {
-				t.Fatalf("the earlier incarnation's checkpoint is still in the parameter stream (get: %v)", err)
 			}
 
 			// This incarnation reaches the stray's step within JetStream's duplicate window: its
@@ -86,7 +65,7 @@ func TestRestoreSkipsEarlierIncarnationsSnapshot(t *testing.T) {
 			if err := x.checkpointSync(ctx, false); err != nil {
 				t.Fatal(err)
 			}
-			last, err := params.GetLastMsgForSubject(ctx, wire.CkptSubject(spec.ID, 0))
+			last, err := params.GetLastMsgForSubject(ctx, wire.CkptSubject(id, 0))
 			if err != nil {
 				t.Fatalf("no checkpoint of step 15 stored: %v", err)
 			}
@@ -105,7 +84,6 @@ func TestRestoreSkipsEarlierIncarnationsSnapshot(t *testing.T) {
 func TestRestoreSkipsAStrayNamingAnotherIncarnation(t *testing.T) {
 	t.Parallel()
 	h := newShardHarness(t)
-	ctx := h.ctx
 	for _, c := range []struct {
 		name string
 		fn   job.Function
@@ -115,43 +93,62 @@ func TestRestoreSkipsAStrayNamingAnotherIncarnation(t *testing.T) {
 		{"momentum-noseq", job.Function{Name: "momentum", Hyper: map[string]float64{"lr": 0.1, "momentum": 0.9}}, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			spec := job.Spec{ID: "inc-" + c.name, Tensors: []job.Tensor{{Name: "w", Shape: []int{1024}}}, Ranks: 1,
-				Function: c.fn, Init: job.Init{Kind: "normal", Seed: 1, Scale: 0.1}}
-			rec, grads, params := h.job(t, spec)
-			if err := store.PublishInitial(ctx, h.js, &rec); err != nil {
-				t.Fatal(err)
-			}
+			rec, grads, params := strayJob(t, h, "inc-"+c.name, c.fn)
 			earlier := wire.Incarnation(rec.Created.Add(-time.Minute))
-			shardBytes := rec.Layout.Shards[0].Bytes()
-			var stray *nats.Msg
-			if c.ckpt { // step 15 of the earlier run, naming no gradient sequence
-				stray = wire.ParamsMsg(spec.ID, "", 0, 0, 0, make([]byte, 2*shardBytes))
-				stray.Subject = wire.CkptSubject(spec.ID, 0)
-				wire.SetCheckpointHeaders(stray.Header, spec.ID, earlier, 0, 15, 0)
-			} else { // the earlier run's step 0: other values, same subject
-				data := make([]byte, shardBytes)
+			// Step 15 of the earlier run, naming no gradient sequence; or its step 0: other
+			// values, same subject.
+			stray := strayCkpt(&rec, earlier, 15, 0)
+			if !c.ckpt {
+				data := make([]byte, rec.Layout.Shards[0].Bytes())
 				for i := range data {
 					data[i] = 7
 				}
-				stray = wire.ParamsMsg(spec.ID, earlier, 0, 0, 0, data)
+				stray = wire.ParamsMsg(rec.Spec.ID, earlier, 0, 0, 0, data)
 			}
-			ack, err := h.js.PublishMsg(ctx, stray)
-			if err != nil {
-				t.Fatal(err)
-			}
-
-			x := h.shard(t, h.runtime(t), &rec, grads, params)
-			if err := x.restore(ctx); err != nil {
-				t.Fatalf("restore with a stray of an earlier incarnation in the stream: %v", err)
-			}
+			x := restoreBeside(t, h, &rec, grads, params, stray)
 			want := make([]float32, rec.Layout.Shards[0].Len)
 			rec.Spec.InitShard(rec.Layout.Shards[0].Off, want)
 			if x.step != 0 || !slices.Equal(x.params, want) {
 				t.Fatalf("restored step %d, parameters %v...; want step 0 and the job's own %v...", x.step, x.params[:2], want[:2])
 			}
-			if _, err := params.GetMsg(ctx, ack.Sequence); !errors.Is(err, jetstream.ErrMsgNotFound) {
-				t.Fatalf("the earlier incarnation's message is still in the parameter stream (get: %v)", err)
-			}
 		})
 	}
+}
+
+// strayJob creates a one-shard job of fn and publishes its step 0.
+func strayJob(t *testing.T, h *shardHarness, id string, fn job.Function) (rec job.Record, grads, params jetstream.Stream) {
+	t.Helper()
+	rec, grads, params = h.job(t, job.Spec{ID: id, Tensors: []job.Tensor{{Name: "w", Shape: []int{1024}}}, Ranks: 1,
+		Function: fn, Init: job.Init{Kind: "normal", Seed: 1, Scale: 0.1}})
+	if err := store.PublishInitial(h.ctx, h.js, &rec); err != nil {
+		t.Fatal(err)
+	}
+	return rec, grads, params
+}
+
+// strayCkpt is a checkpoint of shard 0 (parameters and one state vector) after step, covering
+// gradient sequence seq, with the message id of incarnation inc.
+func strayCkpt(rec *job.Record, inc string, step int64, seq uint64) *nats.Msg {
+	m := wire.ParamsMsg(rec.Spec.ID, "", 0, 0, 0, make([]byte, 2*rec.Layout.Shards[0].Bytes()))
+	m.Subject = wire.CkptSubject(rec.Spec.ID, 0)
+	wire.SetCheckpointHeaders(m.Header, rec.Spec.ID, inc, 0, step, seq)
+	return m
+}
+
+// restoreBeside publishes stray, restores an executor of the job's shard 0, and checks that the
+// restore deleted the stray from the parameter stream.
+func restoreBeside(t *testing.T, h *shardHarness, rec *job.Record, grads, params jetstream.Stream, stray *nats.Msg) *shardExec {
+	t.Helper()
+	ack, err := h.js.PublishMsg(h.ctx, stray)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := h.shard(t, h.runtime(t), rec, grads, params)
+	if err := x.restore(h.ctx); err != nil {
+		t.Fatalf("restore with a stray of an earlier incarnation in the stream: %v", err)
+	}
+	if _, err := params.GetMsg(h.ctx, ack.Sequence); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Fatalf("the earlier incarnation's message is still in the parameter stream (get: %v)", err)
+	}
+	return x
 }
