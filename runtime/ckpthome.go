@@ -159,6 +159,17 @@ func (x *shardExec) lastCkpt(ctx context.Context) (*jetstream.RawStreamMsg, erro
 		if err != nil {
 			return nil, err
 		}
+		if inc, ok := wire.SnapshotIncarnation(id, m.Header.Get(wire.HdrMsgID)); ok && x.ji.inc != "" && inc != x.ji.inc {
+			// A late checkpoint of an earlier incarnation's runtime (foreignSnapshot says how one
+			// lands) in this incarnation's stream: never this shard's snapshot. The stream keeps
+			// one message a subject, so the shard's own is gone; the next newest is restored.
+			x.log.Warn("a checkpoint of an earlier incarnation of the job is in its node stream; deleting it",
+				"stream", name, "stream_seq", m.Sequence, "step", snapStep(m))
+			if err := st.DeleteMsg(ctx, m.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+				return nil, fmt.Errorf("delete a checkpoint of an earlier incarnation from %s: %w", name, err)
+			}
+			continue
+		}
 		if ck == nil || snapStep(m) > snapStep(ck) {
 			ck = m
 		}

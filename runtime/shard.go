@@ -381,8 +381,8 @@ func (x *shardExec) restoreSnapshot(ctx context.Context) error {
 // incarnations (no name in the id) may still be told by its gradient sequence: every snapshot
 // after step 0 covers a gradient of its own incarnation's stream, whose sequences start at that
 // stream's FirstSeq, above every sequence of an earlier incarnation (store.FirstSeq). A
-// checkpoint in a node's stream (ckpthome.go) is not checked here: dropForeign deletes from the
-// parameter stream.
+// checkpoint from a node's stream (ckpthome.go) is checked as lastCkpt reads it, and deleted from
+// that stream: dropForeign deletes from the parameter stream.
 func (x *shardExec) foreignSnapshot(ck, pm *jetstream.RawStreamMsg) *jetstream.RawStreamMsg {
 	id := x.ji.rec.Spec.ID
 	for _, m := range []*jetstream.RawStreamMsg{ck, pm} {

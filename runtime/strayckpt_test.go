@@ -152,3 +152,48 @@ func restoreBeside(t *testing.T, h *shardHarness, rec *job.Record, grads, params
 	}
 	return x
 }
+
+// A direct-gradients shard that checkpoints writes to its node's checkpoint stream (ckpthome.go),
+// where a late checkpoint of an earlier incarnation can land too: lastCkpt deletes it there and
+// does not return it.
+func TestNodeCheckpointOfAnEarlierIncarnationIsDeleted(t *testing.T) {
+	t.Parallel()
+	h := newShardHarness(t)
+	ctx := h.ctx
+	spec := job.Spec{ID: "inc-node", Tensors: []job.Tensor{{Name: "w", Shape: []int{1024}}}, Ranks: 1, Gradients: job.GradientsDirect,
+		Function: job.Function{Name: "momentum", Hyper: map[string]float64{"lr": 0.1, "momentum": 0.9}},
+		Init:     job.Init{Kind: "normal", Seed: 1, Scale: 0.1}}
+	spec.Normalize()
+	rec := job.NewRecord(spec, time.Now())
+	if err := store.CreateJobStreams(ctx, h.js, &rec, 8<<20); err != nil {
+		t.Fatal(err)
+	}
+	params, err := h.js.Stream(ctx, wire.ParamsStream(spec.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := h.shard(t, h.runtime(t), &rec, nil, params)
+	// The node stream of this incarnation, as ckptHome makes it.
+	node, err := h.js.CreateStream(ctx, jetstream.StreamConfig{Name: wire.NodeCkptStream(spec.ID, "n0"),
+		Subjects: []string{wire.NodeCkptWildcard(spec.ID, "n0")}, Storage: jetstream.MemoryStorage, MaxMsgsPerSubject: 1,
+		Metadata: map[string]string{ckptIncarnation: x.ji.paramsCreated()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stray := strayCkpt(&rec, wire.Incarnation(rec.Created.Add(-time.Minute)), 15, 0)
+	stray.Subject = wire.NodeCkptSubject(spec.ID, wire.NodeToken("n0"), 0)
+	ack, err := h.js.PublishMsg(ctx, stray)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck, err := x.lastCkpt(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ck != nil {
+		t.Fatalf("lastCkpt with only an earlier incarnation's checkpoint returned it (step %d); want none", snapStep(ck))
+	}
+	if _, err := node.GetMsg(ctx, ack.Sequence); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Fatalf("the earlier incarnation's checkpoint is still in the node stream (get: %v)", err)
+	}
+}
