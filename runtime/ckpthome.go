@@ -159,7 +159,7 @@ func (x *shardExec) lastCkpt(ctx context.Context) (*jetstream.RawStreamMsg, erro
 		if err != nil {
 			return nil, err
 		}
-		if inc, ok := wire.SnapshotIncarnation(id, m.Header.Get(wire.HdrMsgID)); ok && x.ji.inc != "" && inc != x.ji.inc {
+		if x.ji.namesAnother(m) {
 			// A late checkpoint of an earlier incarnation's runtime (foreignSnapshot says how one
 			// lands) in this incarnation's stream: never this shard's snapshot. The stream keeps
 			// one message a subject, so the shard's own is gone; the next newest is restored.

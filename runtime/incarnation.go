@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fanin-ml/fanin/wire"
 )
 
 // errStreamReplaced says that a job's stream was deleted and created again under the same name:
@@ -39,6 +41,14 @@ func (ref streamRef) current(ctx context.Context) error {
 		return fmt.Errorf("stream %s: %w", ref.name, errStreamReplaced)
 	}
 	return nil
+}
+
+// namesAnother reports whether a snapshot's message id names an incarnation of the job other than
+// ji's (wire.SnapshotIncarnation): a late message of an earlier one. An id that names none (an
+// older runtime's) does not tell.
+func (ji *jobInfo) namesAnother(m *jetstream.RawStreamMsg) bool {
+	inc, ok := wire.SnapshotIncarnation(ji.rec.Spec.ID, m.Header.Get(wire.HdrMsgID))
+	return ok && ji.inc != "" && inc != ji.inc
 }
 
 // current checks every stream of the incarnation (current of each).

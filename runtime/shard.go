@@ -386,10 +386,7 @@ func (x *shardExec) restoreSnapshot(ctx context.Context) error {
 func (x *shardExec) foreignSnapshot(ck, pm *jetstream.RawStreamMsg) *jetstream.RawStreamMsg {
 	id := x.ji.rec.Spec.ID
 	for _, m := range []*jetstream.RawStreamMsg{ck, pm} {
-		if m == nil || x.ji.inc == "" || m != pm && m.Subject != wire.CkptSubject(id, x.shard.ID) {
-			continue
-		}
-		if inc, ok := wire.SnapshotIncarnation(id, m.Header.Get(wire.HdrMsgID)); ok && inc != x.ji.inc {
+		if m != nil && (m == pm || m.Subject == wire.CkptSubject(id, x.shard.ID)) && x.ji.namesAnother(m) {
 			return m
 		}
 	}
