@@ -568,14 +568,21 @@ func (c *Controller) observe(snap view.Snapshot, now time.Time, lapses bool) Obs
 	}
 	slices.SortFunc(obs.Runtimes, func(a, b RuntimeObs) int { return strings.Compare(a.ID, b.ID) })
 
-	shardLoad := map[string]wire.ShardLoad{}
-	for _, l := range loads {
+	// A shard that just moved is in its old owner's last report and its new owner's: the report
+	// of the runtime it is placed on wins, else the one of the later step (not the order of a
+	// map's iteration).
+	shardLoad, owned := map[string]wire.ShardLoad{}, map[string]bool{}
+	for id, l := range loads {
 		for _, s := range l.Shards {
 			// A shard costs its runtime's process more than its kernels' time: plan what it costs.
 			if l.Overhead > 1 {
 				s.Work *= l.Overhead
 			}
-			shardLoad[s.Key] = s
+			own := snap.Placement[s.Key].Runtime == id
+			prev, seen := shardLoad[s.Key]
+			if !seen || own && !owned[s.Key] || own == owned[s.Key] && s.Step > prev.Step {
+				shardLoad[s.Key], owned[s.Key] = s, own
+			}
 		}
 	}
 	ids := make([]string, 0, len(snap.Jobs))

@@ -76,3 +76,30 @@ func twoRuntimes(s job.Spec, cores int, placed map[string]string, a, b wire.Load
 	}
 	return snap
 }
+
+// A shard that just moved is in both runtimes' reports for up to a report's period: the decider
+// plans it by the report of the runtime it is placed on, whichever way the reports are iterated.
+func TestObserveTakesAMovedShardFromItsOwner(t *testing.T) {
+	t.Parallel()
+	s := job.Spec{ID: "j", Tensors: []job.Tensor{{Name: "w", Shape: []int{1024}}}, Ranks: 2,
+		Function: job.Function{Name: "sum"}, ShardSize: 4096}
+	for _, owner := range []string{"rt-a", "rt-b"} {
+		work := map[string]float64{"rt-a": 0.01, "rt-b": 0.03}
+		// The old owner's report is of a later step: the placement, not the step, decides.
+		step := map[string]int64{"rt-a": 9, "rt-b": 9}
+		for id := range step {
+			if id != owner {
+				step[id] = 10
+			}
+		}
+		snap := twoRuntimes(s, 2, map[string]string{"j.0": owner},
+			wire.LoadReport{Runtime: "rt-a", Cores: 2, Shards: []wire.ShardLoad{{Key: "j.0", Job: "j", Step: step["rt-a"], Work: work["rt-a"]}}},
+			wire.LoadReport{Runtime: "rt-b", Cores: 2, Shards: []wire.ShardLoad{{Key: "j.0", Job: "j", Step: step["rt-b"], Work: work["rt-b"]}}})
+		for range 20 { // map order varies from run to run
+			obs := (&Controller{}).observe(snap, t0, false)
+			if len(obs.Shards) != 1 || obs.Shards[0].Work != work[owner] {
+				t.Fatalf("placed on %s: observed %+v, want its work %v", owner, obs.Shards, work[owner])
+			}
+		}
+	}
+}
