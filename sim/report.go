@@ -286,6 +286,10 @@ func (r *Report) Markdown() []byte {
 	w("- A job trains in BSP steps; rank i computes for its PAI batch time (1000 normalized = %v) and then\n", c.StepScale)
 	w("  publishes all its gradient shards (%d bytes each); one rank's gradient of a shard costs\n", c.ShardBytes)
 	w("  shard bytes / %.3g B/s core-seconds (%s); the step ends when every shard has summed every rank.\n", c.throughput(), throughputWords(c))
+	if c.ApplyShare > 0 {
+		w("- %s of a shard's step work is its update, done with the step's last rank's gradients (--apply-share);\n", pct(c.ApplyShare))
+		w("  the rest is spread evenly over every rank's.\n")
+	}
 	cores := r.Options.Policy.CoresPerRuntime
 	if cores == 0 {
 		cores = c.RuntimeCores

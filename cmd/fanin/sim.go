@@ -152,6 +152,7 @@ The same inputs and seed give the same bytes.`,
 	f.Float64Var(&c.SlowSpeed, "slow-speed", c.SlowSpeed, "speed of a straggler runtime (1 = normal)")
 	f.Float64Var(&nicGbit, "nic", nicGbit, "a runtime's NIC bandwidth each way, Gbit/s (0: unlimited)")
 	f.StringVar(&c.Signal, "signal", c.Signal, "what the decider is told as a shard's queue wait: live (the time its gradients waited for a core, as the runtime measures it) or hindsight (the step's time beyond its ideal, not measurable live)")
+	f.Float64Var(&c.ApplyShare, "apply-share", 0, "share of a shard's step work in its update, done when the step's last gradient is in (the runtimes' load reports give it: apply over work); 0: every gradient costs the same")
 	f.BoolVar(&c.NICWork, "nic-work", false, "what-if: the decider sees a shard's work as the larger of its CPU time and its share of a runtime's NIC time, in cores")
 	f.IntVar(&c.RuntimeCores, "runtime-cores", c.RuntimeCores, "cores of a runtime when the policy's cores_per_runtime is 0")
 	f.Float64Var(&c.StaticCoresPerWorker, "static-cores-per-worker", c.StaticCoresPerWorker, "baseline a: cores each job reserves per worker")
