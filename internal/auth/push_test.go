@@ -48,10 +48,14 @@ func TestPushedAccountIsLiveOnEveryServer(t *testing.T) {
 	js, _ := jetstream.New(admin)
 	sysCreds, _ := a.SystemCredentials("test-sys")
 	sys := connect(t, url(0), sysCreds, &errRecorder{})
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: wire.JobsBucket, Storage: jetstream.MemoryStorage})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Right after the cluster forms, JetStream may not be enabled for the account on every server
+	// yet ("jetstream not enabled for account", seen under the race detector): the components
+	// create their buckets again until it is (docs/FAULTS.md), and so does the test.
+	var kv jetstream.KeyValue
+	testutil.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() (err error) {
+		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: wire.JobsBucket, Storage: jetstream.MemoryStorage})
+		return err
+	})
 	for j := range 3 {
 		id := fmt.Sprintf("fresh%d", j)
 		acc := jobStreams(t, a, js, kv, sys, id) // pushes the account, as the gateway does
