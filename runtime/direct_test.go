@@ -62,6 +62,19 @@ func testDirectFaults(t *testing.T, fn string) {
 	for _, s := range rec.Layout.Shards {
 		all = append(all, s.ID)
 	}
+	// The resend notices the owners publish, which the steps without a fault are checked against.
+	nc, err := nats.Connect(st.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	notices, err := nc.SubscribeSync(wire.ResendWildcard(rec.Spec.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	placeAll(all, "rt-a")
 	_, init, err := workers[0].Params(ctx)
 	if err != nil {
@@ -99,6 +112,7 @@ func testDirectFaults(t *testing.T, fn string) {
 	}
 	const steps = 20
 	sent := make([]int64, len(workers))
+	resent := make([]sdk.Resends, len(workers))
 	for step := int64(1); step <= steps; step++ {
 		for r := range workers {
 			testutil.Gradient(grads[r], params, step, r)
@@ -138,26 +152,53 @@ func testDirectFaults(t *testing.T, fn string) {
 		switch step { // steps 2 and 3, served and without a fault: every gradient sent once
 		case 1:
 			// Step 1 may have met "no responders" while the shards started, and a shard's first
-			// notice may have come after it folded a gradient (it asks for it again).
+			// notice may have come after it folded a gradient (it asks for it again), as late as
+			// step 2 when its handler ran after step 1's parameters came.
 			for r, w := range workers {
-				sent[r] = w.DirectSends()
+				sent[r], resent[r] = w.DirectSends(), w.DirectResends()
 			}
 		case 3:
 			for r, w := range workers {
-				if n, want := w.DirectSends()-sent[r], 2*int64(rec.Layout.NumShards()); n != want {
-					t.Fatalf("rank %d sent %d gradient requests in steps 2 and 3, without a fault, want %d", r, n, want)
+				again := w.DirectResends()
+				n := w.DirectSends() - sent[r] - (again.Total() - resent[r].Total())
+				if want := 2 * int64(rec.Layout.NumShards()); n != want {
+					t.Fatalf("rank %d sent %d gradients of steps 2 and 3 for the first time, want %d", r, n, want)
+				}
+				if again.NoResponders != resent[r].NoResponders {
+					t.Fatalf("rank %d met no responders in steps 2 and 3, when every shard was served", r)
+				}
+				if again.Notice != resent[r].Notice {
+					t.Logf("rank %d: %d gradients sent again in steps 2 and 3 on a start-up notice", r, again.Notice-resent[r].Notice)
+				}
+				if again.Stall+again.Timeout != resent[r].Stall+resent[r].Timeout {
+					t.Logf("rank %d: %d gradients sent again in steps 2 and 3 when a receipt or parameters were late", r,
+						again.Stall+again.Timeout-resent[r].Stall-resent[r].Timeout)
 				}
 			}
+			// Re-sends on a notice are only those of the start-up ones: one per shard, from step 1.
+			for range all {
+				m, err := notices.NextMsg(10 * time.Second)
+				if err != nil {
+					t.Fatalf("a shard's start-up notice: %v", err)
+				}
+				if from, err := wire.ParseStep(m.Header); err != nil || from != 1 {
+					t.Fatalf("%s asks to send again from step %d (%v), want 1", m.Subject, from, err)
+				}
+			}
+			if m, err := notices.NextMsg(0); err == nil {
+				t.Fatalf("a resend notice without a fault: %s from step %s", m.Subject, m.Header.Get(wire.HdrStep))
+			}
+			_ = notices.Unsubscribe()
 		}
 	}
-	var resent int64
+	var resentAll int64
 	for _, w := range workers {
-		resent += w.DirectSends() - steps*int64(rec.Layout.NumShards())
+		resentAll += w.DirectResends().Total()
 	}
-	if resent <= 0 {
+	if resentAll <= 0 {
 		t.Fatalf("the workers sent nothing again across a crash and a restart: the faults missed the steps")
 	}
-	t.Logf("%s: %d gradient requests sent again", fn, resent)
+	t.Logf("%s: %d gradient requests sent again", fn, resentAll)
 }
 
 // TestDirectDecidesByStepAndRank sends gradients of a direct-gradients job by hand, as a worker in

@@ -44,8 +44,34 @@ type directSender struct {
 	kept   [2]keptStep
 	inFly  int           // bytes sent and neither answered nor given up
 	resend map[int]int64 // per shard index: a notice's step, not yet applied to kept
-	// sends counts every gradient request sent, first sends and re-sends: what a test checks.
-	sends int64
+	// sends counts every gradient request sent, first sends and re-sends; resends the re-sends by
+	// cause: what a test and a benchmark check.
+	sends   int64
+	resends Resends
+}
+
+// Resends counts a direct-gradients worker's gradient requests sent again, by what made it send.
+type Resends struct {
+	Notice       int64 // a resend notice of a shard's new owner asked for them
+	Stall        int64 // a shard's parameters were overdue, or the connection reconnected
+	Timeout      int64 // no receipt came in time
+	NoResponders int64 // no runtime served the shard when sent before
+}
+
+// Total is the number of re-sends, whatever their cause.
+func (r Resends) Total() int64 { return r.Notice + r.Stall + r.Timeout + r.NoResponders }
+
+func (r *Resends) count(why sendCause) {
+	switch why {
+	case sendNotice:
+		r.Notice++
+	case sendStall:
+		r.Stall++
+	case sendTimeout:
+		r.Timeout++
+	case sendNoResponders:
+		r.NoResponders++
+	}
 }
 
 // keptStep is one step's gradients of every rank of the worker, kept until the next step's
@@ -62,7 +88,18 @@ type directReq struct {
 	at      time.Time     // sent at, or (noResponders) when to send again
 	timeout time.Duration // for a receipt of the next send
 	backoff time.Duration // after the next "no responders"
+	why     sendCause     // why it is due: what its next send is counted as, once sent before
+	sent    bool          // sent at least once
 }
+
+type sendCause uint8
+
+const (
+	sendNotice sendCause = iota
+	sendStall
+	sendTimeout
+	sendNoResponders
+)
 
 type reqState uint8
 
@@ -151,8 +188,8 @@ func (d *directSender) release(k *keptStep) {
 }
 
 // due marks the requests of shard index i from step from on as due, in every kept step (all
-// shards when i < 0). d.mu is held.
-func (d *directSender) due(i int, from int64) {
+// shards when i < 0), for why. d.mu is held.
+func (d *directSender) due(i int, from int64, why sendCause) {
 	n := d.w.rec.Layout.NumShards()
 	for s := range d.kept {
 		k := &d.kept[s]
@@ -167,7 +204,7 @@ func (d *directSender) due(i int, from int64) {
 			if r.state == reqSent {
 				d.inFly -= len(r.msg.Data)
 			}
-			r.state = reqDue
+			r.state, r.why = reqDue, why
 		}
 	}
 }
@@ -175,7 +212,7 @@ func (d *directSender) due(i int, from int64) {
 // applyNoticesLocked applies the resend notices received. d.mu is held.
 func (d *directSender) applyNoticesLocked() {
 	for i, from := range d.resend {
-		d.due(i, from)
+		d.due(i, from, sendNotice)
 	}
 	clear(d.resend)
 }
@@ -279,7 +316,7 @@ func (d *directSender) dueMissing(t int64) {
 	w.mu.Unlock()
 	d.mu.Lock()
 	for _, i := range missing {
-		d.due(i, 0)
+		d.due(i, 0, sendStall)
 	}
 	d.mu.Unlock()
 }
@@ -318,7 +355,9 @@ func (d *directSender) sendDue(t int64, now time.Time) error {
 			case r.state == reqSent && now.Sub(r.at) > r.timeout:
 				d.inFly -= len(r.msg.Data)
 				r.timeout = min(2*r.timeout, maxReceiptTimeout)
+				r.why = sendTimeout
 			case r.state == reqNoResponders && !now.Before(r.at):
+				r.why = sendNoResponders
 			case r.state == reqDue:
 			default:
 				continue
@@ -336,8 +375,11 @@ func (d *directSender) sendDue(t int64, now time.Time) error {
 				continue
 			}
 			d.sends++
+			if r.sent {
+				d.resends.count(r.why)
+			}
 			d.inFly += len(r.msg.Data)
-			r.state, r.at = reqSent, now
+			r.state, r.at, r.sent = reqSent, now, true
 		}
 	}
 	return nil
@@ -376,6 +418,17 @@ func (w *Worker) DirectSends() int64 {
 	w.direct.mu.Lock()
 	defer w.direct.mu.Unlock()
 	return w.direct.sends
+}
+
+// DirectResends counts the gradient requests this worker of a direct-gradients job sent again,
+// by cause (zero for other jobs).
+func (w *Worker) DirectResends() Resends {
+	if w.direct == nil {
+		return Resends{}
+	}
+	w.direct.mu.Lock()
+	defer w.direct.mu.Unlock()
+	return w.direct.resends
 }
 
 var errDirectElastic = fmt.Errorf("elastic workers are not offered for direct-gradient jobs (gradients: direct) yet: use Worker or WorkerRanks")
