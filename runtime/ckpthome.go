@@ -54,21 +54,8 @@ func (r *Runtime) ckptHome(ctx context.Context, ji *jobInfo) string {
 		return "" // not connected: ask again at the next restore
 	}
 	id := rec.Spec.ID
-	storage := jetstream.MemoryStorage
-	if rec.Spec.Storage == "file" {
-		storage = jetstream.FileStorage
-	}
 	incarnation := ji.paramsCreated()
-	cfg := jetstream.StreamConfig{
-		Name:              wire.NodeCkptStream(id, node),
-		Description:       "fanin checkpoints of job " + id + " written on node " + node,
-		Subjects:          []string{wire.NodeCkptWildcard(id, node)},
-		Storage:           storage,
-		Replicas:          1,
-		MaxMsgsPerSubject: 1,
-		Placement:         &jetstream.Placement{Tags: []string{wire.NodeTag(node)}},
-		Metadata:          map[string]string{ckptIncarnation: incarnation},
-	}
+	cfg := nodeCkptConfig(ji, node)
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	st, err := r.js.CreateStream(cctx, cfg)
@@ -87,6 +74,30 @@ func (r *Runtime) ckptHome(ctx context.Context, ji *jobInfo) string {
 	}
 	ji.homeKnown = true
 	return ji.homeTok
+}
+
+// nodeCkptKeep is how many checkpoints of a shard a node stream keeps: the shard's newest, and
+// one more so that a late checkpoint of an earlier incarnation's runtime (foreignSnapshot says
+// how one lands) does not replace the shard's own, which lastCkpt then restores.
+const nodeCkptKeep = 2
+
+// nodeCkptConfig is the configuration of the job's checkpoint stream on node (ckptHome).
+func nodeCkptConfig(ji *jobInfo, node string) jetstream.StreamConfig {
+	rec := ji.rec
+	storage := jetstream.MemoryStorage
+	if rec.Spec.Storage == "file" {
+		storage = jetstream.FileStorage
+	}
+	return jetstream.StreamConfig{
+		Name:              wire.NodeCkptStream(rec.Spec.ID, node),
+		Description:       "fanin checkpoints of job " + rec.Spec.ID + " written on node " + node,
+		Subjects:          []string{wire.NodeCkptWildcard(rec.Spec.ID, node)},
+		Storage:           storage,
+		Replicas:          1,
+		MaxMsgsPerSubject: nodeCkptKeep,
+		Placement:         &jetstream.Placement{Tags: []string{wire.NodeTag(node)}},
+		Metadata:          map[string]string{ckptIncarnation: ji.paramsCreated()},
+	}
 }
 
 // paramsCreated is the creation time of the incarnation's parameter stream, as a string.
@@ -152,27 +163,36 @@ func (x *shardExec) lastCkpt(ctx context.Context) (*jetstream.RawStreamMsg, erro
 		if st.CachedInfo().Config.Metadata[ckptIncarnation] != incarnation {
 			continue
 		}
-		m, err := lastFromLeader(ctx, x.r.nc, name, wire.NodeCkptSubject(id, strings.TrimPrefix(name, prefix), x.shard.ID))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			continue
-		}
+		m, err := x.nodeCkpt(ctx, st, wire.NodeCkptSubject(id, strings.TrimPrefix(name, prefix), x.shard.ID))
 		if err != nil {
 			return nil, err
 		}
-		if x.ji.namesAnother(m) {
-			// A late checkpoint of an earlier incarnation's runtime (foreignSnapshot says how one
-			// lands) in this incarnation's stream: never this shard's snapshot. The stream keeps
-			// one message a subject, so the shard's own is gone; the next newest is restored.
-			x.log.Warn("a checkpoint of an earlier incarnation of the job is in its node stream; deleting it",
-				"stream", name, "stream_seq", m.Sequence, "step", snapStep(m))
-			if err := st.DeleteMsg(ctx, m.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-				return nil, fmt.Errorf("delete a checkpoint of an earlier incarnation from %s: %w", name, err)
-			}
-			continue
-		}
-		if ck == nil || snapStep(m) > snapStep(ck) {
+		if m != nil && (ck == nil || snapStep(m) > snapStep(ck)) {
 			ck = m
 		}
 	}
 	return ck, nil
+}
+
+// nodeCkpt returns the shard's newest checkpoint of this incarnation in node stream st, on
+// subject; nil if there is none.
+func (x *shardExec) nodeCkpt(ctx context.Context, st jetstream.Stream, subject string) (*jetstream.RawStreamMsg, error) {
+	name := st.CachedInfo().Config.Name
+	for {
+		m, err := lastFromLeader(ctx, x.r.nc, name, subject)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil, nil
+		}
+		if err != nil || !x.ji.namesAnother(m) {
+			return m, err
+		}
+		// A late checkpoint of an earlier incarnation's runtime (foreignSnapshot says how one
+		// lands) in this incarnation's stream: never this shard's snapshot. The stream keeps the
+		// shard's own beside it (nodeCkptKeep), read once this one is gone.
+		x.log.Warn("a checkpoint of an earlier incarnation of the job is in its node stream; deleting it",
+			"stream", name, "stream_seq", m.Sequence, "step", snapStep(m))
+		if err := st.DeleteMsg(ctx, m.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil, fmt.Errorf("delete a checkpoint of an earlier incarnation from %s: %w", name, err)
+		}
+	}
 }

@@ -155,7 +155,7 @@ func restoreBeside(t *testing.T, h *shardHarness, rec *job.Record, grads, params
 
 // A direct-gradients shard that checkpoints writes to its node's checkpoint stream (ckpthome.go),
 // where a late checkpoint of an earlier incarnation can land too: lastCkpt deletes it there and
-// does not return it.
+// does not return it, and returns the shard's own checkpoint that it landed after.
 func TestNodeCheckpointOfAnEarlierIncarnationIsDeleted(t *testing.T) {
 	t.Parallel()
 	h := newShardHarness(t)
@@ -174,26 +174,42 @@ func TestNodeCheckpointOfAnEarlierIncarnationIsDeleted(t *testing.T) {
 	}
 	x := h.shard(t, h.runtime(t), &rec, nil, params)
 	// The node stream of this incarnation, as ckptHome makes it.
-	node, err := h.js.CreateStream(ctx, jetstream.StreamConfig{Name: wire.NodeCkptStream(spec.ID, "n0"),
-		Subjects: []string{wire.NodeCkptWildcard(spec.ID, "n0")}, Storage: jetstream.MemoryStorage, MaxMsgsPerSubject: 1,
-		Metadata: map[string]string{ckptIncarnation: x.ji.paramsCreated()}})
+	cfg := nodeCkptConfig(x.ji, "n0")
+	cfg.Placement = nil // the test's server has no node tag
+	node, err := h.js.CreateStream(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	stray := strayCkpt(&rec, wire.Incarnation(rec.Created.Add(-time.Minute)), 15, 0)
-	stray.Subject = wire.NodeCkptSubject(spec.ID, wire.NodeToken("n0"), 0)
-	ack, err := h.js.PublishMsg(ctx, stray)
-	if err != nil {
-		t.Fatal(err)
+	publish := func(inc string, step int64) uint64 {
+		t.Helper()
+		m := strayCkpt(&rec, inc, step, 0)
+		m.Subject = wire.NodeCkptSubject(spec.ID, wire.NodeToken("n0"), 0)
+		ack, err := h.js.PublishMsg(ctx, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ack.Sequence
 	}
-	ck, err := x.lastCkpt(ctx)
-	if err != nil {
-		t.Fatal(err)
+	earlier := wire.Incarnation(rec.Created.Add(-time.Minute))
+	check := func(stray uint64, want int64) {
+		t.Helper()
+		ck, err := x.lastCkpt(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := int64(-1)
+		if ck != nil {
+			got = snapStep(ck)
+		}
+		if got != want {
+			t.Fatalf("lastCkpt beside an earlier incarnation's checkpoint returned step %d, want %d (-1: none)", got, want)
+		}
+		if _, err := node.GetMsg(ctx, stray); !errors.Is(err, jetstream.ErrMsgNotFound) {
+			t.Fatalf("the earlier incarnation's checkpoint is still in the node stream (get: %v)", err)
+		}
 	}
-	if ck != nil {
-		t.Fatalf("lastCkpt with only an earlier incarnation's checkpoint returned it (step %d); want none", snapStep(ck))
-	}
-	if _, err := node.GetMsg(ctx, ack.Sequence); !errors.Is(err, jetstream.ErrMsgNotFound) {
-		t.Fatalf("the earlier incarnation's checkpoint is still in the node stream (get: %v)", err)
-	}
+	check(publish(earlier, 15), -1) // alone: no checkpoint
+	// Landed after the shard's own: that one is restored, not lost.
+	publish(x.ji.inc, 14)
+	check(publish(earlier, 16), 14)
 }
