@@ -117,9 +117,10 @@ func TestNoGateway(t *testing.T) {
 	}
 }
 
-// A runtime's registered metrics URL names a wildcard listener by the host it is given (a pod's
-// IP on Kubernetes, where the pod's name is no DNS name), else by this host's name; a listener on
-// one address keeps it.
+// A runtime's registered metrics URL names its listener by the host it is given (a pod's IP on
+// Kubernetes, where the pod's name is no DNS name; a NAT's address), else a wildcard listener by
+// this host's name and a listener on one address by that address. --metrics-host without
+// --metrics is refused, not ignored.
 func TestMetricsURLNamesTheGivenHost(t *testing.T) {
 	ctx := t.Context()
 	url, stop, err := serveMetrics(ctx, "0.0.0.0:0", "10.1.2.3")
@@ -143,6 +144,14 @@ func TestMetricsURLNamesTheGivenHost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	stop()
+	if !strings.HasPrefix(url, "http://10.1.2.3:") {
+		t.Errorf("one address, with a host: %s", url)
+	}
+	url, stop, err = serveMetrics(ctx, "127.0.0.1:0", "")
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer stop()
 	if !strings.HasPrefix(url, "http://127.0.0.1:") {
 		t.Errorf("one address: %s", url)
@@ -154,5 +163,9 @@ func TestMetricsURLNamesTheGivenHost(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("GET %s: %s", url, resp.Status)
+	}
+	_, err = execute(ctx, runtimeCmd(), "--metrics-host", "10.1.2.3")
+	if err == nil || !strings.Contains(err.Error(), "--metrics-host names the host of the metrics URL, and --metrics (where it listens) is not set") {
+		t.Errorf("--metrics-host without --metrics: %v", err)
 	}
 }

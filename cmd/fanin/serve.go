@@ -91,6 +91,9 @@ func runtimeCmd() *cobra.Command {
 		Use:   "runtime",
 		Short: "Run one runtime: serve the shards placed on it",
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if metricsAddr == "" && cmd.Flags().Changed("metrics-host") {
+				return errors.New("--metrics-host names the host of the metrics URL, and --metrics (where it listens) is not set")
+			}
 			bw, err := nicBandwidth(nic)
 			if err != nil {
 				return err
@@ -126,7 +129,7 @@ func runtimeCmd() *cobra.Command {
 	nf.register(cmd)
 	metricsFlag(cmd, &metricsAddr)
 	cmd.Flags().StringVar(&metricsHost, "metrics-host", envOr("FANIN_METRICS_HOST", ""),
-		"the host name or address the runtime registers its metrics URL with, when --metrics listens on every address (env FANIN_METRICS_HOST; default: this host's name; on Kubernetes, the pod's IP)")
+		"the host name or address the runtime registers its metrics URL with, with --metrics's port (env FANIN_METRICS_HOST; default: --metrics's address, or this host's name when it listens on every address; on Kubernetes, the pod's IP)")
 	cmd.Flags().StringVar(&id, "id", envOr("FANIN_RUNTIME_ID", ""), "runtime id (default: random)")
 	cmd.Flags().IntVar(&cores, "cores", 0, "concurrent shard invocations and reported capacity (default: GOMAXPROCS)")
 	cmd.Flags().StringVar(&node, "node", envOr("FANIN_NODE", ""),
@@ -371,16 +374,14 @@ func serveMetrics(ctx context.Context, addr, host string) (url string, stop func
 	return url, func() { cancel(); <-done }, nil
 }
 
-// reachable names a listening address as others can dial it: a wildcard address (":9090") by host,
-// or if host is "" by this host's name.
+// reachable names a listening address as others can dial it: by host at its port when host is
+// set (a NAT, a service name); else a wildcard address (":9090") by this host's name.
 func reachable(a *net.TCPAddr, host string) string {
-	if a.IP.IsUnspecified() {
-		if host == "" {
-			host, _ = os.Hostname()
-		}
-		if host != "" {
-			return net.JoinHostPort(host, strconv.Itoa(a.Port))
-		}
+	if host == "" && a.IP.IsUnspecified() {
+		host, _ = os.Hostname()
+	}
+	if host != "" {
+		return net.JoinHostPort(host, strconv.Itoa(a.Port))
 	}
 	return a.String()
 }
