@@ -27,7 +27,17 @@ type Config struct {
 	// LinkTrace, if set, is a directory where the cluster scenario writes each run's trace of the
 	// nodes' link counters through its timed steps (cluster-<case>.tsv, every 10 ms).
 	LinkTrace string
-	Log       *slog.Logger
+	// LinkMbit, if set, is the cluster scenario's worker links' rate each way in Mbit/s
+	// (clusterMbit otherwise; a service node's is a multiple of it).
+	LinkMbit int
+	Log      *slog.Logger
+}
+
+func (c Config) linkMbit() int {
+	if c.LinkMbit > 0 {
+		return c.LinkMbit
+	}
+	return clusterMbit
 }
 
 // Result is one figure of fanin next to its baseline's, measured in the same run on the same bytes.

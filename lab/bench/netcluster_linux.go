@@ -37,6 +37,7 @@ func (rs *runState) clusterPlan() e2ePlan {
 
 // clusterEnv is what every measurement of the scenario uses.
 type clusterEnv struct {
+	mbit                         int // every worker node's link, each way
 	exe, natsServer, natsVersion string
 	python, script, torch        string
 	dir                          string
@@ -47,7 +48,7 @@ type clusterEnv struct {
 
 func runCluster(ctx context.Context, rs *runState) ([]Result, error) {
 	skip := func(why string) ([]Result, error) {
-		return []Result{{Scenario: "cluster", Case: fmt.Sprintf("N=%d,%dMbit", clusterWorkers, clusterMbit), Metric: "steps/s", Baseline: glooRingBaseline, Skipped: why}}, nil
+		return []Result{{Scenario: "cluster", Case: fmt.Sprintf("N=%d,%dMbit", clusterWorkers, rs.cfg.linkMbit()), Metric: "steps/s", Baseline: glooRingBaseline, Skipped: why}}, nil
 	}
 	if err := netLabAvailable(); err != nil {
 		return skip(err.Error())
@@ -57,7 +58,7 @@ func runCluster(ctx context.Context, rs *runState) ([]Result, error) {
 	} else if len(removed) > 0 {
 		rs.printf("   removed namespaces left by benches that died: %s", strings.Join(removed, ", "))
 	}
-	env := &clusterEnv{w: workload{Ranks: clusterWorkers, Elements: clusterElements, ShardSize: clusterShardSize}, plan: rs.clusterPlan(), load: loadAverage()}
+	env := &clusterEnv{mbit: rs.cfg.linkMbit(), w: workload{Ranks: clusterWorkers, Elements: clusterElements, ShardSize: clusterShardSize}, plan: rs.clusterPlan(), load: loadAverage()}
 	var err error
 	if env.python, err = findTorch(ctx); err != nil {
 		return skip(err.Error())
@@ -218,9 +219,9 @@ func (r clusterRun) cpuList() string {
 func runFaninCluster(ctx context.Context, rs *runState, env *clusterEnv, c clusterCase) (_ clusterRun, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
-	specs := workerNodes()
+	specs := workerNodes(env.mbit)
 	if c.layout == onServiceNode {
-		specs = append(specs, nodeSpec{"svc", clusterMbit * c.link})
+		specs = append(specs, nodeSpec{"svc", env.mbit * c.link})
 	}
 	lab, err := newNetLab(ctx, specs)
 	if err != nil {
@@ -401,11 +402,11 @@ func runFaninCluster(ctx context.Context, rs *runState, env *clusterEnv, c clust
 	return run, nil
 }
 
-// workerNodes are the lab's worker nodes, w0 to w(clusterWorkers-1).
-func workerNodes() []nodeSpec {
+// workerNodes are the lab's worker nodes, w0 to w(clusterWorkers-1), with links of mbit.
+func workerNodes(mbit int) []nodeSpec {
 	var specs []nodeSpec
 	for i := range clusterWorkers {
-		specs = append(specs, nodeSpec{fmt.Sprintf("w%d", i), clusterMbit})
+		specs = append(specs, nodeSpec{fmt.Sprintf("w%d", i), mbit})
 	}
 	return specs
 }
@@ -467,7 +468,7 @@ func streamLeaders(ctx context.Context, nc *nats.Conn, jobID string) string {
 func runGlooCluster(ctx context.Context, env *clusterEnv) (_ clusterRun, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
-	specs := workerNodes()
+	specs := workerNodes(env.mbit)
 	lab, err := newNetLab(ctx, specs)
 	if err != nil {
 		return clusterRun{}, err
@@ -762,7 +763,7 @@ func clusterResults(env *clusterEnv, cases []clusterCase, glooRuns, faninRuns []
 		"gloo's ring moved %s per worker node per step (in/out; theory 2(n-1)/n S = %.1f MB each way); "+
 		"a link's counters include the Ethernet, IP and TCP headers (about 4%% more than the payload at MTU 1500); "+
 		"the machine's load average %s at the start, %s at the end",
-		clusterWorkers, clusterMbit, float64(w.Elements)/1e6, float64(w.Elements)*4/1e6, mib(w.ShardSize), w.Ranks,
+		clusterWorkers, env.mbit, float64(w.Elements)/1e6, float64(w.Elements)*4/1e6, mib(w.ShardSize), w.Ranks,
 		env.natsVersion, RuntimeCommand, WorkersCommand, env.torch,
 		env.plan.steps, env.plan.warmup, len(glooRuns), nums(gSteps), nodeBytes(g.bytes, "w"), ring/1e6, env.load, loadAverage())
 	var out []Result

@@ -7,6 +7,6 @@ import (
 	"fmt"
 )
 
-func runCluster(context.Context, *runState) ([]Result, error) {
-	return []Result{{Scenario: "cluster", Case: fmt.Sprintf("N=%d,%dMbit", clusterWorkers, clusterMbit), Metric: "steps/s", Skipped: netLabAvailable().Error()}}, nil
+func runCluster(_ context.Context, rs *runState) ([]Result, error) {
+	return []Result{{Scenario: "cluster", Case: fmt.Sprintf("N=%d,%dMbit", clusterWorkers, rs.cfg.linkMbit()), Metric: "steps/s", Skipped: netLabAvailable().Error()}}, nil
 }
