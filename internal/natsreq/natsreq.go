@@ -8,11 +8,15 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// Defaults of a request. Attempt bounds one attempt (a stream or meta leader election takes 4-9 s
-// after a node dies, and a request that reached a server as it died is never answered: the next
-// attempt reaches the new leader); MaxBackoff is the longest pause between two attempts.
+// Defaults of a request. Attempt bounds the first attempt (a stream or meta leader election takes
+// 4-9 s after a node dies, and a request that reached a server as it died is never answered: the
+// next attempt reaches the new leader); each attempt after a timeout has twice the time of the one
+// before, up to MaxAttempt, so that a reply slower than Attempt (a shard's parameters over a slow
+// or busy link) comes in the end, instead of every attempt's reply being cut short and sent again
+// on top of the last; MaxBackoff is the longest pause between two attempts.
 const (
 	Attempt    = 2 * time.Second
+	MaxAttempt = 32 * time.Second
 	MaxBackoff = 500 * time.Millisecond
 )
 
@@ -24,7 +28,7 @@ type config struct {
 // Option configures one request.
 type Option func(*config)
 
-// WithAttempt bounds each attempt by d instead of Attempt.
+// WithAttempt bounds the first attempt by d instead of Attempt.
 func WithAttempt(d time.Duration) Option { return func(c *config) { c.attempt = d } }
 
 // WithNoResponders retries "no responders" for up to d (a stream electing its leader answers it
@@ -38,7 +42,8 @@ func Request(ctx context.Context, nc *nats.Conn, subject string, body []byte, op
 }
 
 // Msg sends m as a request and returns the reply. Each attempt ends at the earlier of ctx's
-// deadline and Attempt (WithAttempt) from its start; an attempt that timed out is sent again, and
+// deadline and its time from its start: Attempt (WithAttempt) for the first, doubling after each
+// timeout up to MaxAttempt (or the first's, if longer); an attempt that timed out is sent again, and
 // so is one answered "no responders" within WithNoResponders' patience, after a pause that grows
 // from 10 ms to MaxBackoff. It returns the last attempt's error once ctx is done. Only a request
 // that may be answered twice belongs here (a read, an idempotent write): the first reply may have
@@ -59,7 +64,8 @@ func Msg(ctx context.Context, nc *nats.Conn, m *nats.Msg, opts ...Option) (*nats
 		case ctx.Err() != nil:
 			return nil, err
 		case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout):
-			// the reply was lost, or the responder died: ask again
+			// the reply was lost, the responder died, or the reply is slow: ask again, waiting longer
+			c.attempt = max(min(2*c.attempt, MaxAttempt), c.attempt)
 		case errors.Is(err, nats.ErrNoResponders):
 			if patience.IsZero() {
 				patience = time.Now().Add(c.noResponders)

@@ -57,6 +57,36 @@ func TestLostReplyIsAskedAgain(t *testing.T) {
 	}
 }
 
+// A reply slower than the first attempt's time (a shard's parameters over a slow link) still
+// comes: each attempt after a timeout waits twice as long. With a fixed time, every attempt would
+// time out and be sent again.
+func TestSlowReplyComes(t *testing.T) {
+	t.Parallel()
+	nc := connect(t)
+	var seen atomic.Int32
+	sub, err := nc.Subscribe("svc", func(m *nats.Msg) {
+		seen.Add(1)
+		go func() {
+			time.Sleep(300 * time.Millisecond) // the reply's time on the way
+			_ = m.Respond([]byte("slow answer"))
+		}()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	m, err := natsreq.Request(ctx, nc, "svc", nil, natsreq.WithAttempt(20*time.Millisecond))
+	if err != nil {
+		t.Fatalf("a reply slower than the first attempt, after %d requests: %v", seen.Load(), err)
+	}
+	t.Logf("%q after %d requests", m.Data, seen.Load())
+}
+
 // The retries end with the caller's context, with the last attempt's error.
 func TestRetriesEndWithTheContext(t *testing.T) {
 	t.Parallel()
