@@ -51,7 +51,7 @@ type WorkersReport struct {
 	Mode        string    `json:"mode,omitempty"`    // python: numpy or torch
 	// Over the timed steps (Go side only): the shards' parameters fetched from the stream because
 	// their push was late or lost, and the gradient requests of a direct-gradients job sent again
-	// (beyond one per shard, rank and step).
+	// (sdk.Worker.DirectResends).
 	Fetches int64 `json:"fetches,omitempty"`
 	Resends int64 `json:"resends,omitempty"`
 }
@@ -162,13 +162,13 @@ func RunWorkers(ctx context.Context, cfg WorkersConfig) (*WorkersReport, error) 
 			return nil, err
 		}
 	}
-	sends := func() (n int64) {
+	resends := func() (n int64) {
 		for _, w := range workers {
-			n += w.DirectSends()
+			n += w.DirectResends().Total()
 		}
 		return n
 	}
-	fetched0, sent0 := fetches.n.Load(), sends()
+	fetched0, resent0 := fetches.n.Load(), resends()
 	took := make([]time.Duration, cfg.Steps)
 	start := time.Now()
 	for i := range took {
@@ -179,10 +179,7 @@ func RunWorkers(ctx context.Context, cfg WorkersConfig) (*WorkersReport, error) 
 		took[i] = time.Since(t0)
 	}
 	el := time.Since(start)
-	rep := &WorkersReport{Fetches: fetches.n.Load() - fetched0}
-	if sent := sends() - sent0; sent > 0 {
-		rep.Resends = sent - int64(cfg.Steps*cfg.Ranks*workers[0].Job().Layout.NumShards())
-	}
+	rep := &WorkersReport{Fetches: fetches.n.Load() - fetched0, Resends: resends() - resent0}
 	stepMs := make([]float64, len(took))
 	for i, d := range took {
 		stepMs[i] = ms(d)
