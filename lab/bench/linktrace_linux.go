@@ -5,12 +5,12 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -34,53 +34,87 @@ type linkSample struct {
 // second, and a step's boundary a few hundred milliseconds.
 const linkTraceEvery = 10 * time.Millisecond
 
-// traceLinks starts reading every node's link counters each linkTraceEvery, from a thread in the
-// node's namespace (its /proc/thread-self/net/dev), until the returned stop is called; stop returns
-// the trace, or why a node's counters could not be read.
+// traceLinks starts reading every node's link counters each linkTraceEvery until the returned
+// stop is called; stop returns the trace, or why the counters could not be read. One thread in
+// the switch's namespace reads them all at once from its /proc/thread-self/net/dev, kept open: a
+// node's link is its port on the switch (the port sends what the node receives). A thread per node,
+// opening the file at each read, cost the bench's process half its CPU in a cluster case, on the
+// 2 cores that the emulated nodes share. The first reading is taken before traceLinks returns.
 func traceLinks(lab *netLab) (stop func() (linkTrace, error)) {
 	t := linkTrace{every: linkTraceEvery, samples: make([][]linkSample, len(lab.nodes))}
 	for _, n := range lab.nodes {
 		t.nodes, t.mbit = append(t.nodes, n.Name), append(t.mbit, n.Mbit)
 	}
-	done := make(chan struct{})
-	errs := make([]error, len(lab.nodes))
-	var wg sync.WaitGroup
+	done, started, finished := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	first := started // closed, then nil, by the reader
+	var err error
 	t0 := time.Now()
-	for i, n := range lab.nodes {
-		wg.Go(func() {
-			errs[i] = n.do(func() error {
-				tick := time.NewTicker(linkTraceEvery)
-				defer tick.Stop()
-				for {
-					b, err := readNetDev(netLabIf)
+	sw := &netNode{Name: "switch", NS: lab.sw}
+	go func() { // owned by stop, which waits for it
+		defer close(finished)
+		err = sw.do(func() error {
+			f, err := os.Open("/proc/thread-self/net/dev")
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			tick := time.NewTicker(linkTraceEvery)
+			defer tick.Stop()
+			var buf []byte
+			for {
+				if buf, err = reread(f, buf); err != nil {
+					return err
+				}
+				at := time.Since(t0)
+				for i, n := range lab.nodes {
+					b, err := parseNetDev(buf, n.port)
 					if err != nil {
 						return fmt.Errorf("node %s: %w", n.Name, err)
 					}
-					t.samples[i] = append(t.samples[i], linkSample{time.Since(t0), b.rx, b.tx})
-					select {
-					case <-done:
-						return nil
-					case <-tick.C:
-					}
+					t.samples[i] = append(t.samples[i], linkSample{at, b.tx, b.rx})
 				}
-			})
+				if first != nil {
+					close(first)
+					first = nil
+				}
+				select {
+				case <-done:
+					return nil
+				case <-tick.C:
+				}
+			}
 		})
+	}()
+	select { // the first reading, or the error that stop returns
+	case <-started:
+	case <-finished:
 	}
 	return func() (linkTrace, error) {
 		close(done)
-		wg.Wait()
-		return t, errors.Join(errs...)
+		<-finished
+		return t, err
 	}
 }
 
-// readNetDev reads dev's byte counters from /proc/thread-self/net/dev: those of the calling
-// thread's network namespace.
-func readNetDev(dev string) (linkBytes, error) {
-	data, err := os.ReadFile("/proc/thread-self/net/dev")
-	if err != nil {
-		return linkBytes{}, err
+// reread reads f again from its start into buf's storage.
+func reread(f *os.File, buf []byte) ([]byte, error) {
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return nil, err
 	}
-	return parseNetDev(data, dev)
+	buf = buf[:0]
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := f.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if errors.Is(err, io.EOF) || (err == nil && n == 0) {
+			return buf, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
 }
 
 // parseNetDev finds dev's line in /proc/net/dev's text: after "dev:", received bytes are the first

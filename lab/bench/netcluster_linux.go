@@ -331,7 +331,7 @@ func runFaninCluster(ctx context.Context, rs *runState, env *clusterEnv, c clust
 		return clusterRun{}, err
 	}
 	// The gateway and the autoscaler are this process (which also reads the counters meanwhile).
-	procs = append(procs, &tracked{name: "gateway+autoscaler (the bench)", pid: os.Getpid()})
+	procs = append(procs, &tracked{name: "the bench: gateway, autoscaler, link sampler", pid: os.Getpid()})
 
 	spec := env.w.spec("bench")
 	if c.bf16 {

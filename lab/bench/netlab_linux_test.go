@@ -108,6 +108,7 @@ func TestNetLab(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	stopTrace := traceLinks(l)
 	if _, err := c.Write([]byte(strings.Repeat("x", 100_000))); err != nil {
 		t.Fatal(err)
 	}
@@ -121,6 +122,24 @@ func TestNetLab(t *testing.T) {
 	}
 	if d := after.sub(before); d.tx < 100_000 {
 		t.Errorf("a's counters show %d bytes sent, want at least the 100000 written", d.tx)
+	}
+	// The trace, read at the switch's ports, saw a send them and b receive them.
+	tr, err := stopTrace()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []struct {
+		node   string
+		rx, tx bool
+	}{{"a", false, true}, {"b", true, false}} {
+		ss := tr.samples[i]
+		if tr.nodes[i] != want.node || len(ss) < 2 {
+			t.Fatalf("trace of %s: %d samples", tr.nodes[i], len(ss))
+		}
+		rx, tx := ss[len(ss)-1].rx-ss[0].rx, ss[len(ss)-1].tx-ss[0].tx
+		if (rx >= 100_000) != want.rx || (tx >= 100_000) != want.tx {
+			t.Errorf("trace of %s: %d bytes in, %d out while a sent b 100000", want.node, rx, tx)
+		}
 	}
 	// The host cannot reach the lab: its address is only in the lab's namespaces.
 	if c, err := net.DialTimeout("tcp", ln.Addr().String(), 200*time.Millisecond); err == nil {
