@@ -245,7 +245,7 @@ func benchAbsorb(ctx context.Context, rs *runState, kills int) ([]Result, error)
 	start := func(id string) error {
 		cfg := ElasticWorkerConfig{URL: st.URL, Job: jobID, ID: id, Ranks: 4, Compute: rankCompute}
 		p := &workerProc{id: id, done: make(chan struct{})}
-		p.cmd = exec.CommandContext(ctx, exe, append([]string{ElasticWorkerCommand}, cfg.Args()...)...)
+		p.cmd = command(ctx, exe, append([]string{ElasticWorkerCommand}, cfg.Args()...)...)
 		p.cmd.Env = append(os.Environ(), ElasticWorkerEnv+"=1")
 		p.cmd.Stderr = &p.stderr
 		stdout, err := p.cmd.StdoutPipe()

@@ -90,7 +90,7 @@ func startNATSProc(ctx context.Context) (*natsProc, error) {
 		return nil, err
 	}
 	p := &natsProc{}
-	p.cmd = exec.CommandContext(ctx, exe, NATSCommand)
+	p.cmd = command(ctx, exe, NATSCommand)
 	p.cmd.Env = append(os.Environ(), NATSEnv+"=1")
 	p.cmd.Stderr = &p.stderr
 	if p.stdin, err = p.cmd.StdinPipe(); err != nil {

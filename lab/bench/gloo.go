@@ -88,7 +88,7 @@ func runGlooOnce(ctx context.Context, python, script string, w workload, mode st
 	errs := make([]error, w.Ranks)
 	var wg sync.WaitGroup
 	for r := range w.Ranks {
-		cmd := exec.CommandContext(ctx, python, script, "--rank", strconv.Itoa(r), "--world", strconv.Itoa(w.Ranks),
+		cmd := command(ctx, python, script, "--rank", strconv.Itoa(r), "--world", strconv.Itoa(w.Ranks),
 			"--port", strconv.Itoa(port), "--elements", strconv.Itoa(w.Elements), "--lr", strconv.FormatFloat(learningRate, 'g', -1, 64),
 			"--warmup", strconv.Itoa(warmup), "--steps", strconv.Itoa(steps), "--mode", mode)
 		cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")

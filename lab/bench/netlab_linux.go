@@ -234,7 +234,7 @@ func sweepNetLabs(ctx context.Context) ([]string, error) {
 // the command's own, so /proc and its CPU time are its own). It is killed if this process dies.
 func (n *netNode) command(ctx context.Context, name string, args ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", n.NS, name}, args...)...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = dieWithBench()
 	cmd.WaitDelay = 5 * time.Second
 	return cmd
 }

@@ -110,10 +110,10 @@ func workerProcess(ctx context.Context, rs *runState, env *pythonEnv, mode strin
 	}
 	var cmd *exec.Cmd
 	if mode == "go" {
-		cmd = exec.CommandContext(ctx, env.fanin, append(append([]string{WorkersCommand}, args...), extra...)...)
+		cmd = command(ctx, env.fanin, append(append([]string{WorkersCommand}, args...), extra...)...)
 		cmd.Env = append(os.Environ(), WorkersEnv+"=1")
 	} else {
-		cmd = exec.CommandContext(ctx, env.python, append([]string{"-m", "fanin._bench", "--mode", mode}, args...)...)
+		cmd = command(ctx, env.python, append([]string{"-m", "fanin._bench", "--mode", mode}, args...)...)
 		cmd.Env = append(os.Environ(), "PYTHONPATH="+env.pkg, "FANIN_LIB="+env.lib)
 	}
 	var out, errOut bytes.Buffer

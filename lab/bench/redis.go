@@ -64,6 +64,7 @@ func startRedisServer(ctx context.Context, bin, dir string) (*redisServer, error
 		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--protected-mode", "no",
 		"--save", "", "--appendonly", "no", "--daemonize", "no",
 		"--dir", dir, "--logfile", logFile)
+	cmd.SysProcAttr = dieWithBench()
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", bin, err)
 	}

@@ -150,7 +150,7 @@ type runtimeProc struct {
 }
 
 func startRuntimeProc(ctx context.Context, exe, url, id string, cores int) (*runtimeProc, error) {
-	return startRuntimeCmd(id, exec.CommandContext(ctx, exe, runtimeArgs(url, id, cores)...))
+	return startRuntimeCmd(id, command(ctx, exe, runtimeArgs(url, id, cores)...))
 }
 
 // runtimeArgs are the arguments of a runtime process after the fanin binary's name.
@@ -285,7 +285,7 @@ func serviceCostRun(ctx context.Context, rs *runState, w workload, warmup, steps
 	}
 	load0 := loadAverage()
 	cpu0 := processCPU()
-	cmd := exec.CommandContext(ctx, exe, WorkersCommand, "--nats", url, "--job", created.Spec.ID,
+	cmd := command(ctx, exe, WorkersCommand, "--nats", url, "--job", created.Spec.ID,
 		"--ranks", strconv.Itoa(w.Ranks), "--warmup", strconv.Itoa(warmup), "--steps", strconv.Itoa(steps))
 	cmd.Env = append(os.Environ(), WorkersEnv+"=1")
 	var out, errOut bytes.Buffer

@@ -1,10 +1,12 @@
 package bench
 
 import (
+	"context"
 	"encoding/binary"
 	"hash/crc32"
 	"math"
 	"net"
+	"os/exec"
 	"strconv"
 	"sync"
 	"unsafe"
@@ -114,4 +116,12 @@ func tail(b []byte, n int) string {
 		b = b[len(b)-n:]
 	}
 	return string(b)
+}
+
+// command runs name with args as a child of the bench: killed when ctx ends, or when the bench
+// dies (dieWithBench).
+func command(ctx context.Context, name string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.SysProcAttr = dieWithBench()
+	return cmd
 }
