@@ -27,16 +27,20 @@ type ackItem struct {
 }
 
 // ackRetryFor is how long a failed publish is retried, with a backoff from ackBackoff to
-// ackBackoffMax and each attempt bounded by ackAttempt: long enough to outlast a stream leader's
-// election (4-9 s after its node dies: nats-server's raft election timeout), short enough that a
-// shard whose stream is gone replays from its snapshot soon. An attempt sent during the election is
-// not answered, so the first one after it comes at most ackAttempt+ackBackoffMax later. The message
-// id makes a retry of a message JetStream did store a no-op.
+// ackBackoffMax: long enough to outlast a stream leader's election (4-9 s after its node dies:
+// nats-server's raft election timeout), short enough that a shard whose stream is gone replays
+// from its snapshot soon. The first retry is bounded by ackAttempt, and each retry after a timeout
+// by twice its predecessor's time, up to ackAttemptMax: an acknowledgement slower than ackAttempt
+// (a shard's parameters crossing a full link to the stream's server) comes in the end, instead of
+// every attempt being cut short and its megabyte sent again on top of the last. An attempt sent
+// during an election is not answered, so the first one after it comes at most ackAttemptMax +
+// ackBackoffMax later. The message id makes a retry of a message JetStream did store a no-op.
 const (
 	ackRetryFor   = 30 * time.Second
 	ackBackoff    = 50 * time.Millisecond
 	ackBackoffMax = 250 * time.Millisecond
 	ackAttempt    = 2 * time.Second
+	ackAttemptMax = 8 * time.Second
 )
 
 // noResend turns off the client library's own resend of a publish that found no stream
@@ -89,9 +93,13 @@ func (a *acker) wait(ctx context.Context, it ackItem) bool {
 		}
 	}
 	deadline := time.Now().Add(ackRetryFor)
+	wait := ackAttempt
 	for attempt, backoff := 1, ackBackoff; ctx.Err() == nil && time.Now().Before(deadline); attempt, backoff = attempt+1, min(2*backoff, ackBackoffMax) {
 		a.log.Warn("publish not acknowledged; retrying", "subject", it.msg.Subject, "err", err, "attempt", attempt)
-		pctx, cancel := context.WithTimeout(ctx, ackAttempt)
+		if timedOut(err) && (attempt > 1 || it.err == nil) { // the last attempt (or the asynchronous publish) got no answer in its time
+			wait = max(min(2*wait, ackAttemptMax), wait)
+		}
+		pctx, cancel := context.WithTimeout(ctx, wait)
 		if it.current != nil {
 			if cerr := it.current(pctx); errors.Is(cerr, jetstream.ErrStreamNotFound) {
 				cancel()
@@ -111,4 +119,9 @@ func (a *acker) wait(ctx context.Context, it ackItem) bool {
 	}
 	a.log.Error("publish failed; the shard will replay from its last snapshot", "subject", it.msg.Subject, "err", err)
 	return false
+}
+
+// timedOut says whether err is an attempt that got no answer in its time (rather than a refusal).
+func timedOut(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, jetstream.ErrAsyncPublishTimeout)
 }
