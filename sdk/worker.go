@@ -553,7 +553,11 @@ func (w *Worker) publishRetrying(ctx context.Context, s job.Shard, rank int, m *
 	if storageFull(first) {
 		full++
 	}
-	err := w.publishOnce(ctx, m)
+	attempt := pubAttempt
+	if unanswered(first) { // the asynchronous publish got no answer in ackTimeout: wait longer
+		attempt = 2 * pubAttempt
+	}
+	err := w.publishOnce(ctx, m, attempt)
 	for wait := 20 * time.Millisecond; err != nil; wait = min(2*wait, pubBackoff) {
 		if ctx.Err() != nil { // not the refusal's fault: say so, whatever it was
 			return fmt.Errorf("publish gradient of shard %d (refused: %v): %w", s.ID, errors.Join(first, err), ctx.Err())
@@ -569,9 +573,18 @@ func (w *Worker) publishRetrying(ctx context.Context, s job.Shard, rank int, m *
 		case <-ctx.Done():
 		case <-time.After(wait):
 		}
-		err = w.publishOnce(ctx, m)
+		if unanswered(err) {
+			attempt = max(min(2*attempt, pubAttemptMax), attempt)
+		}
+		err = w.publishOnce(ctx, m, attempt)
 	}
 	return nil
+}
+
+// unanswered says whether err is a publish that got no acknowledgement in its time (rather than a
+// refusal).
+func unanswered(err error) bool {
+	return errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, jetstream.ErrAsyncPublishTimeout)
 }
 
 // fullStreamRetries is how many times a publish refused as full is sent again by default
@@ -579,9 +592,9 @@ func (w *Worker) publishRetrying(ctx context.Context, s job.Shard, rank int, m *
 // failover or a stream leader's election holds back the purges.
 const fullStreamRetries = 240
 
-// publishOnce publishes m and waits for its acknowledgement for at most pubAttempt.
-func (w *Worker) publishOnce(ctx context.Context, m *nats.Msg) error {
-	ctx, cancel := context.WithTimeout(ctx, pubAttempt)
+// publishOnce publishes m and waits for its acknowledgement for at most attempt.
+func (w *Worker) publishOnce(ctx context.Context, m *nats.Msg, attempt time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, attempt)
 	defer cancel()
 	_, err := w.c.js.PublishMsg(ctx, m)
 	return err
