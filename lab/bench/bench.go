@@ -27,6 +27,10 @@ type Config struct {
 	// LinkTrace, if set, is a directory where the cluster scenario writes each run's trace of the
 	// nodes' link counters through its timed steps (cluster-<case>.tsv, every 10 ms).
 	LinkTrace string
+	// Logs, if set, is a directory where the cluster scenario keeps each fanin run's logs, in a
+	// directory of the run's (cluster-<case>-<time>): every NATS server's, runtime's and worker's,
+	// and the gateway's and autoscaler's at info level (control.log).
+	Logs string
 	// LinkMbit, if set, is the cluster scenario's worker links' rate each way in Mbit/s
 	// (clusterMbit otherwise; a service node's is a multiple of it).
 	LinkMbit int

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -157,14 +158,17 @@ func (rs *runState) writeLinkTrace(r clusterRun, name string) error {
 	if rs.cfg.LinkTrace == "" {
 		return nil
 	}
-	// A file name of the case's: "service node,4x link" is cluster-service-node-4x-link.tsv.
-	name = strings.Join(strings.FieldsFunc(name, func(r rune) bool { return r == ' ' || r == ',' }), "-")
-	path := filepath.Join(rs.cfg.LinkTrace, "cluster-"+name+".tsv")
+	path := filepath.Join(rs.cfg.LinkTrace, "cluster-"+fileName(name)+".tsv")
 	if err := r.links.write(path); err != nil {
 		return fmt.Errorf("bench: the links' trace: %w", err)
 	}
 	rs.printf("   wrote %s", path)
 	return nil
+}
+
+// fileName is a file name of a case's: "service node,4x link" is service-node-4x-link.
+func fileName(name string) string {
+	return strings.Join(strings.FieldsFunc(name, func(r rune) bool { return r == ' ' || r == ',' }), "-")
 }
 
 // linkUseNote says how a run used the worker nodes' links through its timed steps.
@@ -232,6 +236,29 @@ func runFaninCluster(ctx context.Context, rs *runState, env *clusterEnv, c clust
 	if err != nil {
 		return clusterRun{}, err
 	}
+	// Where the processes' logs go: beside the servers' stores, or kept in Config.Logs. The files
+	// close after every process ended (this defer runs after theirs).
+	var closers []io.Closer
+	defer func() {
+		for _, c := range closers {
+			_ = c.Close()
+		}
+	}()
+	logs := dir
+	if rs.cfg.Logs != "" {
+		logs = filepath.Join(rs.cfg.Logs, "cluster-"+fileName(c.name)+"-"+time.Now().UTC().Format("150405"))
+		if err := os.MkdirAll(logs, 0o755); err != nil {
+			return clusterRun{}, err
+		}
+		rs.printf("   logs in %s", logs)
+	}
+	logFile := func(name string) (*os.File, error) {
+		f, err := os.Create(filepath.Join(logs, name+".log"))
+		if err == nil {
+			closers = append(closers, f)
+		}
+		return f, err
+	}
 
 	// The NATS servers: one on the service node, or one cluster over the worker nodes.
 	servers := lab.nodes[:clusterWorkers]
@@ -255,11 +282,10 @@ func runFaninCluster(ctx context.Context, rs *runState, env *clusterEnv, c clust
 			return clusterRun{}, err
 		}
 		cmd := n.command(ctx, env.natsServer, "-c", path)
-		logf, err := os.Create(filepath.Join(dir, n.Name+".log"))
+		logf, err := logFile("nats-" + n.Name)
 		if err != nil {
 			return clusterRun{}, err
 		}
-		defer logf.Close()
 		cmd.Stdout, cmd.Stderr = logf, logf
 		if err := cmd.Start(); err != nil {
 			return clusterRun{}, fmt.Errorf("nats-server on %s: %w", n.Name, err)
@@ -291,16 +317,24 @@ func runFaninCluster(ctx context.Context, rs *runState, env *clusterEnv, c clust
 			_, err = js.AccountInfo(actx)
 			return err
 		}); err != nil {
-			log, _ := os.ReadFile(filepath.Join(dir, n.Name+".log"))
+			log, _ := os.ReadFile(filepath.Join(logs, "nats-"+n.Name+".log"))
 			return clusterRun{}, fmt.Errorf("nats-server on %s: %w: %s", n.Name, err, tail(log, 1000))
 		}
 	}
 
 	// The control plane, in this process, connected to the first server from its node.
 	ctl := servers[0]
+	var ctlLog *slog.Logger
+	if rs.cfg.Logs != "" {
+		f, err := logFile("control")
+		if err != nil {
+			return clusterRun{}, err
+		}
+		ctlLog = slog.New(slog.NewMultiHandler(slog.NewTextHandler(f, nil), rs.stackLog.Handler()))
+	}
 	cp, err := startControlPlane(ctx, rs, func(name string) (*nats.Conn, error) {
 		return nats.Connect(ctl.URL(clusterNATSPort), nats.Name(name), nats.SetCustomDialer(ctl), nats.MaxReconnects(-1))
-	}, clusterRuntimes(c))
+	}, clusterRuntimes(c), ctlLog)
 	if err != nil {
 		return clusterRun{}, err
 	}
@@ -320,7 +354,15 @@ func runFaninCluster(ctx context.Context, rs *runState, env *clusterEnv, c clust
 		// The runtime tells the autoscaler its node's link rate, so that a job's shards are placed
 		// by the bytes each node's link can carry (a node's NATS server names the node).
 		args := append(runtimeArgs(local, id, runtimeCores), "--nic-bytes", strconv.Itoa(n.Mbit*1_000_000/8))
-		p, err := startRuntimeCmd(id, n.command(ctx, env.exe, args...))
+		var log io.Writer
+		if rs.cfg.Logs != "" {
+			f, err := logFile(id)
+			if err != nil {
+				return clusterRun{}, err
+			}
+			args, log = append(args, "--log"), f
+		}
+		p, err := startRuntimeCmd(id, n.command(ctx, env.exe, args...), log)
 		if err != nil {
 			return clusterRun{}, err
 		}
@@ -360,7 +402,13 @@ func runFaninCluster(ctx context.Context, rs *runState, env *clusterEnv, c clust
 		}
 		cmd := n.command(ctx, env.exe, args...)
 		cmd.Env = append(os.Environ(), WorkersEnv+"=1")
-		workers = append(workers, &heldProc{name: "worker " + n.Name, cmd: cmd})
+		w := &heldProc{name: "worker " + n.Name, cmd: cmd}
+		if rs.cfg.Logs != "" {
+			if w.log, err = logFile("worker-" + n.Name); err != nil {
+				return clusterRun{}, err
+			}
+		}
+		workers = append(workers, w)
 	}
 	m, err := measureHeld(ctx, lab, workers, procs, env.plan.steps)
 	if err != nil {
@@ -516,6 +564,7 @@ type heldProc struct {
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
 	stderr lockedBuffer
+	log    io.Writer     // if not nil, gets what it writes to standard error too
 	ready  chan struct{} // closed when it printed holdReady
 	done   chan struct{} // closed when it ended
 	last   []byte        // its last line but holdReady: read after done
@@ -671,6 +720,9 @@ func measureHeld(ctx context.Context, lab *netLab, held []*heldProc, others []*t
 func (p *heldProc) start(wg *sync.WaitGroup, fail func(error)) error {
 	p.ready, p.done = make(chan struct{}), make(chan struct{})
 	p.cmd.Stderr = &p.stderr
+	if p.log != nil {
+		p.cmd.Stderr = io.MultiWriter(&p.stderr, p.log)
+	}
 	var err error
 	if p.stdin, err = p.cmd.StdinPipe(); err != nil {
 		return err

@@ -53,6 +53,9 @@ type RuntimeConfig struct {
 	// NIC is the node's link rate each way in bytes per second (runtime.WithNICBandwidth): the
 	// autoscaler places by bytes when runtimes report it. 0: unknown, not a limit.
 	NIC float64
+	// Log, if set, has the runtime log its events at info level to standard error (the cluster
+	// scenario keeps them with Config.Logs); otherwise it logs nothing.
+	Log bool
 }
 
 // RuntimeSample is what a runtime process prints, one JSON line each time it reads a line: its
@@ -73,6 +76,7 @@ func ParseRuntime(args []string) (RuntimeConfig, error) {
 	f.StringVar(&cfg.ID, "id", "", "runtime id")
 	f.IntVar(&cfg.Cores, "cores", 0, "cores the runtime reports and uses (default GOMAXPROCS)")
 	f.Float64Var(&cfg.NIC, "nic-bytes", 0, "the node's link rate each way, bytes per second (0: unknown)")
+	f.BoolVar(&cfg.Log, "log", false, "log the runtime's events at info level to standard error")
 	if err := f.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -90,7 +94,11 @@ func RunRuntime(ctx context.Context, cfg RuntimeConfig, in io.Reader, out io.Wri
 		return err
 	}
 	defer nc.Close()
-	opts := []runtime.Option{runtime.WithID(cfg.ID), runtime.WithLogger(slog.New(slog.DiscardHandler)), runtime.WithProcessCPU(runtime.ProcessCPU)}
+	log := slog.New(slog.DiscardHandler)
+	if cfg.Log {
+		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	opts := []runtime.Option{runtime.WithID(cfg.ID), runtime.WithLogger(log), runtime.WithProcessCPU(runtime.ProcessCPU)}
 	if cfg.Cores > 0 {
 		opts = append(opts, runtime.WithCores(cfg.Cores))
 	}
@@ -150,7 +158,7 @@ type runtimeProc struct {
 }
 
 func startRuntimeProc(ctx context.Context, exe, url, id string, cores int) (*runtimeProc, error) {
-	return startRuntimeCmd(id, command(ctx, exe, runtimeArgs(url, id, cores)...))
+	return startRuntimeCmd(id, command(ctx, exe, runtimeArgs(url, id, cores)...), nil)
 }
 
 // runtimeArgs are the arguments of a runtime process after the fanin binary's name.
@@ -158,11 +166,15 @@ func runtimeArgs(url, id string, cores int) []string {
 	return []string{RuntimeCommand, "--nats", url, "--id", id, "--cores", strconv.Itoa(cores)}
 }
 
-// startRuntimeCmd starts cmd, a runtime process of id's (runtimeArgs), however it is run.
-func startRuntimeCmd(id string, cmd *exec.Cmd) (*runtimeProc, error) {
+// startRuntimeCmd starts cmd, a runtime process of id's (runtimeArgs), however it is run; what it
+// writes to standard error also goes to log, if not nil.
+func startRuntimeCmd(id string, cmd *exec.Cmd, log io.Writer) (*runtimeProc, error) {
 	p := &runtimeProc{id: id, cmd: cmd}
 	p.cmd.Env = append(os.Environ(), RuntimeEnv+"=1")
 	p.cmd.Stderr = &p.stderr
+	if log != nil {
+		p.cmd.Stderr = io.MultiWriter(&p.stderr, log)
+	}
 	var err error
 	if p.stdin, err = p.cmd.StdinPipe(); err != nil {
 		return nil, err
@@ -236,7 +248,7 @@ func serviceCostRun(ctx context.Context, rs *runState, w workload, warmup, steps
 	url := ns.ClientURL()
 	cp, err := startControlPlane(ctx, rs, func(name string) (*nats.Conn, error) {
 		return nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1))
-	}, w.Runtimes)
+	}, w.Runtimes, nil)
 	if err != nil {
 		return costRun{}, err
 	}
@@ -332,7 +344,10 @@ type controlPlane struct {
 
 // startControlPlane starts a control plane over connections made by conn, its pool policy fixed
 // at runtimes runtimes.
-func startControlPlane(ctx context.Context, rs *runState, conn func(name string) (*nats.Conn, error), runtimes int) (_ *controlPlane, err error) {
+//
+// log, if not nil, is the gateway's and autoscaler's logger; the bench's warnings otherwise.
+func startControlPlane(ctx context.Context, rs *runState, conn func(name string) (*nats.Conn, error), runtimes int, log *slog.Logger) (_ *controlPlane, err error) {
+	log = cmp.Or(log, rs.stackLog)
 	var closers []func()
 	cp := &controlPlane{close: func() {
 		for i := len(closers) - 1; i >= 0; i-- {
@@ -351,7 +366,7 @@ func startControlPlane(ctx context.Context, rs *runState, conn func(name string)
 	closers = append(closers, gwConn.Close)
 	pol := autoscaler.DefaultPolicy()
 	pol.MinRuntimes, pol.MaxRuntimes = runtimes, runtimes
-	if cp.gw, err = gateway.New(ctx, gwConn, gateway.WithLogger(rs.stackLog), gateway.WithDefaultPolicy(pol)); err != nil {
+	if cp.gw, err = gateway.New(ctx, gwConn, gateway.WithLogger(log), gateway.WithDefaultPolicy(pol)); err != nil {
 		return nil, err
 	}
 	closers = append(closers, cp.gw.Close)
@@ -360,7 +375,7 @@ func startControlPlane(ctx context.Context, rs *runState, conn func(name string)
 		return nil, err
 	}
 	closers = append(closers, asConn.Close)
-	as, err := autoscaler.NewController(asConn, nil, autoscaler.WithControllerLogger(rs.stackLog), autoscaler.WithPolicy(pol), autoscaler.WithInterval(250*time.Millisecond))
+	as, err := autoscaler.NewController(asConn, nil, autoscaler.WithControllerLogger(log), autoscaler.WithPolicy(pol), autoscaler.WithInterval(250*time.Millisecond))
 	if err != nil {
 		return nil, err
 	}
