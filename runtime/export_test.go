@@ -40,3 +40,10 @@ func SetMinOverheadWork(d time.Duration) (undo func()) {
 	prev := minOverheadWork.Swap(int64(d))
 	return func() { minOverheadWork.Store(prev) }
 }
+
+// FailHandovers fails every write of a handover record for which fail returns an error (it is given
+// the shard's key), as if the write's requests had timed out; undo restores the default.
+func FailHandovers(fail func(key string) error) (undo func()) {
+	failHandover.Store(&fail)
+	return func() { failHandover.Store(nil) }
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -13,6 +14,10 @@ import (
 	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/wire"
 )
+
+// failHandover, if set, fails each write of a handover record of the shard keys it returns an error
+// for, as if the write's requests had timed out (a test's fault).
+var failHandover atomic.Pointer[func(key string) error]
 
 // A shard moves from runtime A to runtime B when the placement entry of epoch e names B with
 // From A. B serves only once A has written a handover record of epoch >= e (A has stopped and its
@@ -72,7 +77,9 @@ func (r *Runtime) awaitRelease(ctx context.Context, key string, p wire.Placement
 // missed (a watcher that fell behind more revisions than the bucket keeps), its executor could not
 // start, or this runtime restarted under the same id. Before releasing, it waits for the previous
 // entry's owner to release, exactly as an executor would have.
-func (r *Runtime) releaseUnserved(key string, cur wire.Placement) {
+//
+// rctx is the runtime's: it ends the retries of the record (recordRelease) when the runtime stops.
+func (r *Runtime) releaseUnserved(rctx context.Context, key string, cur wire.Placement) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	log := r.log.With("shard", key)
@@ -94,9 +101,7 @@ func (r *Runtime) releaseUnserved(key string, cur wire.Placement) {
 	now := r.now().UTC()
 	log.Debug("releasing a shard not served here", "epoch", cur.Epoch)
 	// Decided is passed on: the owner before this one reported the refusals up to there.
-	if err := r.recordHandover(ctx, key, wire.Handover{Epoch: cur.Epoch, From: r.id, Stopped: now, Released: now, Decided: before.Decided}); err != nil {
-		log.Warn("handover not recorded; the new owner waits for this runtime to be gone", "err", err)
-	}
+	r.recordRelease(rctx, key, wire.Handover{Epoch: cur.Epoch, From: r.id, Stopped: now, Released: now, Decided: before.Decided})
 }
 
 // handover reads the shard's handover record; a shard never released reads as epoch 0.

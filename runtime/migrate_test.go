@@ -19,6 +19,7 @@ import (
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/lab/devstack"
 	"github.com/fanin-ml/fanin/lab/testutil"
+	"github.com/fanin-ml/fanin/runtime"
 	"github.com/fanin-ml/fanin/sdk"
 	"github.com/fanin-ml/fanin/wire"
 )
@@ -400,4 +401,66 @@ func TestFailedStartIsRetried(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestHandoverRecordedAfterFailures: a runtime whose handover record cannot be written at first
+// (its requests time out behind a full link) writes it again until it is stored. Its successor
+// serves only once it finds the record or finds the runtime gone, and the runtime is not gone:
+// given up on, the record held the shard, and the job's steps, until a runtime was stopped by hand.
+func TestHandoverRecordedAfterFailures(t *testing.T) {
+	t.Parallel()
+	spec := testSpec("handover-retry", "adam", map[string]float64{"lr": 0.01})
+	spec.Ranks = 2
+	spec.Tensors = []job.Tensor{{Name: "w", Shape: []int{1 << 12}}}
+	spec.ShardSize = 16 << 10 // one shard
+	st, pl, rec, workers := movableJob(t, spec)
+	ctx := context.Background()
+	key := wire.PlacementKey(rec.Spec.ID, 0)
+	step := func(what string) {
+		t.Helper()
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		errs := make([]error, len(workers))
+		var wg sync.WaitGroup
+		for r, w := range workers {
+			wg.Add(1)
+			go func() { defer wg.Done(); _, errs[r] = w.Step(sctx, make([]float32, 1<<12)) }()
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	pl.place(t, key, "rt-0")
+	step("step on rt-0")
+
+	const failures = 3
+	var mu sync.Mutex
+	writes := 0
+	undo := runtime.FailHandovers(func(k string) error {
+		if k != key {
+			return nil // another test's shard
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if writes++; writes <= failures {
+			return fmt.Errorf("write %d of the handover record: %w", writes, context.DeadlineExceeded)
+		}
+		return nil
+	})
+	defer undo()
+	pl.place(t, key, "rt-1")
+	step("step on rt-1 after the handover's failed writes")
+	mu.Lock()
+	n := writes
+	mu.Unlock()
+	if n != failures+1 {
+		t.Fatalf("the handover record was written %d times, want %d (%d failed, then stored)", n, failures+1, failures)
+	}
+	if got := st.Runtimes()[1].Shards(); len(got) != 1 || got[0] != key {
+		t.Fatalf("rt-1 serves %v, want %s", got, key)
+	}
+	if got := st.Runtimes()[0].Shards(); len(got) != 0 {
+		t.Fatalf("rt-0 still serves %v", got)
+	}
 }

@@ -376,7 +376,7 @@ func (r *Runtime) onPlacement(ctx context.Context, e jetstream.KeyValueEntry, re
 		r.wg.Add(1)
 		go func() {
 			defer r.wg.Done()
-			r.release(x, p.Epoch, e.Operation() == jetstream.KeyValuePut)
+			r.release(ctx, x, p.Epoch, e.Operation() == jetstream.KeyValuePut)
 		}()
 	case !mine && p.From == r.id:
 		// Moved away from here, but no executor of it runs here (see releaseUnserved). One that is
@@ -390,14 +390,15 @@ func (r *Runtime) onPlacement(ctx context.Context, e jetstream.KeyValueEntry, re
 			if stopping != nil {
 				<-stopping.released
 			}
-			r.releaseUnserved(key, p)
+			r.releaseUnserved(ctx, key, p)
 		}()
 	}
 }
 
 // release stops x and, when the shard moved to another runtime, writes the handover record the new
-// owner waits for: by then the shard's final snapshot is stored.
-func (r *Runtime) release(x *shardExec, epoch uint64, moved bool) {
+// owner waits for (recordRelease): by then the shard's final snapshot is stored. ctx is the
+// runtime's: it ends the record's retries when the runtime stops.
+func (r *Runtime) release(ctx context.Context, x *shardExec, epoch uint64, moved bool) {
 	defer r.doneReleasing(x)
 	stopped := r.now()
 	x.cancel()
@@ -425,11 +426,48 @@ func (r *Runtime) release(x *shardExec, epoch uint64, moved bool) {
 		h.Decided = prev.Decided // passed on: the owner before it reported them
 	}
 	x.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
 	x.log.Debug("releasing the shard", "epoch", epoch, "step", h.Step, "acquired", x.acquired.Load())
-	if err := r.recordHandover(ctx, x.key, h); err != nil {
-		r.log.Warn("handover not recorded; the new owner waits for this runtime to be gone", "shard", x.key, "err", err)
+	r.recordRelease(ctx, x.key, h)
+}
+
+// handoverAttempt bounds the first attempt to write a handover record; each attempt after a failed
+// one has twice the time of the one before, up to handoverAttemptMax, with a pause between them
+// growing from handoverBackoff to handoverBackoffMax.
+const (
+	handoverAttempt    = 5 * time.Second
+	handoverAttemptMax = 30 * time.Second
+	handoverBackoff    = 100 * time.Millisecond
+	handoverBackoffMax = 2 * time.Second
+)
+
+// recordRelease writes h, the handover record of shard key that its new owner waits for, until it
+// is stored or ctx (the runtime's) ends. The new owner serves once it finds the record or finds this
+// runtime gone, and this runtime is not gone: a record given up on (its requests timed out behind
+// a full link) held the shard, and its job's steps, until a human stopped a runtime. The first
+// attempt is made even if ctx has ended: a runtime that stops records what it can.
+func (r *Runtime) recordRelease(ctx context.Context, key string, h wire.Handover) {
+	log := r.log.With("shard", key, "epoch", h.Epoch)
+	wait, backoff := handoverAttempt, handoverBackoff
+	for attempt := 1; ; attempt++ {
+		actx, cancel := context.WithTimeout(context.Background(), wait)
+		err := r.recordHandover(actx, key, h)
+		cancel()
+		if err == nil {
+			if attempt > 1 {
+				log.Info("handover recorded", "attempts", attempt)
+			}
+			return
+		}
+		if ctx.Err() != nil {
+			log.Warn("handover not recorded before this runtime stopped; the new owner waits for it to be gone", "err", err)
+			return
+		}
+		log.Warn("handover not recorded; retrying", "attempt", attempt, "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		wait, backoff = min(2*wait, handoverAttemptMax), min(2*backoff, handoverBackoffMax)
 	}
 }
 
@@ -437,6 +475,11 @@ func (r *Runtime) release(x *shardExec, epoch uint64, moved bool) {
 // finish out of order, and a record must never go back, or an owner that waits for the later
 // epoch would wait forever. A release of epoch e implies every earlier one.
 func (r *Runtime) recordHandover(ctx context.Context, key string, h wire.Handover) error {
+	if f := failHandover.Load(); f != nil {
+		if err := (*f)(key); err != nil {
+			return err
+		}
+	}
 	val, _ := json.Marshal(h)
 	for {
 		e, err := r.buckets.Handover.Get(ctx, key)
