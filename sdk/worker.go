@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -769,9 +770,30 @@ func (w *Worker) await(ctx context.Context, t int64) error {
 			timer.Reset(backoff)
 			backoff = min(2*backoff, maxFetchAfter)
 		case <-ctx.Done():
-			return fmt.Errorf("step %d: waiting for parameters: %w", t, ctx.Err())
+			return fmt.Errorf("step %d: waiting for parameters of shards %s (%d shards): %w", t, w.lacking(t), len(w.rec.Layout.Shards), ctx.Err())
 		}
 	}
+}
+
+// lacking lists the shards whose parameters of step t the worker does not have, as "3, 7" (at most
+// ten, then how many more), to say what a step waited for.
+func (w *Worker) lacking(t int64) string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var ids []string
+	n := 0
+	for _, s := range w.rec.Layout.Shards {
+		if w.got[s.ID] >= t {
+			continue
+		}
+		if n++; n <= 10 {
+			ids = append(ids, strconv.Itoa(s.ID))
+		}
+	}
+	if n > 10 {
+		ids = append(ids, fmt.Sprintf("and %d more", n-10))
+	}
+	return strings.Join(ids, ", ")
 }
 
 // notePushLocked records a push of the awaited step received at. w.mu is held.
