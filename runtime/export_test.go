@@ -41,9 +41,9 @@ func SetMinOverheadWork(d time.Duration) (undo func()) {
 	return func() { minOverheadWork.Store(prev) }
 }
 
-// FailHandovers fails every write of a handover record for which fail returns an error (it is given
-// the shard's key), as if the write's requests had timed out; undo restores the default.
-func FailHandovers(fail func(key string) error) (undo func()) {
-	failHandover.Store(&fail)
-	return func() { failHandover.Store(nil) }
+// FailHandovers fails every write of shard key's handover record for which fail returns an error,
+// as if the write's requests had timed out; undo restores the default.
+func FailHandovers(key string, fail func() error) (undo func()) {
+	failHandover.Store(key, fail)
+	return func() { failHandover.Delete(key) }
 }

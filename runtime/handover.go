@@ -6,7 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -15,9 +15,9 @@ import (
 	"github.com/fanin-ml/fanin/wire"
 )
 
-// failHandover, if set, fails each write of a handover record of the shard keys it returns an error
-// for, as if the write's requests had timed out (a test's fault).
-var failHandover atomic.Pointer[func(key string) error]
+// failHandover holds, per shard key, a test's fault: a function whose error fails each write of
+// the shard's handover record, as if the write's requests had timed out.
+var failHandover sync.Map // shard key -> func() error
 
 // A shard moves from runtime A to runtime B when the placement entry of epoch e names B with
 // From A. B serves only once A has written a handover record of epoch >= e (A has stopped and its

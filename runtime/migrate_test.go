@@ -437,10 +437,7 @@ func TestHandoverRecordedAfterFailures(t *testing.T) {
 	const failures = 3
 	var mu sync.Mutex
 	writes := 0
-	undo := runtime.FailHandovers(func(k string) error {
-		if k != key {
-			return nil // another test's shard
-		}
+	undo := runtime.FailHandovers(key, func() error {
 		mu.Lock()
 		defer mu.Unlock()
 		if writes++; writes <= failures {
@@ -462,5 +459,56 @@ func TestHandoverRecordedAfterFailures(t *testing.T) {
 	}
 	if got := st.Runtimes()[0].Shards(); len(got) != 0 {
 		t.Fatalf("rt-0 still serves %v", got)
+	}
+}
+
+// TestUnwantedHandoverIsNotWritten: a handover record that could not be written is not written any
+// more once the shard's placement is cleared (its job paused or deleted: the gateway clears the
+// records too). Written late, it would come back among the cleared ones, and a later move to its
+// epoch would find it and serve without waiting for the real previous owner.
+func TestUnwantedHandoverIsNotWritten(t *testing.T) {
+	t.Parallel()
+	spec := testSpec("handover-unwanted", "adam", map[string]float64{"lr": 0.01})
+	spec.Ranks = 1
+	spec.Tensors = []job.Tensor{{Name: "w", Shape: []int{1 << 12}}}
+	spec.ShardSize = 16 << 10 // one shard
+	_, pl, rec, workers := movableJob(t, spec)
+	ctx := context.Background()
+	key := wire.PlacementKey(rec.Spec.ID, 0)
+	pl.place(t, key, "rt-0")
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := workers[0].Step(sctx, make([]float32, 1<<12)); err != nil {
+		t.Fatal(err)
+	}
+
+	var mu sync.Mutex
+	writes := 0
+	first := make(chan struct{})
+	undo := runtime.FailHandovers(key, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if writes++; writes == 1 {
+			close(first)
+		}
+		return fmt.Errorf("write %d of the handover record: %w", writes, context.DeadlineExceeded)
+	})
+	defer undo()
+	pl.place(t, key, "rt-1")
+	<-first
+	if err := pl.kv.Delete(ctx, key); err != nil { // as the gateway does when the job pauses
+		t.Fatal(err)
+	}
+	mu.Lock()
+	before := writes
+	mu.Unlock()
+	// Unchecked, the retries (100, 200, 400, 800 ms apart, and on) would write again three times
+	// or more in this time; checked, at most the one already under way.
+	time.Sleep(3 * time.Second)
+	mu.Lock()
+	after := writes
+	mu.Unlock()
+	if after-before > 1 {
+		t.Fatalf("the handover record was written %d more times after its placement was cleared, want at most 1", after-before)
 	}
 }

@@ -441,42 +441,75 @@ const (
 )
 
 // recordRelease writes h, the handover record of shard key that its new owner waits for, until it
-// is stored or ctx (the runtime's) ends. The new owner serves once it finds the record or finds this
-// runtime gone, and this runtime is not gone: a record given up on (its requests timed out behind
-// a full link) held the shard, and its job's steps, until a human stopped a runtime. The first
-// attempt is made even if ctx has ended: a runtime that stops records what it can.
+// is stored, it is no longer wanted (releaseWanted), or ctx (the runtime's) ends. The new owner
+// serves once it finds the record or finds this runtime gone, and this runtime is not gone: a
+// record given up on (its requests timed out behind a full link) held the shard, and its job's
+// steps, until a human stopped a runtime. The first attempt is made even if ctx has ended (a
+// runtime that stops records what it can); the later ones end with ctx.
 func (r *Runtime) recordRelease(ctx context.Context, key string, h wire.Handover) {
 	log := r.log.With("shard", key, "epoch", h.Epoch)
-	wait, backoff := handoverAttempt, handoverBackoff
+	const stopped = "handover not recorded before this runtime stopped; the new owner waits for it to be gone"
+	base, wait, backoff := context.Background(), handoverAttempt, handoverBackoff
 	for attempt := 1; ; attempt++ {
-		actx, cancel := context.WithTimeout(context.Background(), wait)
+		if attempt > 1 {
+			select {
+			case <-ctx.Done():
+				log.Warn(stopped)
+				return
+			case <-time.After(backoff):
+			}
+			base, wait, backoff = ctx, min(2*wait, handoverAttemptMax), min(2*backoff, handoverBackoffMax)
+			wctx, cancel := context.WithTimeout(ctx, wait)
+			wanted, err := r.releaseWanted(wctx, key, h)
+			cancel()
+			if err == nil && !wanted {
+				log.Info("handover no longer wanted: the shard's placement was cleared or began again", "attempts", attempt-1)
+				return
+			}
+		}
+		actx, cancel := context.WithTimeout(base, wait)
 		err := r.recordHandover(actx, key, h)
 		cancel()
-		if err == nil {
+		switch {
+		case err == nil:
 			if attempt > 1 {
 				log.Info("handover recorded", "attempts", attempt)
 			}
 			return
-		}
-		if ctx.Err() != nil {
-			log.Warn("handover not recorded before this runtime stopped; the new owner waits for it to be gone", "err", err)
+		case ctx.Err() != nil:
+			log.Warn(stopped, "err", err)
 			return
 		}
 		log.Warn("handover not recorded; retrying", "attempt", attempt, "err", err)
-		select {
-		case <-ctx.Done():
-		case <-time.After(backoff):
-		}
-		wait, backoff = min(2*wait, handoverAttemptMax), min(2*backoff, handoverBackoffMax)
 	}
+}
+
+// releaseWanted says whether the handover record h is still wanted: the shard's placement is at
+// h's epoch or later. A placement that is gone (the job paused or deleted) or began again below it
+// (resumed) had its handover records cleared by the gateway, and a record written now would come
+// back among them: a later move to that epoch would find it and serve without waiting for the
+// real previous owner.
+func (r *Runtime) releaseWanted(ctx context.Context, key string, h wire.Handover) (bool, error) {
+	e, err := r.buckets.Placement.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return true, err
+	}
+	var p wire.Placement
+	if err := json.Unmarshal(e.Value(), &p); err != nil {
+		return true, err
+	}
+	return p.Epoch >= h.Epoch, nil
 }
 
 // recordHandover writes h unless the shard's record is already at a later epoch: releases may
 // finish out of order, and a record must never go back, or an owner that waits for the later
 // epoch would wait forever. A release of epoch e implies every earlier one.
 func (r *Runtime) recordHandover(ctx context.Context, key string, h wire.Handover) error {
-	if f := failHandover.Load(); f != nil {
-		if err := (*f)(key); err != nil {
+	if f, ok := failHandover.Load(key); ok {
+		if err := f.(func() error)(); err != nil {
 			return err
 		}
 	}
