@@ -29,12 +29,13 @@ type ackItem struct {
 // ackRetryFor is how long a failed publish is retried, with a backoff from ackBackoff to
 // ackBackoffMax: long enough to outlast a stream leader's election (4-9 s after its node dies:
 // nats-server's raft election timeout), short enough that a shard whose stream is gone replays
-// from its snapshot soon. The first retry is bounded by ackAttempt, and each retry after a timeout
-// by twice its predecessor's time, up to ackAttemptMax: an acknowledgement slower than ackAttempt
-// (a shard's parameters crossing a full link to the stream's server) comes in the end, instead of
-// every attempt being cut short and its megabyte sent again on top of the last. An attempt sent
-// during an election is not answered, so the first one after it comes at most ackAttemptMax +
-// ackBackoffMax later. The message id makes a retry of a message JetStream did store a no-op.
+// from its snapshot soon. Each retry that follows a timeout (of the asynchronous publish or of the
+// retry before) has twice the time of the one before, from ackAttempt up to ackAttemptMax: an
+// acknowledgement slower than ackAttempt (a shard's parameters crossing a full link to the
+// stream's server) comes in the end, instead of every attempt being cut short and its megabyte sent
+// again on top of the last. An attempt sent during an election is not answered, so the first one
+// after it comes at most ackAttemptMax + ackBackoffMax later. The message id makes a retry of a
+// message JetStream did store a no-op.
 const (
 	ackRetryFor   = 30 * time.Second
 	ackBackoff    = 50 * time.Millisecond
@@ -96,7 +97,7 @@ func (a *acker) wait(ctx context.Context, it ackItem) bool {
 	wait := ackAttempt
 	for attempt, backoff := 1, ackBackoff; ctx.Err() == nil && time.Now().Before(deadline); attempt, backoff = attempt+1, min(2*backoff, ackBackoffMax) {
 		a.log.Warn("publish not acknowledged; retrying", "subject", it.msg.Subject, "err", err, "attempt", attempt)
-		if timedOut(err) && (attempt > 1 || it.err == nil) { // the last attempt (or the asynchronous publish) got no answer in its time
+		if timedOut(err) { // the last attempt, or the asynchronous publish, got no answer in its time
 			wait = max(min(2*wait, ackAttemptMax), wait)
 		}
 		pctx, cancel := context.WithTimeout(ctx, wait)

@@ -236,12 +236,13 @@ var ErrUploaded = errors.New("the job's initial parameters are uploaded already 
 // once stalled training for 30 s after a node loss.
 const ackTimeout = 3 * time.Second
 
-// pubAttempt bounds the first synchronous retry of a publish; each retry after one that got no
-// acknowledgement in its time has twice that time, up to pubAttemptMax, so that an acknowledgement
-// slower than pubAttempt (a gradient crossing a full link to its stream's server) comes in the end
-// instead of every retry being cut short and its bytes sent again on top of the last. pubBackoff is
-// the longest wait between two retries. A retry sent during an election is not answered either, so
-// the first retry after it ends comes at most pubAttemptMax+pubBackoff later.
+// pubAttempt bounds a synchronous retry of a publish. Each retry that follows one without an
+// acknowledgement in its time (the asynchronous publish's ackTimeout, or the retry before) has twice
+// the time of the one before, up to pubAttemptMax, so that an acknowledgement slower than
+// pubAttempt (a gradient crossing a full link to its stream's server) comes in the end instead of
+// every retry being cut short and its bytes sent again on top of the last. pubBackoff is the
+// longest wait between two retries. A retry sent during an election is not answered either, so the
+// first retry after it ends comes at most pubAttemptMax+pubBackoff later.
 const (
 	pubAttempt    = 2 * time.Second
 	pubAttemptMax = 8 * time.Second
