@@ -246,8 +246,10 @@ func runFaninCluster(ctx context.Context, rs *runState, env *clusterEnv, c clust
 	}()
 	logs := dir
 	if rs.cfg.Logs != "" {
-		logs = filepath.Join(rs.cfg.Logs, "cluster-"+fileName(c.name)+"-"+time.Now().UTC().Format("150405"))
-		if err := os.MkdirAll(logs, 0o755); err != nil {
+		if err := os.MkdirAll(rs.cfg.Logs, 0o755); err != nil {
+			return clusterRun{}, err
+		}
+		if logs, err = os.MkdirTemp(rs.cfg.Logs, "cluster-"+fileName(c.name)+"-"+time.Now().UTC().Format("20060102-150405")+"-"); err != nil {
 			return clusterRun{}, err
 		}
 		rs.printf("   logs in %s", logs)
