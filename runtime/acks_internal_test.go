@@ -3,14 +3,13 @@ package runtime
 import (
 	"context"
 	"log/slog"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/fanin-ml/fanin/internal/embed"
+	"github.com/fanin-ml/fanin/internal/natstest"
 )
 
 // An acknowledgement slower than a retry's first attempt (a shard's parameters crossing a full
@@ -19,34 +18,10 @@ import (
 // bytes on top of the last's, until the publish failed.
 func TestSlowAckComes(t *testing.T) {
 	t.Parallel()
-	ns, err := embed.Start(embed.Config{Port: -1, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ns.Shutdown)
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-
+	nc := natstest.Connect(t)
 	// The stream's server, as seen from a slow link: each copy of the message is acknowledged
 	// later than a retry's first attempt (ackAttempt).
-	var copies atomic.Int32
-	sub, err := nc.Subscribe("slow.params", func(m *nats.Msg) {
-		copies.Add(1)
-		go func() {
-			time.Sleep(ackAttempt + ackAttempt/4)
-			_ = m.Respond([]byte(`{"stream":"SLOW","seq":1}`))
-		}()
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	copies := natstest.SlowReplies(t, nc, "slow.params", ackAttempt+ackAttempt/4, []byte(`{"stream":"SLOW","seq":1}`))
 
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(100*time.Millisecond))
 	if err != nil {

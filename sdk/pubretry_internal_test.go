@@ -2,14 +2,12 @@ package sdk
 
 import (
 	"context"
-	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/fanin-ml/fanin/internal/embed"
+	"github.com/fanin-ml/fanin/internal/natstest"
 	"github.com/fanin-ml/fanin/job"
 )
 
@@ -19,34 +17,10 @@ import (
 // on top of the last's, until the step's context ended.
 func TestSlowGradientAckComes(t *testing.T) {
 	t.Parallel()
-	ns, err := embed.Start(embed.Config{Port: -1, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ns.Shutdown)
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-
+	nc := natstest.Connect(t)
 	// The stream's server, as seen over a slow link: each copy is acknowledged later than
 	// pubAttempt after it came.
-	var copies atomic.Int32
-	sub, err := nc.Subscribe("slow.grad", func(m *nats.Msg) {
-		copies.Add(1)
-		go func() {
-			time.Sleep(pubAttempt + pubAttempt/4)
-			_ = m.Respond([]byte(`{"stream":"SLOW","seq":1}`))
-		}()
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	copies := natstest.SlowReplies(t, nc, "slow.grad", pubAttempt+pubAttempt/4, []byte(`{"stream":"SLOW","seq":1}`))
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)

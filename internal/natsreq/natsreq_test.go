@@ -9,31 +9,16 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/fanin-ml/fanin/internal/embed"
 	"github.com/fanin-ml/fanin/internal/natsreq"
+	"github.com/fanin-ml/fanin/internal/natstest"
 )
-
-func connect(t *testing.T) *nats.Conn {
-	t.Helper()
-	ns, err := embed.Start(embed.Config{Port: -1, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ns.Shutdown)
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
-}
 
 // A reply lost on the way (a responder that swallows the first request, as a stream leader that
 // dies before it answers) is asked for again: the request returns the second attempt's reply, with
 // a caller's context that has no deadline.
 func TestLostReplyIsAskedAgain(t *testing.T) {
 	t.Parallel()
-	nc := connect(t)
+	nc := natstest.Connect(t)
 	var seen atomic.Int32
 	sub, err := nc.Subscribe("svc", func(m *nats.Msg) {
 		if seen.Add(1) == 1 {
@@ -62,22 +47,8 @@ func TestLostReplyIsAskedAgain(t *testing.T) {
 // time out and be sent again.
 func TestSlowReplyComes(t *testing.T) {
 	t.Parallel()
-	nc := connect(t)
-	var seen atomic.Int32
-	sub, err := nc.Subscribe("svc", func(m *nats.Msg) {
-		seen.Add(1)
-		go func() {
-			time.Sleep(300 * time.Millisecond) // the reply's time on the way
-			_ = m.Respond([]byte("slow answer"))
-		}()
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	nc := natstest.Connect(t)
+	seen := natstest.SlowReplies(t, nc, "svc", 300*time.Millisecond, []byte("slow answer"))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	m, err := natsreq.Request(ctx, nc, "svc", nil, natsreq.WithAttempt(20*time.Millisecond))
@@ -90,7 +61,7 @@ func TestSlowReplyComes(t *testing.T) {
 // The retries end with the caller's context, with the last attempt's error.
 func TestRetriesEndWithTheContext(t *testing.T) {
 	t.Parallel()
-	nc := connect(t)
+	nc := natstest.Connect(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	var seen atomic.Int32
 	sub, err := nc.Subscribe("svc", func(*nats.Msg) {
@@ -115,7 +86,7 @@ func TestRetriesEndWithTheContext(t *testing.T) {
 // and returned once the patience is over.
 func TestNoResponders(t *testing.T) {
 	t.Parallel()
-	nc := connect(t)
+	nc := natstest.Connect(t)
 	if _, err := natsreq.Request(context.Background(), nc, "nobody", nil); !errors.Is(err, nats.ErrNoResponders) {
 		t.Fatalf("no responders: %v", err)
 	}
