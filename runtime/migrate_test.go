@@ -285,28 +285,9 @@ func TestRapidMovesKeepTheChain(t *testing.T) {
 // on), writes the handover its successor waits for instead of leaving it waiting forever.
 func TestUnservedPlacementIsReleased(t *testing.T) {
 	t.Parallel()
-	spec := testSpec("unserved", "adam", map[string]float64{"lr": 0.01})
-	spec.Ranks = 2
-	spec.Tensors = []job.Tensor{{Name: "w", Shape: []int{1 << 12}}}
-	spec.ShardSize = 16 << 10 // one shard
-	st, pl, rec, workers := movableJob(t, spec)
+	st, pl, key, workers := oneShardJob(t, "unserved", 2)
 	ctx := context.Background()
-	key := wire.PlacementKey(rec.Spec.ID, 0)
-	step := func(what string) {
-		t.Helper()
-		sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		defer cancel()
-		errs := make([]error, len(workers))
-		var wg sync.WaitGroup
-		for r, w := range workers {
-			wg.Add(1)
-			go func() { defer wg.Done(); _, errs[r] = w.Step(sctx, make([]float32, 1<<12)) }()
-		}
-		wg.Wait()
-		if err := errors.Join(errs...); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-	}
+	step := func(what string) { t.Helper(); stepAll(t, workers, 1<<12, 20*time.Second, what) }
 	pl.place(t, key, "rt-0")
 	step("step on rt-0")
 
@@ -409,28 +390,8 @@ func TestFailedStartIsRetried(t *testing.T) {
 // given up on, the record held the shard, and the job's steps, until a runtime was stopped by hand.
 func TestHandoverRecordedAfterFailures(t *testing.T) {
 	t.Parallel()
-	spec := testSpec("handover-retry", "adam", map[string]float64{"lr": 0.01})
-	spec.Ranks = 2
-	spec.Tensors = []job.Tensor{{Name: "w", Shape: []int{1 << 12}}}
-	spec.ShardSize = 16 << 10 // one shard
-	st, pl, rec, workers := movableJob(t, spec)
-	ctx := context.Background()
-	key := wire.PlacementKey(rec.Spec.ID, 0)
-	step := func(what string) {
-		t.Helper()
-		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		errs := make([]error, len(workers))
-		var wg sync.WaitGroup
-		for r, w := range workers {
-			wg.Add(1)
-			go func() { defer wg.Done(); _, errs[r] = w.Step(sctx, make([]float32, 1<<12)) }()
-		}
-		wg.Wait()
-		if err := errors.Join(errs...); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-	}
+	st, pl, key, workers := oneShardJob(t, "handover-retry", 2)
+	step := func(what string) { t.Helper(); stepAll(t, workers, 1<<12, 30*time.Second, what) }
 	pl.place(t, key, "rt-0")
 	step("step on rt-0")
 
@@ -468,19 +429,10 @@ func TestHandoverRecordedAfterFailures(t *testing.T) {
 // epoch would find it and serve without waiting for the real previous owner.
 func TestUnwantedHandoverIsNotWritten(t *testing.T) {
 	t.Parallel()
-	spec := testSpec("handover-unwanted", "adam", map[string]float64{"lr": 0.01})
-	spec.Ranks = 1
-	spec.Tensors = []job.Tensor{{Name: "w", Shape: []int{1 << 12}}}
-	spec.ShardSize = 16 << 10 // one shard
-	_, pl, rec, workers := movableJob(t, spec)
+	_, pl, key, workers := oneShardJob(t, "handover-unwanted", 1)
 	ctx := context.Background()
-	key := wire.PlacementKey(rec.Spec.ID, 0)
 	pl.place(t, key, "rt-0")
-	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if _, err := workers[0].Step(sctx, make([]float32, 1<<12)); err != nil {
-		t.Fatal(err)
-	}
+	stepAll(t, workers, 1<<12, 30*time.Second, "step on rt-0")
 
 	var mu sync.Mutex
 	writes := 0
@@ -510,5 +462,34 @@ func TestUnwantedHandoverIsNotWritten(t *testing.T) {
 	mu.Unlock()
 	if after-before > 1 {
 		t.Fatalf("the handover record was written %d more times after its placement was cleared, want at most 1", after-before)
+	}
+}
+
+// oneShardJob is movableJob of an adam job of 4096 elements in one shard, with ranks workers; it
+// returns the shard's placement key. stepAll steps it.
+func oneShardJob(t *testing.T, id string, ranks int) (*devstack.Stack, placer, string, []*sdk.Worker) {
+	t.Helper()
+	spec := testSpec(id, "adam", map[string]float64{"lr": 0.01})
+	spec.Ranks = ranks
+	spec.Tensors = []job.Tensor{{Name: "w", Shape: []int{1 << 12}}}
+	spec.ShardSize = 16 << 10 // one shard
+	st, pl, rec, workers := movableJob(t, spec)
+	return st, pl, wire.PlacementKey(rec.Spec.ID, 0), workers
+}
+
+// stepAll runs one step of every worker at once, each with a zero gradient of n elements, within
+// wait; it fails the test, saying what the step was, if any worker's fails.
+func stepAll(t *testing.T, workers []*sdk.Worker, n int, wait time.Duration, what string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	errs := make([]error, len(workers))
+	var wg sync.WaitGroup
+	for r, w := range workers {
+		wg.Go(func() { _, errs[r] = w.Step(ctx, make([]float32, n)) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("%s: %v", what, err)
 	}
 }
