@@ -39,7 +39,8 @@ const linkTraceEvery = 10 * time.Millisecond
 // the switch's namespace reads them all at once from its /proc/thread-self/net/dev, kept open: a
 // node's link is its port on the switch (the port sends what the node receives). A thread per node,
 // opening the file at each read, cost the bench's process half its CPU in a cluster case, on the
-// 2 cores that the emulated nodes share. The first reading is taken before traceLinks returns.
+// 2 cores that the emulated nodes share. The first reading is taken before traceLinks returns, the
+// last when stop is called.
 func traceLinks(lab *netLab) (stop func() (linkTrace, error)) {
 	t := linkTrace{every: linkTraceEvery, samples: make([][]linkSample, len(lab.nodes))}
 	for _, n := range lab.nodes {
@@ -61,7 +62,7 @@ func traceLinks(lab *netLab) (stop func() (linkTrace, error)) {
 			tick := time.NewTicker(linkTraceEvery)
 			defer tick.Stop()
 			var buf []byte
-			for {
+			for last := false; ; {
 				if buf, err = reread(f, buf); err != nil {
 					return err
 				}
@@ -77,9 +78,12 @@ func traceLinks(lab *netLab) (stop func() (linkTrace, error)) {
 					close(first)
 					first = nil
 				}
+				if last {
+					return nil
+				}
 				select {
 				case <-done:
-					return nil
+					last = true // one more reading: the trace ends when stop is called
 				case <-tick.C:
 				}
 			}
