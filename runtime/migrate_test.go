@@ -408,13 +408,36 @@ func TestHandoverRecordedAfterFailures(t *testing.T) {
 	})
 	defer undo()
 	pl.place(t, key, "rt-1")
-	step("step on rt-1 after the handover's failed writes")
+	// rt-0 stores the record of epoch 2 in the end (given up on, it never would: rt-1 would wait for
+	// it, alive, for good); then rt-1 serves the next step.
+	nc, err := st.Connect("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	b, err := store.OpenBuckets(context.Background(), js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		e, err := b.Handover.Get(context.Background(), key)
+		if err != nil {
+			return err
+		}
+		var h wire.Handover
+		if err := json.Unmarshal(e.Value(), &h); err != nil || h.From != "rt-0" || h.Epoch != 2 {
+			return fmt.Errorf("handover record = %+v (%v), want epoch 2 from rt-0", h, err)
+		}
+		return nil
+	})
 	mu.Lock()
 	n := writes
 	mu.Unlock()
 	if n != failures+1 {
 		t.Fatalf("the handover record was written %d times, want %d (%d failed, then stored)", n, failures+1, failures)
 	}
+	step("step on rt-1 after the handover's failed writes")
 	if got := st.Runtimes()[1].Shards(); len(got) != 1 || got[0] != key {
 		t.Fatalf("rt-1 serves %v, want %s", got, key)
 	}
