@@ -292,16 +292,7 @@ func TestUnservedPlacementIsReleased(t *testing.T) {
 	step("step on rt-0")
 
 	// rt-2 is registered (alive, as after a restart) but its runtime is not running yet.
-	nc, err := st.Connect("test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	b, err := store.OpenBuckets(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := stackBuckets(t, st)
 	info, _ := json.Marshal(wire.RuntimeInfo{ID: "rt-2", Cores: 1, Started: time.Now().UTC(), Beat: time.Now().UTC()})
 	if _, err := b.Runtimes.Put(ctx, "rt-2", info); err != nil {
 		t.Fatal(err)
@@ -312,17 +303,7 @@ func TestUnservedPlacementIsReleased(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The chain completes: rt-2 releases epoch 3 (rt-0 may serve a step or two before it lets go).
-	testutil.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
-		h, err := b.Handover.Get(ctx, key)
-		if err != nil {
-			return err
-		}
-		var rel wire.Handover
-		if err := json.Unmarshal(h.Value(), &rel); err != nil || rel.From != "rt-2" || rel.Epoch != 3 {
-			return fmt.Errorf("handover record = %+v (%v), want epoch 3 from rt-2", rel, err)
-		}
-		return nil
-	})
+	awaitHandover(t, b, key, "rt-2", 3, 20*time.Second)
 	step("step on rt-1 after the unserved hop")
 	if got := st.Runtimes()[1].Shards(); len(got) != 1 || got[0] != key {
 		t.Fatalf("rt-1 serves %v, want %s", got, key)
@@ -410,27 +391,7 @@ func TestHandoverRecordedAfterFailures(t *testing.T) {
 	pl.place(t, key, "rt-1")
 	// rt-0 stores the record of epoch 2 in the end (given up on, it never would: rt-1 would wait for
 	// it, alive, for good); then rt-1 serves the next step.
-	nc, err := st.Connect("test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	b, err := store.OpenBuckets(context.Background(), js)
-	if err != nil {
-		t.Fatal(err)
-	}
-	testutil.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
-		e, err := b.Handover.Get(context.Background(), key)
-		if err != nil {
-			return err
-		}
-		var h wire.Handover
-		if err := json.Unmarshal(e.Value(), &h); err != nil || h.From != "rt-0" || h.Epoch != 2 {
-			return fmt.Errorf("handover record = %+v (%v), want epoch 2 from rt-0", h, err)
-		}
-		return nil
-	})
+	awaitHandover(t, stackBuckets(t, st), key, "rt-0", 2, 30*time.Second)
 	mu.Lock()
 	n := writes
 	mu.Unlock()
@@ -498,6 +459,33 @@ func oneShardJob(t *testing.T, id string, ranks int) (*devstack.Stack, placer, s
 	spec.ShardSize = 16 << 10 // one shard
 	st, pl, rec, workers := movableJob(t, spec)
 	return st, pl, wire.PlacementKey(rec.Spec.ID, 0), workers
+}
+
+// stackBuckets opens fanin's buckets over a connection of the test's to st.
+func stackBuckets(t *testing.T, st *devstack.Stack) *store.Buckets {
+	t.Helper()
+	_, js := testutil.Connect(t, st.URL)
+	b, err := store.OpenBuckets(context.Background(), js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// awaitHandover waits up to wait for shard key's handover record to be from's release of epoch.
+func awaitHandover(t *testing.T, b *store.Buckets, key, from string, epoch uint64, wait time.Duration) {
+	t.Helper()
+	testutil.CheckFor(t, wait, 20*time.Millisecond, func() error {
+		e, err := b.Handover.Get(context.Background(), key)
+		if err != nil {
+			return err
+		}
+		var h wire.Handover
+		if err := json.Unmarshal(e.Value(), &h); err != nil || h.From != from || h.Epoch != epoch {
+			return fmt.Errorf("handover record = %+v (%v), want epoch %d from %s", h, err, epoch, from)
+		}
+		return nil
+	})
 }
 
 // stepAll runs one step of every worker at once, each with a zero gradient of n elements, within
