@@ -103,6 +103,8 @@ type Controller struct {
 	// heartbeats lapse for real only once it has been for a whole RuntimeLapse.
 	registrySince time.Time
 	registryCheck func(context.Context) bool // registryHealthy; tests replace it
+	// lapsed are the runtimes observe last took for dead by their heartbeats (sayLapse).
+	lapsed map[string]bool
 
 	ready chan struct{} // closed once Run follows the state (buckets set, current values in)
 
@@ -314,7 +316,10 @@ func (c *Controller) Step(ctx context.Context) (Decision, error) {
 	case c.registrySince.IsZero():
 		c.registrySince = now
 	}
-	lapses := !c.registrySince.IsZero() && now.Sub(c.registrySince) >= store.RuntimeLapse
+	writable := time.Duration(-1)
+	if !c.registrySince.IsZero() {
+		writable = now.Sub(c.registrySince)
+	}
 	pol := c.policy
 	if ts, ok := c.driver.(templateSized); ok && ts.TemplateSized() && pol.CoresPerRuntime != 0 {
 		if !c.templateSaid {
@@ -324,7 +329,7 @@ func (c *Controller) Step(ctx context.Context) (Decision, error) {
 		}
 		pol.CoresPerRuntime = 0
 	}
-	obs := c.observe(snap, now, lapses)
+	obs := c.observe(snap, now, writable)
 	c.mu.Unlock()
 	for i := range obs.Shards {
 		obs.Shards[i].Leader = leaders[obs.Shards[i].Job]
@@ -531,20 +536,28 @@ const deadFor = 2 * store.RuntimeTTL
 // observe builds the decider's inputs from a snapshot of the view, through the controller's own
 // rules: paused jobs are left out (their placement is removed); so are the registration of a
 // runtime the driver reported dead, written before it did or until deadFor after, and its load
-// reports received before; with lapses false a runtime whose heartbeat lapsed still counts (the
-// registry could not take heartbeats lately). c.mu is held.
-func (c *Controller) observe(snap view.Snapshot, now time.Time, lapses bool) Observations {
+// reports received before. A runtime whose heartbeat lapsed is dead only once the registry has
+// been writable (for writable; negative: it is not) for that runtime's whole lapse: until then its
+// heartbeats may have had nowhere to go. c.mu is held.
+func (c *Controller) observe(snap view.Snapshot, now time.Time, writable time.Duration) Observations {
 	var obs Observations
 	runtimes, loads := c.notDead(snap.Runtimes, snap.Loads)
 	live := map[string]bool{}
 	var rates []float64
 	for id, rt := range runtimes {
-		if lapses && !rt.Alive(now) {
+		lapsed := writable >= store.Lapse(rt.Lapse) && !rt.Alive(now)
+		c.sayLapse(id, rt, now, lapsed)
+		if lapsed {
 			continue
 		}
 		live[id] = true
 		if l, ok := loads[id]; ok && l.NanosPerByte > 0 {
 			rates = append(rates, l.NanosPerByte)
+		}
+	}
+	for id := range c.lapsed {
+		if _, ok := runtimes[id]; !ok {
+			delete(c.lapsed, id) // deregistered, or forgotten by the view
 		}
 	}
 	median := 0.0
@@ -655,6 +668,29 @@ func (c *Controller) paramsLeaders(ctx context.Context, snap view.Snapshot, now 
 		out[id] = l.server
 	}
 	return out
+}
+
+// sayLapse logs when runtime id's heartbeats lapse, and when a runtime taken for dead is heard
+// again: its heartbeats were late, not missing (a full link, an overloaded NATS server), and its
+// shards moved for nothing. c.mu is held.
+func (c *Controller) sayLapse(id string, rt view.Runtime, now time.Time, lapsed bool) {
+	if c.lapsed == nil {
+		c.lapsed = map[string]bool{}
+	}
+	if c.lapsed[id] == lapsed {
+		return
+	}
+	c.lapsed[id] = lapsed
+	if c.log == nil {
+		return
+	}
+	if lapsed {
+		c.log.Info("a runtime's heartbeats lapsed: taking it for dead", "runtime", id,
+			"last_heartbeat", now.Sub(rt.Beat).Round(time.Millisecond), "lapse", store.Lapse(rt.Lapse))
+		return
+	}
+	c.log.Warn("a runtime taken for dead is heard again: its heartbeats were late", "runtime", id,
+		"lapse", store.Lapse(rt.Lapse))
 }
 
 // notDead removes from a snapshot's runtimes and loads what they hold of runtimes the driver

@@ -56,6 +56,8 @@ type ctlEnv struct {
 	nc  *nats.Conn
 	b   *store.Buckets
 	rec job.Record
+	// lapses are the lapses runtimes ask for in their registrations (none: the default).
+	lapses map[string]time.Duration
 }
 
 func newCtlEnv(t *testing.T) *ctlEnv {
@@ -89,7 +91,7 @@ func (e *ctlEnv) beat(id string) { e.t.Helper(); e.beatStarted(id, time.Now()) }
 // beatStarted registers runtime id (again) as a runtime started at started does.
 func (e *ctlEnv) beatStarted(id string, started time.Time) {
 	e.t.Helper()
-	info, _ := json.Marshal(wire.RuntimeInfo{ID: id, Cores: 4, Started: started, Beat: time.Now()})
+	info, _ := json.Marshal(wire.RuntimeInfo{ID: id, Cores: 4, Started: started, Beat: time.Now(), Lapse: e.lapses[id]})
 	if _, err := e.b.Runtimes.Put(context.Background(), id, info); err != nil {
 		e.t.Fatal(err)
 	}
@@ -318,6 +320,32 @@ func TestControllerLapsedRuntime(t *testing.T) {
 	a := autoscaler.Snapshot(c).Runtimes["rt-a"].Beat // as the server stamped it
 	e.beatSeen(c, "rt-b")                             // rt-a has stopped: rt-b's heartbeat is the later one
 	e.advance(c, clock, a.Add(store.RuntimeLapse))
+	e.stepUntil(c, allOn("rt-b"))
+}
+
+// A runtime whose heartbeats were slow asks for a longer lapse (store.LapseFor), and the
+// controller gives it that long: rt-a, asking for 9 s, keeps its shards past the default lapse and
+// loses them once its own has passed. rt-b asks for the most, so that it is alive throughout.
+func TestControllerGivesTheLapseAskedFor(t *testing.T) {
+	t.Parallel()
+	e := newCtlEnv(t)
+	e.lapses = map[string]time.Duration{"rt-a": 9 * time.Second, "rt-b": store.MaxRuntimeLapse}
+	clock := newManualClock()
+	c := e.controller(&fakePool{size: 1}, autoscaler.WithClock(clock.Now))
+	e.beat("rt-a")
+	e.stepUntil(c, allOn("rt-a"))
+	a := autoscaler.Snapshot(c).Runtimes["rt-a"].Beat // as the server stamped it
+	e.beatSeen(c, "rt-b")
+	e.advance(c, clock, a.Add(store.RuntimeLapse+2*time.Second))
+	for range 3 {
+		if _, err := c.Step(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if err := allOn("rt-a")(e.placement()); err != nil {
+			t.Fatalf("rt-a asked for a lapse of 9s and was taken for dead after %v: %v", store.RuntimeLapse+2*time.Second, err)
+		}
+	}
+	e.advance(c, clock, a.Add(9*time.Second))
 	e.stepUntil(c, allOn("rt-b"))
 }
 

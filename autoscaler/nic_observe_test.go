@@ -20,7 +20,7 @@ func TestObserveReadsNodesAndBytes(t *testing.T) {
 		wire.LoadReport{Runtime: "rt-a", Cores: 4, Node: "host-1", Server: "n1", NICBytesPerSec: mbit100,
 			Shards: []wire.ShardLoad{{Key: "j.0", Job: "j", BytesInPerSec: 1200, BytesOutPerSec: 100}}},
 		wire.LoadReport{Runtime: "rt-b", Cores: 4})
-	obs := (&Controller{}).observe(snap, t0, false)
+	obs := (&Controller{}).observe(snap, t0, -1)
 	if len(obs.Runtimes) != 2 || len(obs.Shards) != 1 {
 		t.Fatalf("observed %d runtimes and %d shards, want 2 and 1", len(obs.Runtimes), len(obs.Shards))
 	}
@@ -46,7 +46,7 @@ func TestObservePlansTheProcessOverhead(t *testing.T) {
 	snap := twoRuntimes(s, 2, map[string]string{"j.0": "rt-a", "j.1": "rt-b"},
 		wire.LoadReport{Runtime: "rt-a", Cores: 2, Overhead: 1.7, Shards: []wire.ShardLoad{{Key: "j.0", Job: "j", Work: 0.01}}},
 		wire.LoadReport{Runtime: "rt-b", Cores: 2, Shards: []wire.ShardLoad{{Key: "j.1", Job: "j", Work: 0.01}}})
-	obs := (&Controller{}).observe(snap, t0, false)
+	obs := (&Controller{}).observe(snap, t0, -1)
 	if len(obs.Shards) != 2 {
 		t.Fatalf("observed %d shards, want 2", len(obs.Shards))
 	}
@@ -96,7 +96,7 @@ func TestObserveTakesAMovedShardFromItsOwner(t *testing.T) {
 			wire.LoadReport{Runtime: "rt-a", Cores: 2, Shards: []wire.ShardLoad{{Key: "j.0", Job: "j", Step: step["rt-a"], Work: work["rt-a"]}}},
 			wire.LoadReport{Runtime: "rt-b", Cores: 2, Shards: []wire.ShardLoad{{Key: "j.0", Job: "j", Step: step["rt-b"], Work: work["rt-b"]}}})
 		for range 20 { // map order varies from run to run
-			obs := (&Controller{}).observe(snap, t0, false)
+			obs := (&Controller{}).observe(snap, t0, -1)
 			if len(obs.Shards) != 1 || obs.Shards[0].Work != work[owner] {
 				t.Fatalf("placed on %s: observed %+v, want its work %v", owner, obs.Shards, work[owner])
 			}

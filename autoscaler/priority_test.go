@@ -182,7 +182,7 @@ func TestObserveTakesPriorityFromTheRecord(t *testing.T) {
 		snap.Jobs[id] = job.NewRecord(s, t0)
 	}
 	want := map[string]int{"hi": PriorityHigh, "lo": PriorityLow, "old": PriorityNormal}
-	obs := (&Controller{}).observe(snap, t0, false)
+	obs := (&Controller{}).observe(snap, t0, -1)
 	if len(obs.Shards) != 12 {
 		t.Fatalf("%d shards observed, want 12", len(obs.Shards))
 	}

@@ -147,7 +147,7 @@ func TestObserveTakesCoresFromTheRegistration(t *testing.T) {
 	snap := view.Snapshot{Runtimes: map[string]view.Runtime{
 		"rt-a": {RuntimeInfo: wire.RuntimeInfo{ID: "rt-a", Cores: 16}, Beat: t0, Registered: t0},
 	}}
-	obs := (&Controller{}).observe(snap, t0, false)
+	obs := (&Controller{}).observe(snap, t0, -1)
 	if len(obs.Runtimes) != 1 || obs.Runtimes[0].Cores != 16 {
 		t.Fatalf("observed %+v, want rt-a with 16 cores", obs.Runtimes)
 	}

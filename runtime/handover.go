@@ -138,5 +138,7 @@ func (r *Runtime) alive(ctx context.Context, id string) bool {
 	if err != nil {
 		return !errors.Is(err, jetstream.ErrKeyNotFound) // on other errors, assume alive: waiting is safe
 	}
-	return store.RuntimeAlive(e.Created(), r.now())
+	var info wire.RuntimeInfo
+	_ = json.Unmarshal(e.Value(), &info) // unreadable: the default lapse
+	return store.RuntimeAlive(e.Created(), info.Lapse, r.now())
 }

@@ -194,6 +194,10 @@ type RuntimeInfo struct {
 	Cores   int       `json:"cores"`
 	Started time.Time `json:"started"`
 	Beat    time.Time `json:"beat"`
+	// Lapse is how long after this heartbeat the runtime asks to be taken for alive without
+	// another (nanoseconds; zero or absent: the default, 5 s). A runtime whose heartbeats are
+	// acknowledged late, behind a full link, asks for more (store.LapseFor), 10 s at most.
+	Lapse time.Duration `json:"lapse,omitempty"`
 	// Metrics is the URL of the runtime's Prometheus endpoint, when it serves one; the gateway
 	// lists them for Prometheus's HTTP service discovery (GET /v1/metrics/targets).
 	Metrics string `json:"metrics,omitempty"`

@@ -41,13 +41,37 @@ const RuntimeTTL = 10 * time.Second
 const RuntimeHeartbeat = time.Second
 
 // RuntimeLapse is the one liveness rule of every component: a runtime whose last heartbeat is older
-// is dead (the autoscaler places its shards elsewhere, the gateway and the dashboard show it dead,
-// a runtime waiting for its release takes its shard). Several heartbeats, so that one delayed by a
-// stream leader's election kills nobody.
+// than its lapse is dead (the autoscaler places its shards elsewhere, the gateway and the dashboard
+// show it dead, a runtime waiting for its release takes its shard). RuntimeLapse is the shortest
+// lapse, the one a runtime gets unless it asks for more: several heartbeats, so that one delayed
+// by a stream leader's election kills nobody.
 const RuntimeLapse = 5 * RuntimeHeartbeat
 
-// RuntimeAlive applies RuntimeLapse to a runtime last heard of at beat.
-func RuntimeAlive(beat, now time.Time) bool { return now.Sub(beat) < RuntimeLapse }
+// MaxRuntimeLapse is the longest lapse a runtime may ask for: the registry's TTL, after which its
+// entry is gone anyway.
+const MaxRuntimeLapse = RuntimeTTL
+
+// LapseFor is the lapse a runtime asks for when its heartbeats took up to rtt to be acknowledged
+// lately. A judge that reads the registry learns of a heartbeat up to the heartbeat's delay to the
+// registry's leader, plus the judge's own delay from that leader, after it was sent; both ride the
+// same NATS routes as the data, which a full link can hold up for seconds. Two round trips and a
+// heartbeat period cover both, so that a runtime whose heartbeats are late is not taken for dead
+// while one whose heartbeats stopped still is, within MaxRuntimeLapse.
+func LapseFor(rtt time.Duration) time.Duration {
+	return Lapse(RuntimeHeartbeat + 2*rtt)
+}
+
+// Lapse is the lapse a runtime that asked for declared gets: RuntimeLapse at least (a registration
+// that asks for nothing, from a runtime older than the field), MaxRuntimeLapse at most.
+func Lapse(declared time.Duration) time.Duration {
+	return min(MaxRuntimeLapse, max(RuntimeLapse, declared))
+}
+
+// RuntimeAlive applies the liveness rule to a runtime last heard of at beat that asked for lapse
+// (wire.RuntimeInfo.Lapse; zero for the default).
+func RuntimeAlive(beat time.Time, lapse time.Duration, now time.Time) bool {
+	return now.Sub(beat) < Lapse(lapse)
+}
 
 // OpenBuckets creates the buckets if they do not exist and opens them. Every component calls it at
 // start, so none depends on another having run first. Every bucket is file storage with

@@ -52,8 +52,9 @@ type Runtime struct {
 	Registered time.Time
 }
 
-// Alive applies the one liveness rule (store.RuntimeAlive) at now.
-func (r Runtime) Alive(now time.Time) bool { return store.RuntimeAlive(r.Beat, now) }
+// Alive applies the one liveness rule (store.RuntimeAlive) at now, with the lapse the runtime
+// asked for.
+func (r Runtime) Alive(now time.Time) bool { return store.RuntimeAlive(r.Beat, r.Lapse, now) }
 
 // Expired reports whether the bucket has dropped the registration at now by its TTL
 // (store.RuntimeTTL). The watch is not told when a key expires, so the view keeps it until

@@ -232,6 +232,47 @@ func TestLivenessLapses(t *testing.T) {
 	})
 }
 
+// A runtime that asks for a longer lapse (its heartbeats were slow) is alive that long; one that
+// asks for more than store.MaxRuntimeLapse, or less than store.RuntimeLapse, gets the bound.
+func TestLivenessLapseAskedFor(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c := &clock{t: time.Now()}
+	v := e.open(view.WithClock(c.now))
+	asks := map[string]time.Duration{"slow": 8 * time.Second, "greedy": time.Hour, "modest": time.Second}
+	for id, l := range asks {
+		e.put(e.b.Runtimes, id, wire.RuntimeInfo{ID: id, Cores: 1, Lapse: l})
+	}
+	got := map[string]view.Runtime{}
+	testutil.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		for id := range asks {
+			r, ok := v.Runtime(id)
+			if !ok {
+				return fmt.Errorf("%s not registered", id)
+			}
+			got[id] = r
+		}
+		return nil
+	})
+	for _, tc := range []struct {
+		id    string
+		after time.Duration
+		alive bool
+	}{
+		{"slow", 8*time.Second - time.Millisecond, true},
+		{"slow", 8 * time.Second, false},
+		{"greedy", store.MaxRuntimeLapse - time.Millisecond, true},
+		{"greedy", store.MaxRuntimeLapse, false},
+		{"modest", store.RuntimeLapse - time.Millisecond, true},
+		{"modest", store.RuntimeLapse, false},
+	} {
+		r := got[tc.id]
+		if a := r.Alive(r.Beat.Add(tc.after)); a != tc.alive {
+			t.Errorf("%s, asking for %v: alive %v after %v, want %v", tc.id, asks[tc.id], a, tc.after, tc.alive)
+		}
+	}
+}
+
 // A registration without a heartbeat for view.ForgetRuntime leaves the view with its load report
 // (the bucket's TTL expiry is not delivered to watchers) when the next registration or report
 // arrives; a heartbeat brings a runtime back. (The server stamps the entries' times, so both
