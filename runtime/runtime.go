@@ -44,7 +44,10 @@ type Runtime struct {
 	processCPU func() time.Duration
 
 	heartbeat time.Duration
-	sweep     time.Duration
+	beats     *beatMeter // the heartbeats in flight and their round trips (beat.go)
+	// putBeat writes the registration; tests delay it, as a full link does.
+	putBeat func(ctx context.Context, id string, info []byte) error
+	sweep   time.Duration
 
 	cpu     *cpuPool      // the cores, as tokens: bounds concurrent aggregation work (cpu.go)
 	hurry   chan struct{} // asks for a load report now (reportSoon)
@@ -163,6 +166,7 @@ func New(nc *nats.Conn, opts ...Option) (*Runtime, error) {
 		cores:     goruntime.GOMAXPROCS(0),
 		now:       time.Now,
 		heartbeat: store.RuntimeHeartbeat,
+		beats:     newBeatMeter(),
 		sweep:     2 * time.Second,
 		shards:    make(map[string]*shardExec),
 		releasing: make(map[string]*shardExec),
@@ -179,6 +183,7 @@ func New(nc *nats.Conn, opts ...Option) (*Runtime, error) {
 		}
 	}
 	r.log = r.log.With("runtime", r.id)
+	r.putBeat = r.putRegistration
 	r.origin = r.id + "@" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	r.cpu = newCPUPool(r.cores)
 	r.hurry = make(chan struct{}, 1)
@@ -294,29 +299,6 @@ func (r *Runtime) onStop(ctx context.Context, m *nats.Msg, stop context.CancelFu
 	r.log.Info("stopping at the autoscaler leader's request", "term", term.Rev, "leader", term.Leader)
 	_ = m.Respond([]byte(wire.RuntimeStopping))
 	stop()
-}
-
-func (r *Runtime) register(ctx context.Context, started time.Time) error {
-	info, _ := json.Marshal(wire.RuntimeInfo{ID: r.id, Cores: r.cores, Started: started.UTC(), Beat: r.now().UTC(), Metrics: r.metricsURL})
-	if _, err := r.buckets.Runtimes.Put(ctx, r.id, info); err != nil {
-		return fmt.Errorf("register runtime %s: %w", r.id, err)
-	}
-	return nil
-}
-
-func (r *Runtime) beat(ctx context.Context, started time.Time) {
-	t := time.NewTicker(r.heartbeat)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if err := r.register(ctx, started); err != nil && ctx.Err() == nil {
-				r.log.Warn("heartbeat failed", "err", err)
-			}
-		}
-	}
 }
 
 // onPlacement starts or stops the executor of the shard an entry names. Entries are acted on in
