@@ -58,6 +58,31 @@ func TestBucketsOnOneServer(t *testing.T) {
 	}
 }
 
+// A bucket made by an older fanin with a shorter TTL (the leader lock's was 5 s) gets the TTL
+// fanin asks for now; a longer one is kept (an older fanin's opening does not shorten it).
+func TestBucketTTLRaised(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, js := testutil.Connect(t, testutil.NATS(t))
+	open := func(ttl time.Duration) time.Duration {
+		t.Helper()
+		kv, err := store.EnsureKV(ctx, js, jetstream.KeyValueConfig{Bucket: "lock", History: 1, TTL: ttl, Storage: jetstream.FileStorage})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := kv.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.TTL()
+	}
+	for _, c := range []struct{ ask, want time.Duration }{{5 * time.Second, 5 * time.Second}, {10 * time.Second, 10 * time.Second}, {5 * time.Second, 10 * time.Second}} {
+		if got := open(c.ask); got != c.want {
+			t.Fatalf("opened asking for a TTL of %v: %v, want %v", c.ask, got, c.want)
+		}
+	}
+}
+
 // In a 3-node cluster every bucket and stream of fanin's has 3 replicas, buckets made with one are
 // raised to three, and the state stays readable and writable with any one node down. Not
 // parallel: its servers listen on ports FreePort found free, which a test beside it could take.

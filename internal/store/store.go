@@ -176,11 +176,12 @@ func ensureKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValu
 		}
 		return EnsureKV(ctx, js, cfg)
 	}
-	if st.History() < int64(cfg.History) || info.Config.Replicas < cfg.Replicas {
+	if st.History() < int64(cfg.History) || info.Config.Replicas < cfg.Replicas || cfg.TTL > info.Config.MaxAge && info.Config.MaxAge != 0 {
 		cfg.History = max(cfg.History, uint8(st.History()))
 		cfg.Replicas = max(cfg.Replicas, info.Config.Replicas)
+		cfg.TTL = max(cfg.TTL, info.Config.MaxAge) // a TTL is raised, never lowered: an older fanin's entries keep theirs
 		if kv, err = js.UpdateKeyValue(ctx, cfg); err != nil {
-			return nil, Unplaceable(fmt.Sprintf("bucket %s (raising it to history %d)", cfg.Bucket, cfg.History), cfg.Replicas, err)
+			return nil, Unplaceable(fmt.Sprintf("bucket %s (raising it to history %d, TTL %v)", cfg.Bucket, cfg.History, cfg.TTL), cfg.Replicas, err)
 		}
 	}
 	return kv, nil
