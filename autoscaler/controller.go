@@ -347,11 +347,12 @@ func (c *Controller) Step(ctx context.Context) (Decision, error) {
 	return d, nil
 }
 
-// The leader lock's timing: renewed every renewEvery, each attempt bounded by it; a renewal
-// begun at t lets the leader act until t+leaseFor, a margin before the lock can expire at the
-// server (its TTL counts from when the server stored the renewal, after t).
+// The leader lock's timing: renewed every renewEvery; a renewal begun at t lets the leader act
+// until t+leaseFor, a margin before the lock can expire at the server (its TTL counts from when
+// the server stored the renewal, after t). An attempt may run until the lease would end: behind a
+// full link a renewal can take seconds, and one cut short is sent again only by the next.
 const (
-	renewEvery = store.LeaderTTL / 5
+	renewEvery = time.Second
 	leaseFor   = store.LeaderTTL - renewEvery
 )
 
@@ -425,9 +426,10 @@ func (c *Controller) renewLoop(ctx context.Context) {
 }
 
 // renew renews the lock, if this controller holds it. A renewal that succeeds extends the lease
-// (leaseFor from when it began); one refused means the lock was lost (it expired, and maybe
-// another took it): this controller steps down. One that fails otherwise changes nothing: the
-// lease runs out by itself.
+// (leaseFor from when it began). One refused means the lock was lost (it expired, and maybe
+// another took it), unless an earlier renewal that gave up waiting was stored after all
+// (landed): this controller steps down. One that fails otherwise changes nothing: the lease runs
+// out by itself.
 func (c *Controller) renew(ctx context.Context) {
 	c.mu.Lock()
 	rev, f := c.leaderRev, c.fences
@@ -439,7 +441,7 @@ func (c *Controller) renew(ctx context.Context) {
 		c.renewHook(ctx)
 	}
 	t0 := c.now()
-	rctx, cancel := context.WithTimeout(ctx, renewEvery)
+	rctx, cancel := context.WithTimeout(ctx, c.renewFor(t0))
 	nrev, err := c.buckets.Leader.Update(rctx, leaderKey, []byte(c.id), rev)
 	cancel()
 	switch {
@@ -450,10 +452,43 @@ func (c *Controller) renew(ctx context.Context) {
 		}
 		c.mu.Unlock()
 	case errors.Is(err, jetstream.ErrKeyExists) || store.Refused(err):
+		if c.landed(ctx, rev) {
+			return
+		}
 		c.stepDown(f, "the lock expired", err)
 	case ctx.Err() == nil:
 		c.log.Warn("cannot renew the leader lock", "err", err)
 	}
+}
+
+// renewFor is how long a renewal begun at now may wait: until the lease ends, and renewEvery at
+// least.
+func (c *Controller) renewFor(now time.Time) time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return max(renewEvery, c.leaseUntil.Sub(now))
+}
+
+// landed reports whether a renewal of this controller's that gave up waiting was stored after
+// all: the lock, at a revision after rev, still names this controller (no other can write that,
+// and this one takes the lock anew only once it has stepped down). The next renewal then renews
+// from that revision. The lease stays where the last renewal known to have succeeded put it,
+// which is before the lock's expiry counted from the landed one.
+func (c *Controller) landed(ctx context.Context, rev uint64) bool {
+	gctx, cancel := context.WithTimeout(ctx, c.renewFor(c.now()))
+	e, err := c.buckets.Leader.Get(gctx, leaderKey)
+	cancel()
+	if err != nil || string(e.Value()) != c.id || e.Revision() <= rev {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.leaderRev != rev { // stepped down meanwhile
+		return false
+	}
+	c.leaderRev = e.Revision()
+	c.log.Info("a renewal of the leader lock that gave up waiting was stored after all", "revision", e.Revision())
+	return true
 }
 
 // stepDown ends the leadership of the term of f, saying why, unless it has ended already.

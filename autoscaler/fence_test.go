@@ -185,6 +185,44 @@ func TestControllerStopsLeadingWhenItCannotRenew(t *testing.T) {
 	}
 }
 
+// A renewal that gave up waiting may still be stored (behind a full link, its answer came after
+// the attempt ended). The next renewal, made from the revision before it, is refused; the leader
+// then finds the lock still its own at a later revision and renews from there, where it used to
+// step down ("the lock expired") and begin a new term.
+func TestControllerKeepsTheLockALateRenewalKept(t *testing.T) {
+	t.Parallel()
+	e := newCtlEnv(t)
+	e.beat("rt-a")
+	a := e.controller(&fakePool{size: 1})
+	e.stepUntil(a, allOn("rt-a"))
+	term := autoscaler.Term(a)
+	ctx := context.Background()
+	lock, err := e.b.Leader.Get(ctx, "autoscaler")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The renewal that gave up, stored: the same holder, the next revision.
+	late, err := e.b.Leader.Update(ctx, "autoscaler", lock.Value(), lock.Revision())
+	if err != nil {
+		t.Fatal(err)
+	}
+	autoscaler.Renew(a, ctx) // from lock.Revision(): refused
+	if !a.IsLeader() || autoscaler.Term(a) != term {
+		t.Fatalf("after a renewal refused because a late one was stored: leader %v, term %+v, want term %+v", a.IsLeader(), autoscaler.Term(a), term)
+	}
+	autoscaler.Renew(a, ctx) // from the late one's revision
+	now, err := e.b.Leader.Get(ctx, "autoscaler")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if now.Revision() <= late || string(now.Value()) != string(lock.Value()) {
+		t.Fatalf("the lock at revision %d holding %q, want a renewal after %d by %q", now.Revision(), now.Value(), late, lock.Value())
+	}
+	if _, err := a.Step(ctx); err != nil {
+		t.Fatalf("a step in the same term: %v", err)
+	}
+}
+
 // blockingPool is a pool driver whose Scale blocks until released: a slow decision.
 type blockingPool struct {
 	fakePool

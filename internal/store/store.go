@@ -28,8 +28,10 @@ type Buckets struct {
 	Assign    jetstream.KeyValue // key <job>: which elastic worker holds which ranks (wire.Assignment)
 }
 
-// LeaderTTL is how long the autoscaler's leader lock lives without renewal.
-const LeaderTTL = 5 * time.Second
+// LeaderTTL is how long the autoscaler's leader lock lives without renewal: how long the
+// autoscalers go without a leader when theirs dies, and how long a renewal may take behind a full
+// link before the leader steps down (2 s and more at 25 Mbit/s).
+const LeaderTTL = 10 * time.Second
 
 // PlacementHistory is how many revisions of each shard's placement the placement bucket keeps.
 const PlacementHistory = 8
