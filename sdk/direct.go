@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nuid"
 
+	"github.com/fanin-ml/fanin/internal/rto"
 	"github.com/fanin-ml/fanin/wire"
 )
 
@@ -22,7 +23,9 @@ import (
 // it holds the next step's parameters, and sends it again on a gap (docs/PROTOCOL.md, "Direct
 // gradients"):
 //
-//   - no receipt within receiptTimeout (doubling while none comes, up to maxReceiptTimeout);
+//   - no receipt in time: receiptTimeout, or longer while receipts come late (a timer that
+//     follows the receipts' round trips, internal/rto), doubling while none comes, up to
+//     maxReceiptTimeout;
 //   - "no responders": no runtime serves the shard at this instant (a migration, a restart): again
 //     after a backoff of 10 ms doubling to 0.5 s, until the Step's context ends;
 //   - a resend notice of the shard's new owner (wire.ResendSubject): every kept step from the one
@@ -39,6 +42,7 @@ type directSender struct {
 	rsub  *nats.Subscription
 	nsub  *nats.Subscription // resend notices
 	wake  chan struct{}      // signalled by receipts and notices: the pump looks again
+	rto   *rto.Estimator     // how long a receipt may take, from the receipts that came
 
 	mu     sync.Mutex // guards everything below
 	kept   [2]keptStep
@@ -90,6 +94,7 @@ type directReq struct {
 	backoff time.Duration // after the next "no responders"
 	why     sendCause     // why it is due: what its next send is counted as, once sent before
 	sent    bool          // sent at least once
+	resent  bool          // sent more than once: its receipt is no round trip to learn from
 }
 
 type sendCause uint8
@@ -121,7 +126,8 @@ const (
 )
 
 func newDirectSender(w *Worker) (*directSender, error) {
-	d := &directSender{w: w, inbox: wire.InboxPrefix(w.rec.Spec.ID) + "." + nuid.Next(), wake: make(chan struct{}, 1), resend: map[int]int64{}}
+	d := &directSender{w: w, inbox: wire.InboxPrefix(w.rec.Spec.ID) + "." + nuid.Next(), wake: make(chan struct{}, 1), resend: map[int]int64{},
+		rto: rto.New(receiptTimeout, maxReceiptTimeout)}
 	var err error
 	if d.rsub, err = w.c.nc.Subscribe(d.inbox+".>", d.onAnswer); err != nil {
 		return nil, err
@@ -267,6 +273,9 @@ func (d *directSender) onAnswer(m *nats.Msg) {
 				r.backoff = min(2*r.backoff, maxNoRespBackoff)
 			default: // a receipt, or a rejection: either way the runtime answered this one
 				r.state = reqReceipted
+				if !r.resent {
+					d.rto.Sample(time.Since(r.at))
+				}
 			}
 		}
 	}
@@ -356,6 +365,7 @@ func (d *directSender) sendDue(t int64, now time.Time) error {
 				d.inFly -= len(r.msg.Data)
 				r.timeout = min(2*r.timeout, maxReceiptTimeout)
 				r.why = sendTimeout
+				d.rto.Backoff(now)
 			case r.state == reqNoResponders && !now.Before(r.at):
 				r.why = sendNoResponders
 			case r.state == reqDue:
@@ -379,7 +389,9 @@ func (d *directSender) sendDue(t int64, now time.Time) error {
 				d.resends.count(r.why)
 			}
 			d.inFly += len(r.msg.Data)
+			r.resent = r.sent
 			r.state, r.at, r.sent = reqSent, now, true
+			r.timeout = max(r.timeout, d.rto.Timeout())
 		}
 	}
 	return nil

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fanin-ml/fanin/internal/natstest"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/wire"
 )
@@ -90,4 +91,60 @@ func TestDirectKeepHoldsTwoSteps(t *testing.T) {
 	d.keep(3, grads(3)) // step 1's slot
 	check(2)
 	check(3)
+}
+
+// Receipts slower than receiptTimeout (a runtime across a full link, behind megabytes of other
+// gradients) make a worker send its gradients again once, not every step: the timer backs off
+// after the first timeout and then follows the receipts' round trips (internal/rto). With the
+// fixed timeout every request of every step was sent twice, the copy behind the first on the
+// same link.
+func TestDirectReceiptTimerFollowsRoundTrips(t *testing.T) {
+	t.Parallel()
+	nc := natstest.Connect(t)
+	spec := job.Spec{ID: "late", Tensors: []job.Tensor{{Name: "w", Shape: []int{3000}}}, Ranks: 1,
+		Function: job.Function{Name: "sgd", Hyper: map[string]float64{"lr": 0.1}}, ShardSize: 4 << 10, Gradients: job.GradientsDirect}
+	spec.Normalize()
+	rec := job.NewRecord(spec, time.Now())
+	n := rec.Layout.NumShards()
+	copies := natstest.SlowReplies(t, nc, wire.GradWildcard(spec.ID), receiptTimeout+time.Second, nil)
+	w := &Worker{c: &Client{nc: nc}, rec: &rec, ranks: []int{0}, dtype: wire.F32, got: make([]int64, n)}
+	d, err := newDirectSender(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.close()
+	var perStep []int32
+	for step := int64(1); step <= 3; step++ {
+		before := copies.Load()
+		d.keep(step, [][]float32{make([]float32, 3000)})
+		deadline := time.Now().Add(time.Minute)
+		for !d.receipted(step) {
+			if time.Now().After(deadline) {
+				t.Fatalf("step %d: no receipt for every shard in a minute", step)
+			}
+			if err := d.sendDue(step, time.Now()); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(directPoll)
+		}
+		perStep = append(perStep, copies.Load()-before)
+	}
+	// Step 1 meets the floor: each request is sent twice. Later steps wait as long as receipts
+	// take: each is sent once.
+	if perStep[1] != int32(n) || perStep[2] != int32(n) {
+		t.Fatalf("requests sent per step %v for %d shards: want %d in steps 2 and 3", perStep, n, n)
+	}
+}
+
+// receipted reports whether every request of step t has its receipt.
+func (d *directSender) receipted(t int64) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	k := &d.kept[t%2]
+	for _, r := range k.reqs {
+		if k.step != t || r.state != reqReceipted {
+			return false
+		}
+	}
+	return true
 }
