@@ -20,8 +20,8 @@ func TestSlowAckComes(t *testing.T) {
 	t.Parallel()
 	nc := natstest.Connect(t)
 	// The stream's server, as seen from a slow link: each copy of the message is acknowledged
-	// later than a retry's first attempt (ackAttempt).
-	copies := natstest.SlowReplies(t, nc, "slow.params", ackAttempt+ackAttempt/4, []byte(`{"stream":"SLOW","seq":1}`))
+	// later than the acker's first wait (ackTimeout).
+	copies := natstest.SlowReplies(t, nc, "slow.params", ackTimeout+ackTimeout/4, []byte(`{"stream":"SLOW","seq":1}`))
 
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(100*time.Millisecond))
 	if err != nil {
@@ -36,9 +36,41 @@ func TestSlowAckComes(t *testing.T) {
 	if !<-done {
 		t.Fatalf("the publish was not acknowledged after %d copies", copies.Load())
 	}
-	// The asynchronous publish times out after 100 ms; the first retry, given twice ackAttempt, is
+	// The asynchronous publish times out after 100 ms; the first retry, given twice ackTimeout, is
 	// answered. One more if the machine is slow.
 	if n := copies.Load(); n > 3 {
 		t.Fatalf("the message was sent %d times, want at most 3", n)
+	}
+}
+
+// Acknowledgements that all come later than ackTimeout (the parameter stream's server across a
+// full link) have the first message published twice, and the next ones once: the acker's timer
+// backs off after the timeout and then follows the acknowledgements' round trips. With the fixed
+// timeout each message was published twice, and a parameter message's copy went to every worker
+// too.
+func TestAckTimerFollowsRoundTrips(t *testing.T) {
+	t.Parallel()
+	nc := natstest.Connect(t)
+	copies := natstest.SlowReplies(t, nc, "late.params", ackTimeout+time.Second, []byte(`{"stream":"LATE","seq":1}`))
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(ackAttemptMax)) // as the runtime's
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newAcker(js, slog.New(slog.NewTextHandler(t.Output(), nil)))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	go a.run(ctx)
+	var sent []int32
+	for range 3 {
+		before := copies.Load()
+		done := make(chan bool, 1)
+		a.submit(&nats.Msg{Subject: "late.params", Data: []byte("a shard's parameters")}, nil, func(ok bool) { done <- ok })
+		if !<-done {
+			t.Fatalf("not acknowledged after %d copies", copies.Load()-before)
+		}
+		sent = append(sent, copies.Load()-before)
+	}
+	if sent[1] != 1 || sent[2] != 1 {
+		t.Fatalf("copies of each of 3 messages %v: want the second and third published once", sent)
 	}
 }

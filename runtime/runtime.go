@@ -154,7 +154,7 @@ func New(nc *nats.Conn, opts ...Option) (*Runtime, error) {
 	// Without a timeout, an acknowledgement lost in a reconnect would leave its future (and the
 	// buffer it holds) waiting forever; a timeout turns it into a retry, which the message id
 	// makes safe.
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(ackTimeout))
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(ackAttemptMax))
 	if err != nil {
 		return nil, err
 	}
@@ -725,8 +725,10 @@ func (r *Runtime) Shards() []string {
 	return keys
 }
 
-// ackTimeout bounds the wait for JetStream to acknowledge an asynchronous publish: a publish lost
-// in a stream leader's election is sent again after it (acker.wait), under the same message id. An
-// election takes a few seconds; a healthy acknowledgement, milliseconds, large messages under load
-// well under a second.
+// ackTimeout is the least wait for JetStream to acknowledge an asynchronous publish before it is
+// sent again (acker.wait), under the same message id: a publish lost in a stream leader's election
+// is sent again after it. An election takes a few seconds; a healthy acknowledgement,
+// milliseconds, large messages under load well under a second. The acker waits longer while
+// acknowledgements come late (acker.rto); the client library's own timeout, which frees a
+// publish's future, is the longest wait, ackAttemptMax.
 const ackTimeout = 3 * time.Second
