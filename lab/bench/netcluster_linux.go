@@ -428,7 +428,11 @@ func runFaninCluster(ctx context.Context, rs *runState, env *clusterEnv, c clust
 		}
 		run.sum = rep.Sha256
 		run.runs = append(run.runs, rep.StepsPerSec)
-		fetched = append(fetched, fmt.Sprintf("w%d %d/%d", i, rep.Fetches, rep.Resends))
+		f := fmt.Sprintf("w%d %d/%d", i, rep.Fetches, rep.Resends)
+		if by := rep.ResendsBy; by.Total() > 0 {
+			f += fmt.Sprintf(" (timeout %d, stall %d, notice %d, no responders %d)", by.Timeout, by.Stall, by.Notice, by.NoResponders)
+		}
+		fetched = append(fetched, f)
 	}
 	run.stepsPerSec = slices.Min(run.runs)
 

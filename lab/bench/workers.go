@@ -54,6 +54,8 @@ type WorkersReport struct {
 	// (sdk.Worker.DirectResends).
 	Fetches int64 `json:"fetches,omitempty"`
 	Resends int64 `json:"resends,omitempty"`
+	// ResendsBy are the same re-sends by what made the worker send again.
+	ResendsBy sdk.Resends `json:"resends_by"`
 }
 
 // fetchCounter is a sdk.Meter that counts the parameters fetched rather than pushed.
@@ -162,9 +164,10 @@ func RunWorkers(ctx context.Context, cfg WorkersConfig) (*WorkersReport, error) 
 			return nil, err
 		}
 	}
-	resends := func() (n int64) {
+	resends := func() (n sdk.Resends) {
 		for _, w := range workers {
-			n += w.DirectResends().Total()
+			r := w.DirectResends()
+			n.Notice, n.Stall, n.Timeout, n.NoResponders = n.Notice+r.Notice, n.Stall+r.Stall, n.Timeout+r.Timeout, n.NoResponders+r.NoResponders
 		}
 		return n
 	}
@@ -179,7 +182,10 @@ func RunWorkers(ctx context.Context, cfg WorkersConfig) (*WorkersReport, error) 
 		took[i] = time.Since(t0)
 	}
 	el := time.Since(start)
-	rep := &WorkersReport{Fetches: fetches.n.Load() - fetched0, Resends: resends() - resent0}
+	r := resends()
+	by := sdk.Resends{Notice: r.Notice - resent0.Notice, Stall: r.Stall - resent0.Stall, Timeout: r.Timeout - resent0.Timeout,
+		NoResponders: r.NoResponders - resent0.NoResponders}
+	rep := &WorkersReport{Fetches: fetches.n.Load() - fetched0, Resends: by.Total(), ResendsBy: by}
 	stepMs := make([]float64, len(took))
 	for i, d := range took {
 		stepMs[i] = ms(d)
