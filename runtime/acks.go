@@ -24,6 +24,9 @@ type acker struct {
 	// ackAttemptMax. Without it every parameter message acknowledged after 3 s at 25 Mbit/s was
 	// published again, and each copy went to every worker too.
 	rto *rto.Estimator
+	// seen, if set, is told each round trip sampled, and the wait of each first attempt that timed
+	// out (a lower bound): the runtime's heartbeats ride the same routes (beatMeter.observe).
+	seen func(time.Duration)
 }
 
 type ackItem struct {
@@ -104,12 +107,15 @@ func (a *acker) wait(ctx context.Context, it ackItem) bool {
 		select {
 		case <-it.fut.Ok():
 			timer.Stop()
-			a.rto.Sample(time.Since(it.sent))
+			rtt := time.Since(it.sent)
+			a.rto.Sample(rtt)
+			a.saw(rtt)
 			return true
 		case err = <-it.fut.Err():
 			timer.Stop()
 		case <-timer.C:
 			err = errNoAck
+			a.saw(wait)
 		case <-ctx.Done():
 			timer.Stop()
 			return false
@@ -144,6 +150,12 @@ func (a *acker) wait(ctx context.Context, it ackItem) bool {
 	}
 	a.log.Error("publish failed; the shard will replay from its last snapshot", "subject", it.msg.Subject, "err", err)
 	return false
+}
+
+func (a *acker) saw(rtt time.Duration) {
+	if a.seen != nil {
+		a.seen(rtt)
+	}
 }
 
 // errNoAck is an asynchronous publish not acknowledged within the acker's timer.

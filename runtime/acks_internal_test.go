@@ -57,9 +57,12 @@ func TestAckTimerFollowsRoundTrips(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := newAcker(js, slog.New(slog.NewTextHandler(t.Output(), nil)))
+	var seen []time.Duration // read once the acker has stopped
+	a.seen = func(rtt time.Duration) { seen = append(seen, rtt) }
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	go a.run(ctx)
+	stopped := make(chan struct{})
+	go func() { a.run(ctx); close(stopped) }()
 	var sent []int32
 	for range 3 {
 		before := copies.Load()
@@ -72,5 +75,12 @@ func TestAckTimerFollowsRoundTrips(t *testing.T) {
 	}
 	if sent[1] != 1 || sent[2] != 1 {
 		t.Fatalf("copies of each of 3 messages %v: want the second and third published once", sent)
+	}
+	// The round trips go to the heartbeats' lapse too: the first timeout's wait, then the two
+	// acknowledgements' round trips.
+	cancel()
+	<-stopped
+	if len(seen) != 3 || seen[0] < ackTimeout || seen[1] < ackTimeout || seen[2] < ackTimeout {
+		t.Fatalf("round trips seen %v, want 3 of %v or more", seen, ackTimeout)
 	}
 }

@@ -17,7 +17,8 @@ import (
 // live runtime for dead and move its shards away. So a runtime sends a heartbeat every period
 // without waiting for the last (up to maxBeatsInFlight unanswered: they are small, and a
 // registration outlives none of them), and asks for a longer lapse while its heartbeats are slow
-// (store.LapseFor): the judges hear of its heartbeats late too.
+// (store.LapseFor), or while its other messages' acknowledgements are: the judges hear of its
+// heartbeats late too.
 
 // maxBeatsInFlight bounds the heartbeats sent and not yet answered: a period's worth of them over
 // the registry's TTL, after which one is no use.
@@ -27,12 +28,13 @@ const maxBeatsInFlight = int(store.RuntimeTTL / store.RuntimeHeartbeat)
 // of a training job fill at every step, so a runtime that was slow a step ago will be again.
 const beatWindow = time.Minute
 
-// beatMeter keeps the heartbeats in flight and the recent round trips of the answered ones.
+// beatMeter keeps the heartbeats in flight and the recent round trips of the answered ones, and of
+// the runtime's other messages observed.
 type beatMeter struct {
 	mu       sync.Mutex
 	inFlight map[uint64]time.Time // by sequence number: when each was sent
 	next     uint64
-	recent   []beatSample // answered or given up on within beatWindow, oldest first
+	recent   []beatSample // answered, given up on or observed within beatWindow, oldest first
 }
 
 type beatSample struct {
@@ -68,8 +70,18 @@ func (m *beatMeter) done(n uint64, now time.Time) {
 	m.recent = append(m.recent, beatSample{at: now, rtt: now.Sub(sent)})
 }
 
-// worst is the longest round trip of the heartbeats answered within beatWindow of now, or the age
-// of the oldest unanswered one if it is longer.
+// observe records the round trip of another message of the runtime's through the same NATS
+// routes (a publish's acknowledgement; a lower bound when it got none in time). Behind a full
+// link the data's acknowledgements are slow before a heartbeat is, and the heartbeats after them
+// will be: the lapse asked for follows them too.
+func (m *beatMeter) observe(now time.Time, rtt time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.recent = append(m.recent, beatSample{at: now, rtt: rtt})
+}
+
+// worst is the longest round trip of the heartbeats answered (and of the messages observed) within
+// beatWindow of now, or the age of the oldest unanswered heartbeat if it is longer.
 func (m *beatMeter) worst(now time.Time) time.Duration {
 	m.mu.Lock()
 	defer m.mu.Unlock()

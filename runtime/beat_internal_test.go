@@ -45,6 +45,12 @@ func TestBeatMeter(t *testing.T) {
 	if got := m.lapse(at.Add(beatWindow + time.Millisecond)); got != store.RuntimeLapse {
 		t.Fatalf("the slow heartbeat a window ago: lapse %v, want the default", got)
 	}
+	// A publish's acknowledgement 3 s late, through the same routes: the lapse follows it.
+	later := at.Add(2 * beatWindow)
+	m.observe(later, 3*time.Second)
+	if got, want := m.lapse(later.Add(time.Second)), store.LapseFor(3*time.Second); got != want || got <= store.RuntimeLapse {
+		t.Fatalf("an acknowledgement 3s late: lapse %v, want %v", got, want)
+	}
 	if got := store.LapseFor(time.Minute); got != store.MaxRuntimeLapse {
 		t.Fatalf("a minute's round trip: lapse %v, want the most, %v", got, store.MaxRuntimeLapse)
 	}

@@ -226,6 +226,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 	var bg sync.WaitGroup
 	loops, stopLoops := context.WithCancel(context.Background())
 	r.acks = newAcker(r.js, r.log)
+	r.acks.seen = func(rtt time.Duration) { r.beats.observe(r.now(), rtt) }
 	r.purger = newPurger(r.log)
 	bg.Add(4)
 	go func() { defer bg.Done(); r.report(loops, time.Duration(loadEvery.Load())) }()
