@@ -579,9 +579,15 @@ func (c *Controller) observe(snap view.Snapshot, now time.Time, writable time.Du
 	runtimes, loads := c.notDead(snap.Runtimes, snap.Loads)
 	live := map[string]bool{}
 	var rates []float64
+	var newest time.Time // of any runtime's heartbeats: how stale the view itself is, for the log
+	for _, rt := range runtimes {
+		if rt.Beat.After(newest) {
+			newest = rt.Beat
+		}
+	}
 	for id, rt := range runtimes {
 		lapsed := writable >= store.Lapse(rt.Lapse) && !rt.Alive(now)
-		c.sayLapse(id, rt, now, lapsed)
+		c.sayLapse(id, rt, now, newest, lapsed)
 		if lapsed {
 			continue
 		}
@@ -705,10 +711,11 @@ func (c *Controller) paramsLeaders(ctx context.Context, snap view.Snapshot, now 
 	return out
 }
 
-// sayLapse logs when runtime id's heartbeats lapse, and when a runtime taken for dead is heard
-// again: its heartbeats were late, not missing (a full link, an overloaded NATS server), and its
-// shards moved for nothing. c.mu is held.
-func (c *Controller) sayLapse(id string, rt view.Runtime, now time.Time, lapsed bool) {
+// sayLapse logs when runtime id's heartbeats lapse (with the age of the newest heartbeat of any
+// runtime: a view that lags makes them all old), and when a runtime taken for dead is heard again:
+// its heartbeats were late, not missing (a full link, an overloaded NATS server), and its shards
+// moved for nothing. c.mu is held.
+func (c *Controller) sayLapse(id string, rt view.Runtime, now, newest time.Time, lapsed bool) {
 	if c.lapsed == nil {
 		c.lapsed = map[string]bool{}
 	}
@@ -721,7 +728,8 @@ func (c *Controller) sayLapse(id string, rt view.Runtime, now time.Time, lapsed 
 	}
 	if lapsed {
 		c.log.Info("a runtime's heartbeats lapsed: taking it for dead", "runtime", id,
-			"last_heartbeat", now.Sub(rt.Beat).Round(time.Millisecond), "lapse", store.Lapse(rt.Lapse))
+			"last_heartbeat", now.Sub(rt.Beat).Round(time.Millisecond), "lapse", store.Lapse(rt.Lapse),
+			"newest_of_any", now.Sub(newest).Round(time.Millisecond))
 		return
 	}
 	c.log.Warn("a runtime taken for dead is heard again: its heartbeats were late", "runtime", id,
