@@ -573,20 +573,27 @@ const deadFor = 2 * store.RuntimeTTL
 // runtime the driver reported dead, written before it did or until deadFor after, and its load
 // reports received before. A runtime whose heartbeat lapsed is dead only once the registry has
 // been writable (for writable; negative: it is not) for that runtime's whole lapse: until then its
-// heartbeats may have had nowhere to go. c.mu is held.
+// heartbeats may have had nowhere to go; and its age counts from the newest heartbeat the view
+// has of any runtime, up to maxViewLag (below). c.mu is held.
 func (c *Controller) observe(snap view.Snapshot, now time.Time, writable time.Duration) Observations {
 	var obs Observations
 	runtimes, loads := c.notDead(snap.Runtimes, snap.Loads)
 	live := map[string]bool{}
 	var rates []float64
-	var newest time.Time // of any runtime's heartbeats: how stale the view itself is, for the log
+	// The view's own lag: the age of the newest heartbeat of any runtime, less a period. Its watch
+	// of the registry rides the NATS routes too, and behind a full link no heartbeat at all reached
+	// it for seconds: every runtime looked that much older than it was. The lag is taken off every
+	// runtime's age, up to maxViewLag: were all the runtimes dead at once, they would be found dead
+	// that much later (the driver reports the deaths it sees at once).
+	var newest time.Time
 	for _, rt := range runtimes {
 		if rt.Beat.After(newest) {
 			newest = rt.Beat
 		}
 	}
+	lag := min(maxViewLag, max(0, now.Sub(newest)-store.RuntimeHeartbeat))
 	for id, rt := range runtimes {
-		lapsed := writable >= store.Lapse(rt.Lapse) && !rt.Alive(now)
+		lapsed := writable >= store.Lapse(rt.Lapse) && !rt.Alive(now.Add(-lag))
 		c.sayLapse(id, rt, now, newest, lapsed)
 		if lapsed {
 			continue
@@ -710,6 +717,9 @@ func (c *Controller) paramsLeaders(ctx context.Context, snap view.Snapshot, now 
 	}
 	return out
 }
+
+// maxViewLag is the most of the view's lag that observe takes off the runtimes' ages.
+const maxViewLag = store.MaxRuntimeLapse - store.RuntimeLapse
 
 // sayLapse logs when runtime id's heartbeats lapse (with the age of the newest heartbeat of any
 // runtime: a view that lags makes them all old), and when a runtime taken for dead is heard again:

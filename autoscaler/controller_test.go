@@ -309,7 +309,8 @@ func TestControllerPausedJobUnplaced(t *testing.T) {
 
 // A runtime whose heartbeat lapsed (store.RuntimeLapse) is dead to the controller: its shards move
 // in the first decision after the lapse. The controller's clock moves by hand: the lapse takes no
-// time.
+// time. No heartbeat comes meanwhile, so to the controller its view lags (observe): rt-a's age
+// counts from rt-b's heartbeat, a moment after its own, less the most lag taken off.
 func TestControllerLapsedRuntime(t *testing.T) {
 	t.Parallel()
 	e := newCtlEnv(t)
@@ -319,7 +320,7 @@ func TestControllerLapsedRuntime(t *testing.T) {
 	e.stepUntil(c, allOn("rt-a"))
 	a := autoscaler.Snapshot(c).Runtimes["rt-a"].Beat // as the server stamped it
 	e.beatSeen(c, "rt-b")                             // rt-a has stopped: rt-b's heartbeat is the later one
-	e.advance(c, clock, a.Add(store.RuntimeLapse))
+	e.advance(c, clock, a.Add(store.RuntimeLapse+autoscaler.MaxViewLag))
 	e.stepUntil(c, allOn("rt-b"))
 }
 
@@ -336,7 +337,8 @@ func TestControllerGivesTheLapseAskedFor(t *testing.T) {
 	e.stepUntil(c, allOn("rt-a"))
 	a := autoscaler.Snapshot(c).Runtimes["rt-a"].Beat // as the server stamped it
 	e.beatSeen(c, "rt-b")
-	e.advance(c, clock, a.Add(store.RuntimeLapse+2*time.Second))
+	// No heartbeat comes meanwhile: the controller takes its view's lag off, up to MaxViewLag.
+	e.advance(c, clock, a.Add(store.RuntimeLapse+2*time.Second+autoscaler.MaxViewLag))
 	for range 3 {
 		if _, err := c.Step(context.Background()); err != nil {
 			t.Fatal(err)
@@ -345,7 +347,7 @@ func TestControllerGivesTheLapseAskedFor(t *testing.T) {
 			t.Fatalf("rt-a asked for a lapse of 9s and was taken for dead after %v: %v", store.RuntimeLapse+2*time.Second, err)
 		}
 	}
-	e.advance(c, clock, a.Add(9*time.Second))
+	e.advance(c, clock, a.Add(9*time.Second+autoscaler.MaxViewLag))
 	e.stepUntil(c, allOn("rt-b"))
 }
 

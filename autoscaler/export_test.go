@@ -37,3 +37,6 @@ func ParamsLeaders(c *Controller, ctx context.Context, snap view.Snapshot, now t
 
 // LeaderRefresh is how long c trusts what it learnt of a parameter stream's leader.
 const LeaderRefresh = leaderRefresh
+
+// MaxViewLag is the most of its view's lag that the controller takes off the runtimes' ages.
+const MaxViewLag = maxViewLag

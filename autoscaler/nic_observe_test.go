@@ -1,9 +1,12 @@
 package autoscaler
 
 import (
+	"fmt"
 	"math"
 	"testing"
+	"time"
 
+	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/internal/view"
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/wire"
@@ -100,6 +103,41 @@ func TestObserveTakesAMovedShardFromItsOwner(t *testing.T) {
 			if len(obs.Shards) != 1 || obs.Shards[0].Work != work[owner] {
 				t.Fatalf("placed on %s: observed %+v, want its work %v", owner, obs.Shards, work[owner])
 			}
+		}
+	}
+}
+
+// A view that has heard no runtime for a while (its watch held up behind data) does not take them
+// all for dead: their ages count from the newest heartbeat of any, less a period, up to
+// maxViewLag. One runtime silent while another beats is dead after its lapse as before.
+func TestObserveDiscountsTheViewsLag(t *testing.T) {
+	t.Parallel()
+	s := job.Spec{ID: "j", Tensors: []job.Tensor{{Name: "w", Shape: []int{1024}}}, Ranks: 2,
+		Function: job.Function{Name: "sum"}, ShardSize: 4096}
+	live := func(beatA, beatB, now time.Time) []string {
+		snap := twoRuntimes(s, 1, nil, wire.LoadReport{Runtime: "rt-a", Cores: 1}, wire.LoadReport{Runtime: "rt-b", Cores: 1})
+		a, b := snap.Runtimes["rt-a"], snap.Runtimes["rt-b"]
+		a.Beat, b.Beat = beatA, beatB
+		snap.Runtimes["rt-a"], snap.Runtimes["rt-b"] = a, b
+		var ids []string
+		for _, r := range (&Controller{}).observe(snap, now, time.Hour).Runtimes {
+			ids = append(ids, r.ID)
+		}
+		return ids
+	}
+	sec := time.Second
+	for _, c := range []struct {
+		name         string
+		beatA, beatB time.Time
+		now          time.Time
+		want         string
+	}{
+		{"both heard 7 s ago: the view lags", t0, t0, t0.Add(7 * sec), "[rt-a rt-b]"},
+		{"rt-b silent 6 s, rt-a heard now", t0.Add(6 * sec), t0, t0.Add(6 * sec), "[rt-a]"},
+		{"both silent past the lapse and the most lag", t0, t0, t0.Add(store.RuntimeLapse + maxViewLag + store.RuntimeHeartbeat), "[]"},
+	} {
+		if got := fmt.Sprint(live(c.beatA, c.beatB, c.now)); got != c.want {
+			t.Errorf("%s: live %s, want %s", c.name, got, c.want)
 		}
 	}
 }
