@@ -89,22 +89,25 @@ type Controller struct {
 	draining map[string]bool
 	// templateSaid: the log said once that the driver's template, not the policy, sizes runtimes.
 	templateSaid bool
-	// The leadership: the lock's current revision (0: not leader), the term it was taken in, until
+	// The leadership: the lock's current revision (0: not leader), the term it was taken in, how
+	// long a renewal lets it act (leaseFor, or less on a lock bucket with a shorter TTL), until
 	// when this controller may act as leader (renewals push it on), and the term's fences.
 	leaderRev  uint64
 	term       store.Term
+	lease      time.Duration
 	leaseUntil time.Time
 	fences     *fences
 	recent     []Decision           // newest last, at most maxRecent
 	vanished   []string             // runtimes the driver saw die, to deregister at once
 	dead       map[string]time.Time // runtimes deregistered as vanished, and when: ids are never reused
 	wake       chan struct{}        // a runtime vanished: decide now
-	// registrySince is when the runtime registry last became writable (zero while it is not):
-	// heartbeats lapse for real only once it has been for a whole RuntimeLapse.
+	// registrySince is when the runtime registry last became writable (zero while it is not): a
+	// runtime's heartbeats lapse for real only once it has been for that runtime's whole lapse.
 	registrySince time.Time
 	registryCheck func(context.Context) bool // registryHealthy; tests replace it
-	// lapsed are the runtimes observe last took for dead by their heartbeats (sayLapse).
-	lapsed map[string]bool
+	// lapsed are the runtimes observe took for dead by their heartbeats, each with the heartbeat
+	// it was last heard at then (sayLapse).
+	lapsed map[string]time.Time
 
 	ready chan struct{} // closed once Run follows the state (buckets set, current values in)
 
@@ -593,7 +596,10 @@ func (c *Controller) observe(snap view.Snapshot, now time.Time, writable time.Du
 	}
 	lag := min(maxViewLag, max(0, now.Sub(newest)-store.RuntimeHeartbeat))
 	for id, rt := range runtimes {
-		lapsed := writable >= store.Lapse(rt.Lapse) && !rt.Alive(now.Add(-lag))
+		// Once dead, a runtime stays so until it is heard again: the lag and the registry's
+		// health can change without any news of it.
+		at, was := c.lapsed[id]
+		lapsed := was && !rt.Beat.After(at) || writable >= store.Lapse(rt.Lapse) && !rt.Alive(now.Add(-lag))
 		c.sayLapse(id, rt, now, newest, lapsed)
 		if lapsed {
 			continue
@@ -727,13 +733,15 @@ const maxViewLag = store.MaxRuntimeLapse - store.RuntimeLapse
 // moved for nothing. c.mu is held.
 func (c *Controller) sayLapse(id string, rt view.Runtime, now, newest time.Time, lapsed bool) {
 	if c.lapsed == nil {
-		c.lapsed = map[string]bool{}
+		c.lapsed = map[string]time.Time{}
 	}
-	if c.lapsed[id] == lapsed {
-		return
+	_, was := c.lapsed[id]
+	if lapsed {
+		c.lapsed[id] = rt.Beat
+	} else {
+		delete(c.lapsed, id)
 	}
-	c.lapsed[id] = lapsed
-	if c.log == nil {
+	if was == lapsed || c.log == nil {
 		return
 	}
 	if lapsed {

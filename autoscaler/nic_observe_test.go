@@ -141,3 +141,44 @@ func TestObserveDiscountsTheViewsLag(t *testing.T) {
 		}
 	}
 }
+
+// A runtime taken for dead stays dead until it is heard again: not when the view's lag changes
+// because the runtime heard last leaves (deregistered, reported dead by the driver), nor when the
+// registry's health does.
+func TestObserveLapsedStaysDead(t *testing.T) {
+	t.Parallel()
+	s := job.Spec{ID: "j", Tensors: []job.Tensor{{Name: "w", Shape: []int{1024}}}, Ranks: 2,
+		Function: job.Function{Name: "sum"}, ShardSize: 4096}
+	c := &Controller{}
+	live := func(now time.Time, writable time.Duration, beats map[string]time.Time) string {
+		snap := twoRuntimes(s, 1, nil, wire.LoadReport{Runtime: "rt-a", Cores: 1}, wire.LoadReport{Runtime: "rt-b", Cores: 1})
+		for id, rt := range snap.Runtimes {
+			b, ok := beats[id]
+			if !ok {
+				delete(snap.Runtimes, id)
+				delete(snap.Loads, id)
+				continue
+			}
+			rt.Beat = b
+			snap.Runtimes[id] = rt
+		}
+		var ids []string
+		for _, r := range c.observe(snap, now, writable).Runtimes {
+			ids = append(ids, r.ID)
+		}
+		return fmt.Sprint(ids)
+	}
+	sec := time.Second
+	if got := live(t0.Add(6*sec), time.Hour, map[string]time.Time{"rt-a": t0.Add(6 * sec), "rt-b": t0}); got != "[rt-a]" {
+		t.Fatalf("rt-b silent 6 s beside rt-a: live %s, want [rt-a]", got)
+	}
+	if got := live(t0.Add(6500*time.Millisecond), time.Hour, map[string]time.Time{"rt-b": t0}); got != "[]" {
+		t.Fatalf("rt-a gone, rt-b still silent: live %s, want []", got)
+	}
+	if got := live(t0.Add(6600*time.Millisecond), -1, map[string]time.Time{"rt-b": t0}); got != "[]" {
+		t.Fatalf("the registry unhealthy, rt-b still silent: live %s, want []", got)
+	}
+	if got := live(t0.Add(7200*time.Millisecond), time.Hour, map[string]time.Time{"rt-b": t0.Add(7 * sec)}); got != "[rt-b]" {
+		t.Fatalf("rt-b heard again: live %s, want [rt-b]", got)
+	}
+}
