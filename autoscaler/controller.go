@@ -392,11 +392,16 @@ func (c *Controller) campaign(ctx context.Context) bool {
 		if c.now().Before(until) {
 			return true
 		}
-		c.stepDown(f, "the lock was not renewed in time", nil)
+		if !c.lapse(f, until) {
+			return true // a renewal extended the lease meanwhile
+		}
 	}
 	t0 := c.now()
 	kv := c.buckets.Leader
 	nrev, err := kv.Create(ctx, leaderKey, []byte(c.id))
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		nrev, err = c.takeBack(ctx)
+	}
 	if err != nil {
 		return false
 	}
@@ -407,8 +412,14 @@ func (c *Controller) campaign(ctx context.Context) bool {
 		return false
 	}
 	term := store.Term{Epoch: st.CachedInfo().Created.UnixNano(), Rev: nrev, Leader: c.id}
+	// The lease is shorter than the lock's TTL as the bucket has it: an older fanin's may be
+	// shorter than LeaderTTL.
+	lease := leaseFor
+	if ttl := st.CachedInfo().Config.MaxAge; ttl > 0 {
+		lease = min(lease, max(ttl/2, ttl-renewEvery))
+	}
 	c.mu.Lock()
-	c.leaderRev, c.term, c.leaseUntil, c.fences = nrev, term, t0.Add(leaseFor), c.newFences(term)
+	c.leaderRev, c.term, c.lease, c.leaseUntil, c.fences = nrev, term, lease, t0.Add(lease), c.newFences(term)
 	c.mu.Unlock()
 	c.log.Info("became the autoscaler leader", "term", nrev)
 	return true
@@ -451,7 +462,7 @@ func (c *Controller) renew(ctx context.Context) {
 	case err == nil:
 		c.mu.Lock()
 		if c.leaderRev == rev { // not stepped down meanwhile
-			c.leaderRev, c.leaseUntil = nrev, t0.Add(leaseFor)
+			c.leaderRev, c.leaseUntil = nrev, t0.Add(c.lease)
 		}
 		c.mu.Unlock()
 	case errors.Is(err, jetstream.ErrKeyExists) || store.Refused(err):
@@ -492,6 +503,34 @@ func (c *Controller) landed(ctx context.Context, rev uint64) bool {
 	c.leaderRev = e.Revision()
 	c.log.Info("a renewal of the leader lock that gave up waiting was stored after all", "revision", e.Revision())
 	return true
+}
+
+// lapse steps down from the term of f because its lease, which ran until until, is over; unless
+// a renewal extended the lease since (it reports false then).
+func (c *Controller) lapse(f *fences, until time.Time) bool {
+	c.mu.Lock()
+	renewed := c.fences == f && c.leaseUntil.After(until)
+	c.mu.Unlock()
+	if renewed {
+		return false
+	}
+	c.stepDown(f, "the lock was not renewed in time", nil)
+	return true
+}
+
+// takeBack takes the lock for a new term when it still names this controller, which no longer
+// leads: a renewal stored after the lease ran out (behind a full link). Without it, nobody could
+// take the lock until it expired, a whole TTL without a leader. The update is refused if the
+// lock moved on meanwhile.
+func (c *Controller) takeBack(ctx context.Context) (uint64, error) {
+	e, err := c.buckets.Leader.Get(ctx, leaderKey)
+	if err != nil {
+		return 0, err
+	}
+	if string(e.Value()) != c.id {
+		return 0, jetstream.ErrKeyExists
+	}
+	return c.buckets.Leader.Update(ctx, leaderKey, []byte(c.id), e.Revision())
 }
 
 // stepDown ends the leadership of the term of f, saying why, unless it has ended already.

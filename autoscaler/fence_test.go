@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -155,7 +156,8 @@ func jetstreamOf(t *testing.T, nc *nats.Conn) jetstream.JetStream {
 
 // A leader whose renewal hangs stops acting as leader once its lease is over, before the lock's
 // TTL has passed (so before another can take the lock): it was leader as long as it held the lock,
-// renewed or not.
+// renewed or not. Its next step ends that term; it may lead again only in a new one, taking the
+// lock back (it still names it, and nobody else could have taken it).
 func TestControllerStopsLeadingWhenItCannotRenew(t *testing.T) {
 	t.Parallel()
 	if autoscaler.LeaseFor >= store.LeaderTTL {
@@ -167,7 +169,14 @@ func TestControllerStopsLeadingWhenItCannotRenew(t *testing.T) {
 	a := e.controller(&fakePool{size: 1}, autoscaler.WithClock(clock.Now))
 	e.stepUntil(a, allOn("rt-a"))
 	renewing, release := make(chan struct{}), make(chan struct{})
-	autoscaler.SetRenewHook(a, func(context.Context) { close(renewing); <-release })
+	var calls atomic.Int32
+	autoscaler.SetRenewHook(a, func(context.Context) {
+		if calls.Add(1) == 1 { // this renewal hangs; later ones (a new term's) do not
+			close(renewing)
+			<-release
+		}
+	})
+	term := autoscaler.Term(a)
 	var wg sync.WaitGroup
 	wg.Go(func() { autoscaler.Renew(a, context.Background()) })
 	defer func() { close(release); wg.Wait() }()
@@ -180,8 +189,9 @@ func TestControllerStopsLeadingWhenItCannotRenew(t *testing.T) {
 	if a.IsLeader() {
 		t.Fatalf("still leader %v after its last renewal, the lock's TTL being %v", autoscaler.LeaseFor, store.LeaderTTL)
 	}
-	if _, err := a.Step(context.Background()); !errors.Is(err, autoscaler.ErrNotLeader) {
-		t.Fatalf("a step after the lease ran out: %v", err)
+	_, err := a.Step(context.Background())
+	if now := autoscaler.Term(a); !errors.Is(err, autoscaler.ErrNotLeader) && (err != nil || now.Rev <= term.Rev) {
+		t.Fatalf("a step after the lease ran out: %v, in term %d (the lapsed one %d)", err, now.Rev, term.Rev)
 	}
 }
 
@@ -220,6 +230,41 @@ func TestControllerKeepsTheLockALateRenewalKept(t *testing.T) {
 	}
 	if _, err := a.Step(ctx); err != nil {
 		t.Fatalf("a step in the same term: %v", err)
+	}
+}
+
+// A lock bucket whose TTL is shorter than LeaderTTL (an older fanin's, 5 s, written back by it
+// during a rolling upgrade) gets a lease shorter than its TTL: the leader stops acting before the
+// server could let another take the lock.
+func TestControllerLeaseFollowsTheLocksTTL(t *testing.T) {
+	t.Parallel()
+	e := newCtlEnv(t)
+	e.beat("rt-a")
+	clock := newManualClock()
+	a := e.controller(&fakePool{size: 1}, autoscaler.WithClock(clock.Now))
+	e.stepUntil(a, allOn("rt-a"))
+	ctx := context.Background()
+	js, err := jetstream.New(e.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ttl = 5 * time.Second
+	if _, err := js.UpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: wire.LeaderBucket, History: 1, TTL: ttl,
+		Storage: jetstream.FileStorage}); err != nil {
+		t.Fatal(err)
+	}
+	// The term taken at 10 s ends by its lease; the next is taken under the 5 s TTL.
+	clock.Add(autoscaler.LeaseFor)
+	if _, err := a.Step(ctx); err != nil {
+		t.Fatalf("a step in a new term: %v", err)
+	}
+	clock.Add(ttl - time.Second - time.Millisecond)
+	if !a.IsLeader() {
+		t.Fatal("not leader within a lease shorter than the lock's 5s TTL")
+	}
+	clock.Add(time.Millisecond)
+	if a.IsLeader() {
+		t.Fatalf("still leader %v after its renewal, the lock's TTL being %v", ttl-time.Second, ttl)
 	}
 }
 
