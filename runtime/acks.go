@@ -24,8 +24,9 @@ type acker struct {
 	// ackAttemptMax. Without it every parameter message acknowledged after 3 s at 25 Mbit/s was
 	// published again, and each copy went to every worker too.
 	rto *rto.Estimator
-	// seen, if set, is told each round trip sampled, and the wait of each first attempt that timed
-	// out (a lower bound): the runtime's heartbeats ride the same routes (beatMeter.observe).
+	// seen, if set, is told each round trip sampled: the runtime's heartbeats ride the same routes
+	// (beatMeter.observe). Not the timeouts: one during a stream leader's election would lengthen
+	// the runtime's lapse for a minute.
 	seen func(time.Duration)
 }
 
@@ -115,7 +116,6 @@ func (a *acker) wait(ctx context.Context, it ackItem) bool {
 			timer.Stop()
 		case <-timer.C:
 			err = errNoAck
-			a.saw(wait)
 		case <-ctx.Done():
 			timer.Stop()
 			return false

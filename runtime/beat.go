@@ -71,9 +71,9 @@ func (m *beatMeter) done(n uint64, now time.Time) {
 }
 
 // observe records the round trip of another message of the runtime's through the same NATS
-// routes (a publish's acknowledgement; a lower bound when it got none in time). Behind a full
-// link the data's acknowledgements are slow before a heartbeat is, and the heartbeats after them
-// will be: the lapse asked for follows them too.
+// routes (a publish's acknowledgement). Behind a full link the data's acknowledgements are slow
+// before a heartbeat is, and the heartbeats after them will be: the lapse asked for follows them
+// too.
 func (m *beatMeter) observe(now time.Time, rtt time.Duration) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -42,7 +42,9 @@ type directSender struct {
 	rsub  *nats.Subscription
 	nsub  *nats.Subscription // resend notices
 	wake  chan struct{}      // signalled by receipts and notices: the pump looks again
-	rto   *rto.Estimator     // how long a receipt may take, from the receipts that came
+	// rto is how long a receipt may take, from the receipts that came: one timer for every
+	// runtime the worker sends to, so a slow one lengthens the wait for the others' too.
+	rto *rto.Estimator
 
 	mu     sync.Mutex // guards everything below
 	kept   [2]keptStep

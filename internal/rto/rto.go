@@ -26,7 +26,8 @@ type Estimator struct {
 	floor, ceil time.Duration
 
 	mu        sync.Mutex
-	srtt, dev time.Duration // smoothed round trip and its mean deviation; zero before the first sample
+	sampled   bool          // a round trip has been sampled
+	srtt, dev time.Duration // smoothed round trip and its mean deviation
 	backoff   time.Duration // the backed-off timeout (0: none): the timeout until the next sample
 	backedAt  time.Time     // when it was last backed off
 }
@@ -43,8 +44,8 @@ func (e *Estimator) Sample(rtt time.Duration) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.srtt == 0 && e.dev == 0 {
-		e.srtt, e.dev = rtt, rtt/2
+	if !e.sampled {
+		e.sampled, e.srtt, e.dev = true, rtt, rtt/2
 	} else {
 		e.dev = (3*e.dev + (e.srtt - rtt).Abs()) / 4
 		e.srtt = (7*e.srtt + rtt) / 8

@@ -58,7 +58,8 @@ const MaxRuntimeLapse = RuntimeTTL
 // registry's leader, plus the judge's own delay from that leader, after it was sent; both ride the
 // same NATS routes as the data, which a full link can hold up for seconds. Two round trips and a
 // heartbeat period cover both, so that a runtime whose heartbeats are late is not taken for dead
-// while one whose heartbeats stopped still is, within MaxRuntimeLapse.
+// while one whose heartbeats stopped still is, within MaxRuntimeLapse (and the autoscaler's
+// allowance for its own view's lag, when no runtime at all is heard).
 func LapseFor(rtt time.Duration) time.Duration {
 	return Lapse(RuntimeHeartbeat + 2*rtt)
 }
@@ -181,7 +182,11 @@ func ensureKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValu
 	if st.History() < int64(cfg.History) || info.Config.Replicas < cfg.Replicas || cfg.TTL > info.Config.MaxAge && info.Config.MaxAge != 0 {
 		cfg.History = max(cfg.History, uint8(st.History()))
 		cfg.Replicas = max(cfg.Replicas, info.Config.Replicas)
-		cfg.TTL = max(cfg.TTL, info.Config.MaxAge) // a TTL is raised, never lowered: an older fanin's entries keep theirs
+		if info.Config.MaxAge == 0 {
+			cfg.TTL = 0 // none, kept: a TTL is raised, never lowered
+		} else {
+			cfg.TTL = max(cfg.TTL, info.Config.MaxAge)
+		}
 		if kv, err = js.UpdateKeyValue(ctx, cfg); err != nil {
 			return nil, Unplaceable(fmt.Sprintf("bucket %s (raising it to history %d, TTL %v)", cfg.Bucket, cfg.History, cfg.TTL), cfg.Replicas, err)
 		}
