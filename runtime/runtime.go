@@ -220,6 +220,12 @@ func (r *Runtime) Run(ctx context.Context) error {
 	}
 	watcher, err := store.Watch(ctx, r.js, b.Placement, ">") // heals: see store.Watcher
 	if err != nil {
+		if ctx.Err() != nil { // stopped while starting, at the leader's request or the caller's
+			dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_ = b.Runtimes.Delete(dctx, r.id)
+			cancel()
+			return nil
+		}
 		return fmt.Errorf("watch placement: %w", err)
 	}
 
