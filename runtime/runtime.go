@@ -47,7 +47,9 @@ type Runtime struct {
 	beats     *beatMeter // the heartbeats in flight and their round trips (beat.go)
 	// putBeat writes the registration; tests delay it, as a full link does.
 	putBeat func(ctx context.Context, id string, info []byte) error
-	sweep   time.Duration
+	// registered, if set, runs once Run has registered, before it watches the placement (tests).
+	registered func(context.Context)
+	sweep      time.Duration
 
 	cpu     *cpuPool      // the cores, as tokens: bounds concurrent aggregation work (cpu.go)
 	hurry   chan struct{} // asks for a load report now (reportSoon)
@@ -217,6 +219,9 @@ func (r *Runtime) Run(ctx context.Context) error {
 	started := r.now()
 	if err := r.register(ctx, started); err != nil {
 		return err
+	}
+	if r.registered != nil {
+		r.registered(ctx)
 	}
 	watcher, err := store.Watch(ctx, r.js, b.Placement, ">") // heals: see store.Watcher
 	if err != nil {
