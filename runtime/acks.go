@@ -105,19 +105,17 @@ func (a *acker) wait(ctx context.Context, it ackItem) bool {
 		default:
 		}
 		timer := time.NewTimer(wait - time.Since(it.sent))
+		defer timer.Stop()
 		select {
 		case <-it.fut.Ok():
-			timer.Stop()
 			rtt := time.Since(it.sent)
 			a.rto.Sample(rtt)
 			a.saw(rtt)
 			return true
 		case err = <-it.fut.Err():
-			timer.Stop()
 		case <-timer.C:
 			err = errNoAck
 		case <-ctx.Done():
-			timer.Stop()
 			return false
 		}
 	}

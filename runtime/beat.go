@@ -101,12 +101,7 @@ func (m *beatMeter) worst(now time.Time) time.Duration {
 }
 
 // lapse is the lapse the runtime asks for at now: the default, or longer after slow heartbeats.
-func (m *beatMeter) lapse(now time.Time) time.Duration {
-	if w := m.worst(now); w > 0 {
-		return store.LapseFor(w)
-	}
-	return store.RuntimeLapse
-}
+func (m *beatMeter) lapse(now time.Time) time.Duration { return store.LapseFor(m.worst(now)) }
 
 // register writes the runtime's registration, the lapse it asks for included.
 func (r *Runtime) register(ctx context.Context, started time.Time) error {
