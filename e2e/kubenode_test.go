@@ -579,9 +579,14 @@ patches:
 		t.Fatal(err)
 	}
 
-	if _, err := sdk.NewAdmin(api).Jobs(ctx); !errors.Is(err, wire.ErrReason(wire.ReasonUnauthorized)) {
-		t.Fatalf("the API without a token: %v, want unauthorized", err)
-	}
+	// kube-proxy programs the Service's rules a moment after the pods are Ready: until then a
+	// connection is refused.
+	testutil.CheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
+		if _, err := sdk.NewAdmin(api).Jobs(ctx); !errors.Is(err, wire.ErrReason(wire.ReasonUnauthorized)) {
+			return fmt.Errorf("the API without a token: %v, want unauthorized", err)
+		}
+		return nil
+	})
 	token, err := os.ReadFile(filepath.Join(authDir, "admin.token"))
 	if err != nil {
 		t.Fatal(err)
