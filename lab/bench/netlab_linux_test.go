@@ -4,6 +4,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -48,6 +49,20 @@ func TestNetLab(t *testing.T) {
 	for _, ns := range l.namespaces() {
 		if !slices.Contains(names, ns) {
 			t.Errorf("namespace %s missing from %v", ns, names)
+		}
+	}
+
+	// The switch does not hand its frames to netfilter (where br_netfilter is loaded at all).
+	for _, f := range bridgeFilters {
+		out, err := exec.CommandContext(ctx, "ip", "netns", "exec", l.sw, "cat", "/proc/sys/net/bridge/"+f).CombinedOutput()
+		if err != nil {
+			if _, serr := os.Stat("/proc/sys/net/bridge/" + f); errors.Is(serr, os.ErrNotExist) {
+				continue // the module is not loaded: nothing filters
+			}
+			t.Fatalf("reading %s in the switch's namespace: %v: %s", f, err, out)
+		}
+		if v := strings.TrimSpace(string(out)); v != "0" {
+			t.Errorf("%s in the switch's namespace is %s, want 0", f, v)
 		}
 	}
 
