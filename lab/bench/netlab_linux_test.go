@@ -4,6 +4,7 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -76,6 +77,22 @@ func TestNetLab(t *testing.T) {
 		}
 		if s := string(out); !strings.Contains(s, "qdisc tbf") || !strings.Contains(s, "rate "+c.rate) {
 			t.Errorf("%s in %s: %q, want a tbf qdisc at %s", c.dev, c.ns, s, c.rate)
+		}
+		// Its bucket holds a segmentation-offloaded packet whole (64 KiB of IP packet and an
+		// Ethernet header): tbf cuts a larger packet into frames, which then cost the receiver's
+		// CPU each, as on a NIC without offloads.
+		out, err = exec.CommandContext(ctx, "tc", "-j", "-n", c.ns, "qdisc", "show", "dev", c.dev).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var qs []struct {
+			Options struct{ Burst int } `json:"options"`
+		}
+		if err := json.Unmarshal(out, &qs); err != nil || len(qs) != 1 {
+			t.Fatalf("tc -j qdisc show %s in %s: %q: %v", c.dev, c.ns, out, err)
+		}
+		if b := qs[0].Options.Burst; b < 64<<10+14 {
+			t.Errorf("%s in %s: a bucket of %d bytes, want at least %d", c.dev, c.ns, b, 64<<10+14)
 		}
 	}
 	// A node routes only the lab's network, and has no default route: no traffic can leave it.
