@@ -16,7 +16,7 @@ import (
 
 func benchCmd() *cobra.Command {
 	var quick bool
-	var only, cases, out, redis, cpuProfile, costOut, costOutDirect, linkTrace, logs string
+	var only, cases, out, redis, cpuProfile, costOut, costOutDirect, linkTrace, logs, tcpCC string
 	var linkMbit int
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -29,7 +29,7 @@ the date of the run they come from. The e2e-redis scenario's baseline is built o
 (go run -tags redis ./cmd/fanin bench): without it, the scenario is reported as skipped.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg := bench.Config{Quick: quick, Redis: redis, CostOut: costOut, CostOutDirect: costOutDirect, LinkTrace: linkTrace, Logs: logs, LinkMbit: linkMbit, Log: slog.Default()}
+			cfg := bench.Config{Quick: quick, Redis: redis, CostOut: costOut, CostOutDirect: costOutDirect, LinkTrace: linkTrace, Logs: logs, LinkMbit: linkMbit, TCPCC: tcpCC, Log: slog.Default()}
 			limitBenchMemory()
 			if only != "" {
 				cfg.Only = strings.Split(only, ",")
@@ -82,6 +82,7 @@ the date of the run they come from. The e2e-redis scenario's baseline is built o
 	cmd.Flags().StringVar(&costOutDirect, "cost-out-direct", "", "the same for the job with direct gradients (gradients: direct)")
 	cmd.Flags().StringVar(&logs, "logs", "", "a directory where the cluster scenario keeps each fanin run's logs: every NATS server's, runtime's and worker's, and the gateway's and autoscaler's (a directory per run)")
 	cmd.Flags().StringVar(&linkTrace, "link-trace", "", "a directory for the cluster scenario's traces of every node's link counters through the timed steps (one TSV per run, a line per node every 10 ms)")
+	cmd.Flags().StringVar(&tcpCC, "tcp-cc", "", "the cluster scenario's nodes' TCP congestion control, as the kernel names it (default cubic, Linux's own default, whatever this machine's is)")
 	cmd.Flags().IntVar(&linkMbit, "link-mbit", 0, "the cluster scenario's worker links' rate each way, in Mbit/s (default 100; a service node's is a multiple of it); its goals were set at 100")
 	cmd.Flags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of this process to this file (with --only gloo: the service alone, its workers and gloo run in other processes)")
 	return cmd

@@ -34,7 +34,17 @@ type Config struct {
 	// LinkMbit, if set, is the cluster scenario's worker links' rate each way in Mbit/s
 	// (clusterMbit otherwise; a service node's is a multiple of it).
 	LinkMbit int
-	Log      *slog.Logger
+	// TCPCC, if set, is the TCP congestion control of the cluster scenario's nodes
+	// (clusterTCPCC otherwise).
+	TCPCC string
+	Log   *slog.Logger
+}
+
+func (c Config) tcpCC() string {
+	if c.TCPCC != "" {
+		return c.TCPCC
+	}
+	return clusterTCPCC
 }
 
 func (c Config) linkMbit() int {

@@ -38,7 +38,8 @@ func (rs *runState) clusterPlan() e2ePlan {
 
 // clusterEnv is what every measurement of the scenario uses.
 type clusterEnv struct {
-	mbit                         int // every worker node's link, each way
+	mbit                         int    // every worker node's link, each way
+	cc                           string // the nodes' TCP congestion control
 	exe, natsServer, natsVersion string
 	python, script, torch        string
 	dir                          string
@@ -59,7 +60,7 @@ func runCluster(ctx context.Context, rs *runState) ([]Result, error) {
 	} else if len(removed) > 0 {
 		rs.printf("   removed namespaces left by benches that died: %s", strings.Join(removed, ", "))
 	}
-	env := &clusterEnv{mbit: rs.cfg.linkMbit(), w: workload{Ranks: clusterWorkers, Elements: clusterElements, ShardSize: clusterShardSize}, plan: rs.clusterPlan(), load: loadAverage()}
+	env := &clusterEnv{mbit: rs.cfg.linkMbit(), cc: rs.cfg.tcpCC(), w: workload{Ranks: clusterWorkers, Elements: clusterElements, ShardSize: clusterShardSize}, plan: rs.clusterPlan(), load: loadAverage()}
 	var err error
 	if env.python, err = findTorch(ctx); err != nil {
 		return skip(err.Error())
@@ -227,7 +228,7 @@ func runFaninCluster(ctx context.Context, rs *runState, env *clusterEnv, c clust
 	if c.layout == onServiceNode {
 		specs = append(specs, nodeSpec{"svc", env.mbit * c.link})
 	}
-	lab, err := newNetLab(ctx, specs)
+	lab, err := newNetLab(ctx, specs, env.cc)
 	if err != nil {
 		return clusterRun{}, err
 	}
@@ -523,7 +524,7 @@ func runGlooCluster(ctx context.Context, env *clusterEnv) (_ clusterRun, err err
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 	specs := workerNodes(env.mbit)
-	lab, err := newNetLab(ctx, specs)
+	lab, err := newNetLab(ctx, specs, env.cc)
 	if err != nil {
 		return clusterRun{}, err
 	}
@@ -812,7 +813,7 @@ func clusterResults(env *clusterEnv, cases []clusterCase, glooRuns, faninRuns []
 		}
 	}
 	ring := ringTheory(w)
-	setup := fmt.Sprintf("%d worker nodes, each a network namespace with one link to a bridge (in a namespace of its own) capped at %d Mbit/s each way with tc (tbf on both ends); "+
+	setup := fmt.Sprintf("%d worker nodes, each a network namespace with one link to a bridge (in a namespace of its own) capped at %d Mbit/s each way with tc (tbf on both ends), TCP congestion control %s; "+
 		"a %.2fM-parameter model (%.1f MB in float32) in shards of %s, %d ranks (one per worker node), sgd; "+
 		"fanin: nats-server %s on the nodes (ip netns exec), runtime processes (`fanin %s`), one worker process per worker node (`fanin %s`, one rank), the gateway and an autoscaler placing shards in the bench's process, JetStream memory storage, no security; "+
 		"gloo: one gloo.py rank per worker node (torch %s, one thread each); "+
@@ -821,7 +822,7 @@ func clusterResults(env *clusterEnv, cases []clusterCase, glooRuns, faninRuns []
 		"gloo's ring moved %s per worker node per step (in/out; theory 2(n-1)/n S = %.1f MB each way); "+
 		"a link's counters include the Ethernet, IP and TCP headers (about 4%% more than the payload at MTU 1500); "+
 		"the machine's load average %s at the start, %s at the end",
-		clusterWorkers, env.mbit, float64(w.Elements)/1e6, float64(w.Elements)*4/1e6, mib(w.ShardSize), w.Ranks,
+		clusterWorkers, env.mbit, env.cc, float64(w.Elements)/1e6, float64(w.Elements)*4/1e6, mib(w.ShardSize), w.Ranks,
 		env.natsVersion, RuntimeCommand, WorkersCommand, env.torch,
 		env.plan.steps, env.plan.warmup, len(glooRuns), nums(gSteps), nodeBytes(g.bytes, "w"), ring/1e6, env.load, loadAverage())
 	var out []Result

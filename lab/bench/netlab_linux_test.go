@@ -29,7 +29,7 @@ func TestNetLab(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	routes0 := hostRoutes(t)
-	l, err := newNetLab(ctx, []nodeSpec{{"a", 100}, {"b", 400}})
+	l, err := newNetLab(ctx, []nodeSpec{{"a", 100}, {"b", 400}}, "reno")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,6 +112,11 @@ func TestNetLab(t *testing.T) {
 		}
 		if s, want := strings.Fields(string(out)), netLabNet+"0/24"; len(s) == 0 || s[0] != want || strings.Count(string(out), "\n") != 1 {
 			t.Errorf("node %s's routes: %q, want only %s", n.Name, out, want)
+		}
+		// It carries the congestion control asked for (reno: neither the kernel's default nor
+		// this machine's).
+		if !strings.Contains(string(out), "congctl reno") {
+			t.Errorf("node %s's route: %q, want congctl reno", n.Name, out)
 		}
 	}
 
@@ -208,7 +213,7 @@ func TestNetLabFailureLeavesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := newNetLab(context.Background(), []nodeSpec{{"a", 100}, {"b", 0}})
+	l, err := newNetLab(context.Background(), []nodeSpec{{"a", 100}, {"b", 0}}, clusterTCPCC)
 	if l == nil {
 		t.Fatalf("newNetLab with a 0 Mbit/s node returned no lab to name its namespaces (err %v)", err)
 	}
@@ -287,7 +292,7 @@ func TestMeasureHeld(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	l, err := newNetLab(ctx, []nodeSpec{{"a", 100}, {"b", 100}})
+	l, err := newNetLab(ctx, []nodeSpec{{"a", 100}, {"b", 100}}, clusterTCPCC)
 	if err != nil {
 		t.Fatal(err)
 	}
