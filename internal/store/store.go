@@ -327,12 +327,22 @@ var afterOpen func(bucket string)
 // untilUp runs fn, again after a backoff (100 ms doubling to 2 s) while it fails with a transient
 // error or one that is notYet, until ctx ends: a component that starts while NATS restarts, a
 // cluster elects its leaders or its buckets are being created waits for it, saying so, instead of
-// exiting.
+// exiting. It also waits, for up to JetStreamOffWait, while JetStream is not enabled for the
+// account (jetStreamOff).
 func untilUp(ctx context.Context, what string, fn func() error) error {
 	backoff := 100 * time.Millisecond
+	var offSince time.Time
 	for {
 		err := fn()
-		if err == nil || !(Transient(err) || errors.As(err, new(notYet))) || ctx.Err() != nil {
+		if jetStreamOff(err) {
+			if offSince.IsZero() {
+				offSince = time.Now()
+			}
+			if time.Since(offSince) >= JetStreamOffWait {
+				return fmt.Errorf("%w: JetStream is not enabled on the NATS server for this connection's account (still so after %v): enable it there (`jetstream` in the server's configuration, and in the account's)", err, JetStreamOffWait)
+			}
+		}
+		if err == nil || !(Transient(err) || errors.As(err, new(notYet)) || jetStreamOff(err)) || ctx.Err() != nil {
 			return err
 		}
 		slog.Warn("NATS is not ready; retrying", "what", what, "err", err, "in", backoff)
@@ -343,6 +353,18 @@ func untilUp(ctx context.Context, what string, fn func() error) error {
 		}
 		backoff = min(2*backoff, 2*time.Second)
 	}
+}
+
+// JetStreamOffWait is how long a component at start waits while NATS answers that JetStream is not
+// enabled for its account. A server of a cluster that just formed answers so until it has enabled
+// JetStream for the account (a gateway exited at start on it, and was restarted by Kubernetes:
+// TestKubeNode); a server without JetStream for the account keeps answering so, and is then
+// reported as such.
+var JetStreamOffWait = 30 * time.Second
+
+// jetStreamOff tells JetStream's "not enabled" and "not enabled for account" answers.
+func jetStreamOff(err error) bool {
+	return errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) || errors.Is(err, jetstream.ErrJetStreamNotEnabled)
 }
 
 // JetStream's error codes for a replica count the server cannot honour (nats-server's

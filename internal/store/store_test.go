@@ -1,7 +1,9 @@
 package store
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/wire"
 )
 
 // A job whose shard checkpoint does not fit the server's max_payload is refused with the numbers.
@@ -49,5 +52,45 @@ func TestStartErrorsWaitedFor(t *testing.T) {
 		if got := waitAtStart(c.err); got != c.wait {
 			t.Errorf("%v: waited for %v, want %v", c.err, got, c.wait)
 		}
+	}
+}
+
+// A component at start waits while JetStream is not yet enabled for its account (a server of a
+// cluster that just formed), and reports it once that lasts.
+func TestJetStreamOffWaitedFor(t *testing.T) {
+	off := func() error {
+		return fmt.Errorf("open bucket %s: %w", wire.JobsBucket, &jetstream.APIError{Code: 503, ErrorCode: 10039, Description: "JetStream not enabled for account"})
+	}
+	for _, c := range []struct {
+		err error
+		off bool
+	}{
+		{off(), true},
+		{&jetstream.APIError{Code: 503, ErrorCode: 10076, Description: "jetstream not enabled"}, true},
+		{&jetstream.APIError{Code: 503, ErrorCode: errClusterNotAvailable}, false},
+		{errors.New("JetStream not enabled for account"), false}, // not JetStream's answer
+	} {
+		if got := jetStreamOff(c.err); got != c.off {
+			t.Errorf("jetStreamOff(%v) = %v, want %v", c.err, got, c.off)
+		}
+	}
+
+	calls := 0
+	err := untilUp(context.Background(), "bucket", func() error {
+		if calls++; calls < 3 {
+			return off()
+		}
+		return nil
+	})
+	if err != nil || calls != 3 {
+		t.Errorf("untilUp: %v after %d calls, want nil after 3 (two answers of JetStream off, then up)", err, calls)
+	}
+
+	defer func(w time.Duration) { JetStreamOffWait = w }(JetStreamOffWait)
+	JetStreamOffWait = 0 // it never comes up: reported at once
+	calls = 0
+	err = untilUp(context.Background(), "bucket", func() error { calls++; return off() })
+	if calls != 1 || !jetStreamOff(err) || !strings.Contains(err.Error(), "enable it there") {
+		t.Errorf("untilUp with JetStream off for good: %v after %d calls, want it reported after 1", err, calls)
 	}
 }
