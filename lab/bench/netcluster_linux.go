@@ -195,6 +195,7 @@ type clusterRun struct {
 	torch       string               // gloo: torch's version
 	observed    string               // what explains the figure
 	links       linkTrace            // the links through the timed steps
+	tcp         tcpCounts            // every node's TCP counters through the timed steps
 	err         error                // why the run failed
 }
 
@@ -417,7 +418,7 @@ func runFaninCluster(ctx context.Context, rs *runState, env *clusterEnv, c clust
 	if err != nil {
 		return clusterRun{}, err
 	}
-	run := clusterRun{bytes: m.bytes, cpu: m.cpu, links: m.links}
+	run := clusterRun{bytes: m.bytes, cpu: m.cpu, links: m.links, tcp: m.tcp}
 	var fetched []string // per worker: shards fetched rather than pushed / gradients sent again
 	for i, out := range m.outputs {
 		var rep WorkersReport
@@ -543,7 +544,7 @@ func runGlooCluster(ctx context.Context, env *clusterEnv) (_ clusterRun, err err
 	if err != nil {
 		return clusterRun{}, err
 	}
-	run := clusterRun{bytes: m.bytes, cpu: m.cpu, links: m.links}
+	run := clusterRun{bytes: m.bytes, cpu: m.cpu, links: m.links, tcp: m.tcp}
 	reps := make([]glooRank, len(m.outputs))
 	var slowest float64
 	for i, out := range m.outputs {
@@ -607,6 +608,7 @@ type tracked struct {
 // and every process's CPU (the held ones', then the tracked ones'); and each held process's report.
 type heldMeasure struct {
 	bytes   map[string]linkBytes
+	tcp     tcpCounts // every node's, through the timed steps
 	cpu     []procCPU
 	outputs [][]byte
 	links   linkTrace // the links through the timed steps
@@ -663,7 +665,22 @@ func measureHeld(ctx context.Context, lab *netLab, held []*heldProc, others []*t
 		}
 		return m, nil
 	}
+	tcp := func() (tcpCounts, error) {
+		var sum tcpCounts
+		for _, n := range lab.nodes {
+			c, err := n.tcpCounters(ctx)
+			if err != nil {
+				return tcpCounts{}, err
+			}
+			sum = sum.add(c)
+		}
+		return sum, nil
+	}
 	c0, err := counters()
+	if err != nil {
+		return heldMeasure{}, err
+	}
+	t0, err := tcp()
 	if err != nil {
 		return heldMeasure{}, err
 	}
@@ -705,8 +722,12 @@ func measureHeld(ctx context.Context, lab *netLab, held []*heldProc, others []*t
 	if err != nil {
 		return heldMeasure{}, err
 	}
+	t1, err := tcp()
+	if err != nil {
+		return heldMeasure{}, err
+	}
 	per := time.Duration(steps)
-	m := heldMeasure{bytes: map[string]linkBytes{}, links: links}
+	m := heldMeasure{bytes: map[string]linkBytes{}, links: links, tcp: t1.sub(t0)}
 	for name, b := range c1 {
 		d := b.sub(c0[name])
 		m.bytes[name] = linkBytes{d.rx / uint64(steps), d.tx / uint64(steps)}
@@ -833,8 +854,8 @@ func clusterResults(env *clusterEnv, cases []clusterCase, glooRuns, faninRuns []
 			continue
 		}
 		theory := clusterTheory(c, w)
-		notes := fmt.Sprintf("%s; CPU per step, ms: %s (gloo's median run: %s); workers' steps/s %s; the worker nodes' links, both ways, through the timed steps: %s (gloo's median run: %s)",
-			f.observed, f.cpuList(), g.cpuList(), nums(f.runs), f.linkUseNote(), g.linkUseNote())
+		notes := fmt.Sprintf("%s; CPU per step, ms: %s (gloo's median run: %s); workers' steps/s %s; the worker nodes' links, both ways, through the timed steps: %s (gloo's median run: %s); TCP on every node through the timed steps: %s (gloo's median run: %s)",
+			f.observed, f.cpuList(), g.cpuList(), nums(f.runs), f.linkUseNote(), g.linkUseNote(), f.tcp, g.tcp)
 		out = append(out, throughput(Result{
 			Scenario: "cluster", Case: c.name, Metric: "steps/s", Baseline: glooRingBaseline,
 			Fanin: f.stepsPerSec, Base: base, Goal: c.goal, Setup: setup, Notes: notes,

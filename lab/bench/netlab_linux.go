@@ -281,6 +281,68 @@ type linkBytes struct{ rx, tx uint64 }
 
 func (b linkBytes) sub(a linkBytes) linkBytes { return linkBytes{b.rx - a.rx, b.tx - a.tx} }
 
+// tcpCounts are a node's TCP counters (its namespace's /proc/net/snmp and /proc/net/netstat):
+// segments sent, segments sent again, and retransmission timeouts.
+type tcpCounts struct{ segs, retrans, timeouts uint64 }
+
+func (c tcpCounts) add(d tcpCounts) tcpCounts {
+	return tcpCounts{c.segs + d.segs, c.retrans + d.retrans, c.timeouts + d.timeouts}
+}
+
+func (c tcpCounts) sub(a tcpCounts) tcpCounts {
+	return tcpCounts{c.segs - a.segs, c.retrans - a.retrans, c.timeouts - a.timeouts}
+}
+
+func (c tcpCounts) String() string {
+	return fmt.Sprintf("%d of %d segments sent again (%.2f%%), %d retransmission timeouts", c.retrans, c.segs, 100*float64(c.retrans)/float64(max(c.segs, 1)), c.timeouts)
+}
+
+// tcpCounters reads the node's TCP counters.
+func (n *netNode) tcpCounters(ctx context.Context) (tcpCounts, error) {
+	out, err := n.command(ctx, "cat", "/proc/net/snmp", "/proc/net/netstat").Output()
+	if err != nil {
+		return tcpCounts{}, fmt.Errorf("node %s: read its TCP counters: %w", n.Name, exitDetail(err))
+	}
+	c, err := parseTCPCounts(string(out))
+	if err != nil {
+		return tcpCounts{}, fmt.Errorf("node %s: %w", n.Name, err)
+	}
+	return c, nil
+}
+
+// parseTCPCounts reads OutSegs and RetransSegs from the "Tcp:" lines and TCPTimeouts from the
+// "TcpExt:" lines of /proc/net/snmp and /proc/net/netstat (each a line of names, then one of
+// values).
+func parseTCPCounts(text string) (tcpCounts, error) {
+	want := map[string]*uint64{}
+	var c tcpCounts
+	want["Tcp:OutSegs"], want["Tcp:RetransSegs"], want["TcpExt:TCPTimeouts"] = &c.segs, &c.retrans, &c.timeouts
+	lines := strings.Split(text, "\n")
+	for i := 0; i+1 < len(lines); i++ {
+		names, values := strings.Fields(lines[i]), strings.Fields(lines[i+1])
+		if len(names) == 0 || len(names) != len(values) || names[0] != values[0] {
+			continue
+		}
+		for k := 1; k < len(names); k++ {
+			p, ok := want[names[0]+names[k]]
+			if !ok {
+				continue
+			}
+			v, err := strconv.ParseUint(values[k], 10, 64)
+			if err != nil {
+				return tcpCounts{}, fmt.Errorf("TCP counter %s%s: %w", names[0], names[k], err)
+			}
+			*p = v
+			delete(want, names[0]+names[k])
+		}
+		i++
+	}
+	if len(want) > 0 {
+		return tcpCounts{}, fmt.Errorf("TCP counters: %d of OutSegs, RetransSegs, TCPTimeouts not found", len(want))
+	}
+	return c, nil
+}
+
 // counters reads the node's interface counters (/sys/class/net/eth0/statistics, as the node sees
 // its sysfs).
 func (n *netNode) counters(ctx context.Context) (linkBytes, error) {

@@ -145,6 +145,10 @@ func TestNetLab(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	tcp0, err := a.tcpCounters(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	stopTrace := traceLinks(l)
 	if _, err := c.Write([]byte(strings.Repeat("x", 100_000))); err != nil {
 		t.Fatal(err)
@@ -159,6 +163,10 @@ func TestNetLab(t *testing.T) {
 	}
 	if d := after.sub(before); d.tx < 100_000 {
 		t.Errorf("a's counters show %d bytes sent, want at least the 100000 written", d.tx)
+	}
+	// 100000 bytes are at least 70 segments of 1448 bytes.
+	if tcp1, err := a.tcpCounters(ctx); err != nil || tcp1.sub(tcp0).segs < 70 {
+		t.Errorf("a's TCP counters: %+v then %+v (%v), want at least 70 segments more", tcp0, tcp1, err)
 	}
 	// The trace, read at the switch's ports, saw a send them and b receive them.
 	tr, err := stopTrace()
@@ -328,5 +336,27 @@ func TestMeasureHeld(t *testing.T) {
 	}
 	if ctx.Err() != nil {
 		t.Fatalf("measureHeld waited until the test's deadline")
+	}
+}
+
+func TestParseTCPCounts(t *testing.T) {
+	const text = `Ip: Forwarding DefaultTTL
+Ip: 1 64
+Tcp: RtoAlgorithm RtoMin RtoMax MaxConn ActiveOpens PassiveOpens AttemptFails EstabResets CurrEstab InSegs OutSegs RetransSegs InErrs OutRsts InCsumErrors
+Tcp: 1 200 120000 -1 10 8 0 1 3 5000 6100 17 0 2 0
+Udp: InDatagrams
+Udp: 4
+TcpExt: SyncookiesSent SyncookiesRecv TCPTimeouts TCPLossProbes
+TcpExt: 0 0 3 9
+`
+	got, err := parseTCPCounts(text)
+	if want := (tcpCounts{segs: 6100, retrans: 17, timeouts: 3}); err != nil || got != want {
+		t.Errorf("parseTCPCounts = %+v, %v; want %+v", got, err, want)
+	}
+	if _, err := parseTCPCounts("Tcp: OutSegs\nTcp: 5\n"); err == nil {
+		t.Error("parseTCPCounts without RetransSegs and TCPTimeouts: no error")
+	}
+	if _, err := parseTCPCounts("Tcp: OutSegs RetransSegs\nTcp: 5 x\nTcpExt: TCPTimeouts\nTcpExt: 1\n"); err == nil {
+		t.Error("parseTCPCounts with a value that is no number: no error")
 	}
 }
