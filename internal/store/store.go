@@ -327,22 +327,28 @@ var afterOpen func(bucket string)
 // untilUp runs fn, again after a backoff (100 ms doubling to 2 s) while it fails with a transient
 // error or one that is notYet, until ctx ends: a component that starts while NATS restarts, a
 // cluster elects its leaders or its buckets are being created waits for it, saying so, instead of
-// exiting. It also waits, for up to JetStreamOffWait, while JetStream is not enabled for the
+// exiting. It also waits, for up to jetStreamOffWait, while JetStream is not enabled for the
 // account (jetStreamOff).
 func untilUp(ctx context.Context, what string, fn func() error) error {
+	return untilUpFor(ctx, what, jetStreamOffWait, fn)
+}
+
+// untilUpFor is untilUp waiting up to offWait while JetStream is not enabled for the account.
+func untilUpFor(ctx context.Context, what string, offWait time.Duration, fn func() error) error {
 	backoff := 100 * time.Millisecond
 	var offSince time.Time
 	for {
 		err := fn()
-		if jetStreamOff(err) {
+		off := jetStreamOff(err)
+		if off {
 			if offSince.IsZero() {
 				offSince = time.Now()
 			}
-			if time.Since(offSince) >= JetStreamOffWait {
-				return fmt.Errorf("%w: JetStream is not enabled on the NATS server for this connection's account (still so after %v): enable it there (`jetstream` in the server's configuration, and in the account's)", err, JetStreamOffWait)
+			if time.Since(offSince) >= offWait {
+				return fmt.Errorf("%w: JetStream is not enabled on the NATS server for this connection's account (still so after %v): enable it there (`jetstream` in the server's configuration, and in the account's)", err, offWait)
 			}
 		}
-		if err == nil || !(Transient(err) || errors.As(err, new(notYet)) || jetStreamOff(err)) || ctx.Err() != nil {
+		if err == nil || !(Transient(err) || errors.As(err, new(notYet)) || off) || ctx.Err() != nil {
 			return err
 		}
 		slog.Warn("NATS is not ready; retrying", "what", what, "err", err, "in", backoff)
@@ -355,12 +361,12 @@ func untilUp(ctx context.Context, what string, fn func() error) error {
 	}
 }
 
-// JetStreamOffWait is how long a component at start waits while NATS answers that JetStream is not
+// jetStreamOffWait is how long a component at start waits while NATS answers that JetStream is not
 // enabled for its account. A server of a cluster that just formed answers so until it has enabled
 // JetStream for the account (a gateway exited at start on it, and was restarted by Kubernetes:
 // TestKubeNode); a server without JetStream for the account keeps answering so, and is then
 // reported as such.
-var JetStreamOffWait = 30 * time.Second
+const jetStreamOffWait = 30 * time.Second
 
 // jetStreamOff tells JetStream's "not enabled" and "not enabled for account" answers.
 func jetStreamOff(err error) bool {

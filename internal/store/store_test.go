@@ -86,10 +86,8 @@ func TestJetStreamOffWaitedFor(t *testing.T) {
 		t.Errorf("untilUp: %v after %d calls, want nil after 3 (two answers of JetStream off, then up)", err, calls)
 	}
 
-	defer func(w time.Duration) { JetStreamOffWait = w }(JetStreamOffWait)
-	JetStreamOffWait = 0 // it never comes up: reported at once
-	calls = 0
-	err = untilUp(context.Background(), "bucket", func() error { calls++; return off() })
+	calls = 0 // it never comes up: with no time to wait, reported at once
+	err = untilUpFor(context.Background(), "bucket", 0, func() error { calls++; return off() })
 	if calls != 1 || !jetStreamOff(err) || !strings.Contains(err.Error(), "enable it there") {
 		t.Errorf("untilUp with JetStream off for good: %v after %d calls, want it reported after 1", err, calls)
 	}
