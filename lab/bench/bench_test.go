@@ -387,7 +387,8 @@ func BenchmarkE2E(b *testing.B) {
 	for _, w := range e2eWorkloads() {
 		b.Run(w.name(), func(b *testing.B) { benchSystem(b, startFanin, w) })
 	}
-	// The pool-size sweep of analysis.md, at e2e-redis's shard size (the scenarios use e2eRuntimes).
+	// The pool-size sweep of docs/lab/benchmarks.md (2026-11-22), at e2e-redis's shard size (the
+	// scenarios use e2eRuntimes).
 	for _, r := range []int{1, 2, 5, 8} {
 		w := workload{Ranks: 8, Elements: benchElements(), ShardSize: redisShardSize, Runtimes: r}
 		b.Run(w.name(), func(b *testing.B) { benchSystem(b, startFanin, w) })
