@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -11,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fanin-ml/fanin/job"
 )
 
 // TestFaultsSoak trains one job (adam, 3 replicas) on a 3-node cluster for FANIN_SOAK (say 30m),
@@ -19,7 +22,9 @@ import (
 // node (restarted 5 s later). Every step is checked byte for byte and the stored parameters at the
 // end; it reports the longest gap after each kind of fault and the memory of the gateway and the
 // NATS nodes each minute, and fails if the gateway's grew by more than half from the end of the
-// second minute to the end. Skipped unless FANIN_SOAK is set:
+// second minute to the end. FANIN_SOAK_GRADIENTS=direct trains a direct-gradients job instead
+// (no gradient stream: the workers send each gradient again on a gap). Skipped unless FANIN_SOAK
+// is set:
 //
 //	FANIN_SOAK=30m go test -run TestFaultsSoak -v -timeout 40m ./e2e/
 func TestFaultsSoak(t *testing.T) {
@@ -46,6 +51,14 @@ func TestFaultsSoak(t *testing.T) {
 	f := startFanin(t, nn, 2)
 	spec := clusterSpec("soak", "adam")
 	spec.Replicas = 3
+	switch g := os.Getenv("FANIN_SOAK_GRADIENTS"); g {
+	case "", job.GradientsStored:
+	case job.GradientsDirect:
+		spec.Gradients = g
+	default:
+		t.Fatalf("FANIN_SOAK_GRADIENTS=%q: want %q or %q", g, job.GradientsStored, job.GradientsDirect)
+	}
+	t.Logf("gradients: %s", cmp.Or(spec.Gradients, job.GradientsStored))
 	tt := f.train(spec)
 
 	warm := time.Now()
