@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -139,16 +140,13 @@ func TestFaultsSoak(t *testing.T) {
 	tt.checkUpdates(nn.url())
 	checkOneProcessPerID(t)
 
+	at := make([]time.Time, len(faults))
+	for k, fl := range faults {
+		at[k] = fl.at
+	}
 	gaps := map[string][]time.Duration{}
-	for _, fl := range faults {
-		var g time.Duration
-		for i := 1; i < len(tt.done); i++ {
-			// The gap this fault caused: before the next fault, and within 30 s.
-			if tt.done[i].After(fl.at) && tt.done[i-1].Before(fl.at.Add(min(30*time.Second, every))) {
-				g = max(g, tt.done[i].Sub(tt.done[i-1]))
-			}
-		}
-		gaps[fl.kind] = append(gaps[fl.kind], g)
+	for k, g := range faultGaps(tt.done, at, 30*time.Second) {
+		gaps[faults[k].kind] = append(gaps[faults[k].kind], g)
 	}
 	t.Logf("%d steps in %v, bit-exact, %d faults, a fault every %v, %d CPU burners", tt.step, time.Since(begin).Round(time.Second), len(faults), every, burners)
 	for kind, gs := range gaps {
@@ -221,4 +219,47 @@ func rssKiB(pid int) int64 {
 		}
 	}
 	return 0
+}
+
+// faultGaps is, for each fault (its time in at, in order), the longest gap between two
+// consecutive steps (done, in order) that it caused: a gap is charged to the last fault before
+// the step that ended it, if the gap began within the given time of that fault. A gap that began
+// just before a fault and ended after it is that fault's, not the one before's.
+func faultGaps(done, at []time.Time, within time.Duration) []time.Duration {
+	gaps := make([]time.Duration, len(at))
+	for i := 1; i < len(done); i++ {
+		k := sort.Search(len(at), func(k int) bool { return !at[k].Before(done[i]) }) - 1
+		if k >= 0 && done[i-1].Before(at[k].Add(within)) {
+			gaps[k] = max(gaps[k], done[i].Sub(done[i-1]))
+		}
+	}
+	return gaps
+}
+
+func TestFaultGaps(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	// Steps every 10 ms, with a 300 ms gap after the fault at 100 ms and a 2 s gap that begins
+	// 5 ms before the fault at 1000 ms: it is the second fault's, not the first's.
+	var done []time.Time
+	for n := 0; n <= 110; n += 10 {
+		done = append(done, ms(n))
+	}
+	for n := 410; n <= 995; n += 15 {
+		done = append(done, ms(n))
+	}
+	done = append(done, ms(2995), ms(3005))
+	at := []time.Time{ms(100), ms(1000)}
+	got := faultGaps(done, at, 30*time.Second)
+	want := []time.Duration{300 * time.Millisecond, 2000 * time.Millisecond}
+	if !slices.Equal(got, want) {
+		t.Fatalf("faultGaps = %v, want %v (a gap goes to the last fault before it ends)", got, want)
+	}
+	// Without the second fault its gap is the first's, unless it began more than within after it.
+	if got := faultGaps(done, at[:1], 30*time.Second); got[0] != 2*time.Second {
+		t.Fatalf("faultGaps of the first fault alone = %v, want [2s]", got)
+	}
+	if got := faultGaps(done, at[:1], 500*time.Millisecond); got[0] != 300*time.Millisecond {
+		t.Fatalf("faultGaps within 500 ms = %v, want [300ms]: the 2 s gap began 895 ms after the fault", got)
+	}
 }
