@@ -21,7 +21,7 @@ def direct_spec(ranks: int) -> dict:
         "tensors": [{"name": "w", "shape": [1000, 3]}, {"name": "b", "shape": [7]}],
         "function": {"name": "adam", "hyper": {"lr": 0.01}},
         "init": {"kind": "uniform", "seed": 5, "scale": 0.5},
-        "shard_size": 4096,  # 3 shards
+        "shard_size": 4096,  # 4 shards: 3 of w, and b
         "gradients": "direct",
     }
 
