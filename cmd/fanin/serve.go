@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
@@ -19,6 +20,7 @@ import (
 	"github.com/fanin-ml/fanin/autoscaler"
 	"github.com/fanin-ml/fanin/autoscaler/kubedriver"
 	"github.com/fanin-ml/fanin/gateway"
+	"github.com/fanin-ml/fanin/internal/embed"
 	"github.com/fanin-ml/fanin/internal/metrics"
 	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/internal/telemetry"
@@ -28,6 +30,10 @@ import (
 type natsFlags struct {
 	url   string
 	creds string
+
+	// local, if set, is a NATS server in this process (the runtime's --nats-config): connect
+	// joins it in-process, not through url.
+	local *server.Server
 
 	nc   *nats.Conn // set by connect
 	dial dialState
@@ -75,6 +81,9 @@ func (f *natsFlags) connect(name string) (*nats.Conn, error) {
 	if f.creds != "" {
 		opts = append(opts, nats.UserCredentials(f.creds))
 	}
+	if f.local != nil {
+		opts = append(opts, nats.InProcessServer(f.local))
+	}
 	nc, err := nats.Connect(f.url, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", f.url, err)
@@ -85,7 +94,7 @@ func (f *natsFlags) connect(name string) (*nats.Conn, error) {
 
 func runtimeCmd() *cobra.Command {
 	var nf natsFlags
-	var id, metricsAddr, metricsHost, node, nic string
+	var id, metricsAddr, metricsHost, node, nic, natsConfig string
 	var cores int
 	cmd := &cobra.Command{
 		Use:   "runtime",
@@ -94,9 +103,25 @@ func runtimeCmd() *cobra.Command {
 			if metricsAddr == "" && cmd.Flags().Changed("metrics-host") {
 				return errors.New("--metrics-host names the host of the metrics URL, and --metrics (where it listens) is not set")
 			}
+			if natsConfig != "" && cmd.Flags().Changed("nats") {
+				return errors.New("--nats-config runs this runtime's NATS server in its process, and --nats names another: give one")
+			}
 			bw, err := nicBandwidth(nic)
 			if err != nil {
 				return err
+			}
+			if natsConfig != "" {
+				ns, err := embed.FromFile(natsConfig)
+				if err != nil {
+					return err
+				}
+				// Deferred before the connection's Close: the runtime stops and closes its
+				// connection first, then the server shuts down.
+				defer func() {
+					ns.Shutdown()
+					ns.WaitForShutdown()
+				}()
+				nf.local, nf.url = ns, ns.ClientURL()
 			}
 			nc, err := nf.connect("fanin-runtime")
 			if err != nil {
@@ -134,6 +159,8 @@ func runtimeCmd() *cobra.Command {
 	cmd.Flags().IntVar(&cores, "cores", 0, "concurrent shard invocations and reported capacity (default: GOMAXPROCS)")
 	cmd.Flags().StringVar(&node, "node", envOr("FANIN_NODE", ""),
 		"the machine this runtime runs on: runtimes with one label share one NIC in the autoscaler's model (default: the NATS server's name)")
+	cmd.Flags().StringVar(&natsConfig, "nats-config", envOr("FANIN_NATS_CONFIG", ""),
+		"run a NATS server from this configuration file (nats-server's format: e.g. a member of the node's NATS cluster) in this process, and connect to it in-process rather than to --nats: the node's server and its runtime share a process, and no byte between them crosses the kernel (env FANIN_NATS_CONFIG)")
 	cmd.Flags().StringVar(&nic, "nic-bandwidth", envOr("FANIN_NIC_BANDWIDTH", "auto"),
 		"the node's network bandwidth each way, e.g. 100Mbit, 10Gbit, 125MB; 0 is unknown (no limit); auto reads the default route's link speed")
 	return cmd
