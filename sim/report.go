@@ -314,6 +314,8 @@ func (r *Report) Markdown() []byte {
 	switch c.Broker {
 	case BrokerNone:
 		w("; it is NOT counted here (--broker none).\n")
+	case BrokerInRuntimes:
+		w(";\n  here the servers run in the runtimes' processes (--broker in-runtimes): the runtimes' rate counts them.\n")
 	case BrokerPool:
 		w("; it is resized every interval to that (a lower bound).\n")
 	default:
@@ -365,6 +367,10 @@ func (r *Report) Counted() string {
 	c, res := r.Options.Config, r.Base
 	var b strings.Builder
 	fmt.Fprintf(&b, "the runtimes at %s of gradient per core-second (%s); %s; ", gbps(c.throughput()), throughputWords(c), signalWords(c.Signal))
+	if c.Broker == BrokerInRuntimes {
+		fmt.Fprintf(&b, "the NATS servers in the runtimes' processes (--broker in-runtimes), their CPU in the runtimes' rate; measured %s. Not counted: the workers, the gateway and autoscaler, disks, and the parameter servers' network.", costWords(c.Cost))
+		return b.String()
+	}
 	if c.Broker == BrokerNone {
 		fmt.Fprintf(&b, "the NATS broker is NOT counted (--broker none); measured %s. Not counted either: the workers, the gateway and autoscaler, disks, and the parameter servers' network.", costWords(c.Cost))
 		return b.String()

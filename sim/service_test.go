@@ -64,6 +64,10 @@ func TestSimBrokerCounted(t *testing.T) {
 	if r := run(c); r.Broker != (BrokerCost{}) || r.IdealBroker != (BrokerCost{}) || r.Total() != r.ElasticCoreSeconds {
 		t.Errorf("no broker: %+v, %+v", r.Broker, r.IdealBroker)
 	}
+	c.Broker = BrokerInRuntimes // the runtimes' rate counts the servers in their processes
+	if r := run(c); r.Broker != (BrokerCost{}) || r.IdealBroker != (BrokerCost{}) || r.Total() != r.ElasticCoreSeconds {
+		t.Errorf("servers in the runtimes: %+v, %+v", r.Broker, r.IdealBroker)
+	}
 
 	// With NICs of 1 MB/s on 4-core nodes: the runtime's own NIC takes the gradients in over 8 s,
 	// so the parameters leave seconds after them. In the gradients' second 8 MB go in and out: 8
@@ -219,5 +223,10 @@ func TestSimReportCounted(t *testing.T) {
 	rep.Options.Config.Broker = BrokerNone
 	if md := string(rep.Markdown()); !strings.Contains(md, "the NATS broker is NOT counted (--broker none)") {
 		t.Errorf("a report without the broker does not say so")
+	}
+	rep.Options.Config.Broker = BrokerInRuntimes
+	if md := string(rep.Markdown()); !strings.Contains(md, "the NATS servers in the runtimes' processes (--broker in-runtimes), their CPU in the runtimes' rate") ||
+		!strings.Contains(md, "here the servers run in the runtimes' processes") {
+		t.Errorf("a report with the servers in the runtimes does not say so")
 	}
 }

@@ -1217,7 +1217,7 @@ func (b *brokerLoad) cost(c Config) BrokerCost {
 		pooled += need * span
 	}
 	switch c.Broker {
-	case BrokerNone:
+	case BrokerNone, BrokerInRuntimes:
 		return BrokerCost{}
 	case BrokerPool:
 		bc.CoreSeconds = pooled

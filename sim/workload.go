@@ -37,8 +37,10 @@ type Config struct {
 	Cost ServiceCost
 	// Broker is how the NATS servers are sized: BrokerFixed, a cluster sized at the peak of its
 	// demand over the whole run, as deployed; BrokerPool, resized every interval to its demand (a
-	// lower bound for a broker that scales with the pool); or BrokerNone, not counted (the earlier
-	// reports' model, for comparison).
+	// lower bound for a broker that scales with the pool); BrokerInRuntimes, run in the runtimes'
+	// processes (`fanin runtime --nats-config`), so charged in the runtimes' rate, which Cost must
+	// then have been measured with; or BrokerNone, not counted (the earlier reports' model, for
+	// comparison).
 	Broker string
 	// BrokerNodeCores is the cores of a broker node, which has one NIC of NIC bytes per second
 	// each way: with a NIC modelled, the broker needs as many nodes as its bytes fill NICs.
@@ -98,6 +100,9 @@ const (
 	BrokerFixed = "fixed" // a cluster sized at the peak of its demand over the run
 	BrokerPool  = "pool"  // resized every interval to its demand
 	BrokerNone  = "none"  // not counted
+	// BrokerInRuntimes: each runtime runs its node's NATS server in its process; the runtimes'
+	// rate counts it.
+	BrokerInRuntimes = "in-runtimes"
 )
 
 // Signals: what the decider is told as a shard's queue wait (Config.Signal).
@@ -202,8 +207,8 @@ func (c Config) Validate() error {
 	if c.KernelWork && !(c.Cost.KernelCPUPerByte > 0) {
 		bad("kernel work: the service cost has no kernel_cpu_s_per_byte")
 	}
-	if c.Broker != BrokerFixed && c.Broker != BrokerPool && c.Broker != BrokerNone {
-		bad("broker must be %q, %q or %q, got %q", BrokerFixed, BrokerPool, BrokerNone, c.Broker)
+	if c.Broker != BrokerFixed && c.Broker != BrokerPool && c.Broker != BrokerNone && c.Broker != BrokerInRuntimes {
+		bad("broker must be %q, %q, %q or %q, got %q", BrokerFixed, BrokerPool, BrokerInRuntimes, BrokerNone, c.Broker)
 	}
 	if c.Signal != "" && c.Signal != SignalLive && c.Signal != SignalHindsight {
 		bad("signal must be %q or %q, got %q", SignalLive, SignalHindsight, c.Signal)

@@ -139,7 +139,7 @@ The same inputs and seed give the same bytes.`,
 	f.StringVar(&shardSize, "shard-size", "4MiB", "shard size")
 	f.Float64Var(&c.Throughput, "throughput", c.Throughput, "bytes of gradient one runtime core sums per second (default: from the service cost, the runtime process's measured rate)")
 	f.StringVar(&costFile, "cost", "", "service cost file (JSON, as fanin bench --only service-cost writes it): the broker's CPU per byte and the runtimes' (default: the measurement committed with fanin)")
-	f.StringVar(&c.Broker, "broker", c.Broker, "how the NATS broker is sized: fixed (at its peak over the run, as deployed), pool (resized every interval to its demand: a lower bound) or none (not counted: the earlier reports' model)")
+	f.StringVar(&c.Broker, "broker", c.Broker, "how the NATS broker is sized: fixed (at its peak over the run, as deployed), pool (resized every interval to its demand: a lower bound), in-runtimes (run in the runtimes' processes, fanin runtime --nats-config: counted in their rate; use a --cost measured so, e.g. sim/service-cost-embedded.json) or none (not counted: the earlier reports' model)")
 	f.IntVar(&c.BrokerNodeCores, "broker-node-cores", c.BrokerNodeCores, "cores of a broker node, which has one NIC of --nic")
 	f.BoolVar(&c.KernelWork, "kernel-work", false, "what-if: the decider sees a shard's work as the aggregation function's time (as a runtime inside another process reports it), not the runtime's whole CPU")
 	f.DurationVar(&c.OraclePeriod, "oracle-period", 0, "how often the oracle resizes its pool (default: --interval)")

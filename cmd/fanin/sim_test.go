@@ -214,7 +214,7 @@ func TestSimCostFlags(t *testing.T) {
 	if _, err := run("--cost", cost); err == nil || !strings.Contains(err.Error(), "--cost") || !strings.Contains(err.Error(), "broker_cpu_s_per_byte_in") {
 		t.Errorf("a negative broker cost: %v", err)
 	}
-	if _, err := run("--broker", "elastic"); err == nil || !strings.Contains(err.Error(), `broker must be "fixed", "pool" or "none"`) {
+	if _, err := run("--broker", "elastic"); err == nil || !strings.Contains(err.Error(), `broker must be "fixed", "pool", "in-runtimes" or "none"`) {
 		t.Errorf("--broker elastic: %v", err)
 	}
 }
