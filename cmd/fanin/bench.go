@@ -16,7 +16,7 @@ import (
 
 func benchCmd() *cobra.Command {
 	var quick bool
-	var only, cases, out, redis, cpuProfile, costOut, costOutDirect, linkTrace, logs, tcpCC string
+	var only, cases, out, redis, cpuProfile, costOut, costOutDirect, costOutEmbedded, linkTrace, logs, tcpCC string
 	var linkMbit int
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -29,7 +29,7 @@ the date of the run they come from. The e2e-redis scenario's baseline is built o
 (go run -tags redis ./cmd/fanin bench): without it, the scenario is reported as skipped.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg := bench.Config{Quick: quick, Redis: redis, CostOut: costOut, CostOutDirect: costOutDirect, LinkTrace: linkTrace, Logs: logs, LinkMbit: linkMbit, TCPCC: tcpCC, Log: slog.Default()}
+			cfg := bench.Config{Quick: quick, Redis: redis, CostOut: costOut, CostOutDirect: costOutDirect, CostOutEmbedded: costOutEmbedded, LinkTrace: linkTrace, Logs: logs, LinkMbit: linkMbit, TCPCC: tcpCC, Log: slog.Default()}
 			limitBenchMemory()
 			if only != "" {
 				cfg.Only = strings.Split(only, ",")
@@ -80,6 +80,7 @@ the date of the run they come from. The e2e-redis scenario's baseline is built o
 	cmd.Flags().StringVar(&redis, "redis", "", "redis-server binary for the Redis baseline, in a build with -tags redis (default: from PATH)")
 	cmd.Flags().StringVar(&costOut, "cost-out", "", "the service-cost scenario writes what fanin sim charges the service with (its --cost file, JSON) to this file")
 	cmd.Flags().StringVar(&costOutDirect, "cost-out-direct", "", "the same for the job with direct gradients (gradients: direct)")
+	cmd.Flags().StringVar(&costOutEmbedded, "cost-out-embedded", "", "the same for the direct job with the NATS server in its one runtime's process (fanin runtime --nats-config; simulate it with --broker in-runtimes)")
 	cmd.Flags().StringVar(&logs, "logs", "", "a directory where the cluster scenario keeps each fanin run's logs: every NATS server's, runtime's and worker's, and the gateway's and autoscaler's (a directory per run)")
 	cmd.Flags().StringVar(&linkTrace, "link-trace", "", "a directory for the cluster scenario's traces of every node's link counters through the timed steps (one TSV per run, a line per node every 10 ms)")
 	cmd.Flags().StringVar(&tcpCC, "tcp-cc", "", "the cluster scenario's nodes' TCP congestion control, as the kernel names it (default cubic, Linux's own default, whatever this machine's is)")

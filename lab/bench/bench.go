@@ -24,6 +24,9 @@ type Config struct {
 	CostOut string
 	// CostOutDirect, if set, is where it writes the same for the job with direct gradients.
 	CostOutDirect string
+	// CostOutEmbedded, if set, is where it writes the same for the direct job with a NATS server in
+	// each runtime's process.
+	CostOutEmbedded string
 	// LinkTrace, if set, is a directory where the cluster scenario writes each run's trace of the
 	// nodes' link counters through its timed steps (cluster-<case>.tsv, every 10 ms).
 	LinkTrace string

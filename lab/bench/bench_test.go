@@ -82,20 +82,25 @@ func TestServiceCostQuick(t *testing.T) {
 	skipUnderRace(t)
 	t.Parallel()
 	out := filepath.Join(t.TempDir(), "service-cost.json")
-	res, err := Run(context.Background(), Config{Quick: true, Only: []string{"service-cost"}, CostOut: out, Log: testutil.Logger()}, nil)
+	outEmbedded := filepath.Join(t.TempDir(), "service-cost-embedded.json")
+	res, err := Run(context.Background(), Config{Quick: true, Only: []string{"service-cost"}, CostOut: out, CostOutEmbedded: outEmbedded, Log: testutil.Logger()}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Per mode (gradients stored, and direct), the parts; and direct against stored.
-	by := map[string]map[string]Result{"stored": {}, "direct": {}}
+	// Per mode (gradients stored, direct, and direct with the NATS server in the runtime's
+	// process), the parts; and direct against stored, embedded against not.
+	by := map[string]map[string]Result{"stored": {}, "direct": {}, "embedded": {}}
 	var versus []Result
 	for _, r := range res {
-		if strings.HasPrefix(r.Case, "whole service, direct vs stored") {
+		if strings.HasPrefix(r.Case, "whole service, direct vs stored") || strings.HasPrefix(r.Case, "whole service, embedded vs not") {
 			versus = append(versus, r)
 			continue
 		}
 		mode := "stored"
-		if strings.Contains(r.Case, "Gradients=direct") {
+		switch {
+		case strings.HasSuffix(r.Case, ",embedded"):
+			mode = "embedded"
+		case strings.Contains(r.Case, "Gradients=direct"):
 			mode = "direct"
 		}
 		by[mode][strings.Split(r.Case, ",")[0]] = r
@@ -103,9 +108,19 @@ func TestServiceCostQuick(t *testing.T) {
 			t.Errorf("%s: want a positive figure against BytePS's", r)
 		}
 	}
-	if len(res) != 9 || len(versus) != 1 || !(versus[0].Fanin > 0 && versus[0].Base > 0) {
-		t.Fatalf("results %v, want for stored and direct gradients the whole service, the NATS server, the runtimes and their work, and direct against stored", res)
+	if len(res) != 13 || len(versus) != 2 || !(versus[0].Fanin > 0 && versus[0].Base > 0) || !(versus[1].Fanin > 0 && versus[1].Base > 0) {
+		t.Fatalf("results %v, want for stored and direct gradients the whole service, the NATS server, the runtimes and their work, for the embedded server the whole service, the runtime and its work, direct against stored and embedded against not", res)
 	}
+	if e := by["embedded"]; e["whole service"].Fanin == 0 || e["runtime with the NATS server"].Fanin == 0 || e["runtimes' work"].Fanin == 0 ||
+		!(e["whole service"].Fanin <= e["runtime with the NATS server"].Fanin) || !near(versus[1].Fanin, e["whole service"].Fanin) || !near(versus[1].Base, by["direct"]["whole service"].Fanin) {
+		t.Errorf("embedded: %v and %s, want the whole service (no more than the runtime with the server), the runtime, its work, and against direct", e, versus[1])
+	}
+	if c, err := sim.ReadServiceCost(outEmbedded); err != nil {
+		t.Error(err)
+	} else if m := c.Measured; m == nil || !strings.Contains(c.Source, "--nats-config") || !(m.RuntimeCPU > 3*m.BrokerCPU) || m.BrokerBytesIn < m.GradientBytes {
+		t.Errorf("embedded cost file %+v: want the runtime's process to hold the server's CPU and bytes", c)
+	}
+	delete(by, "embedded")
 	for mode, parts := range by {
 		whole, broker, rts, work := parts["whole service"], parts["NATS server"], parts["runtimes"], parts["runtimes' work"]
 		if whole.Fanin == 0 || broker.Fanin == 0 || rts.Fanin == 0 || work.Fanin == 0 {

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanin-ml/fanin/autoscaler"
 	"github.com/fanin-ml/fanin/gateway"
@@ -53,6 +54,9 @@ type RuntimeConfig struct {
 	// NIC is the node's link rate each way in bytes per second (runtime.WithNICBandwidth): the
 	// autoscaler places by bytes when runtimes report it. 0: unknown, not a limit.
 	NIC float64
+	// NATSConfig, if set, is a nats-server configuration file: the process runs that server
+	// and connects the runtime to it in-process (`fanin runtime --nats-config`), URL unused.
+	NATSConfig string
 	// Log, if set, has the runtime log its events at info level to standard error (the cluster
 	// scenario keeps them with Config.Logs); otherwise it logs nothing.
 	Log bool
@@ -76,12 +80,13 @@ func ParseRuntime(args []string) (RuntimeConfig, error) {
 	f.StringVar(&cfg.ID, "id", "", "runtime id")
 	f.IntVar(&cfg.Cores, "cores", 0, "cores the runtime reports and uses (default GOMAXPROCS)")
 	f.Float64Var(&cfg.NIC, "nic-bytes", 0, "the node's link rate each way, bytes per second (0: unknown)")
+	f.StringVar(&cfg.NATSConfig, "nats-config", "", "run the NATS server of this configuration file in this process and connect to it in-process")
 	f.BoolVar(&cfg.Log, "log", false, "log the runtime's events at info level to standard error")
 	if err := f.Parse(args); err != nil {
 		return cfg, err
 	}
-	if cfg.URL == "" || cfg.ID == "" || cfg.Cores < 0 || cfg.NIC < 0 {
-		return cfg, fmt.Errorf("%s: --nats and --id are required, --cores and --nic-bytes must be >= 0", RuntimeCommand)
+	if (cfg.URL == "") == (cfg.NATSConfig == "") || cfg.ID == "" || cfg.Cores < 0 || cfg.NIC < 0 {
+		return cfg, fmt.Errorf("%s: one of --nats and --nats-config, and --id, are required; --cores and --nic-bytes must be >= 0", RuntimeCommand)
 	}
 	return cfg, nil
 }
@@ -89,11 +94,40 @@ func ParseRuntime(args []string) (RuntimeConfig, error) {
 // RunRuntime runs one runtime until in ends (the bench closes the process's stdin) or ctx is done;
 // for every line it reads from in it writes a RuntimeSample line to out.
 func RunRuntime(ctx context.Context, cfg RuntimeConfig, in io.Reader, out io.Writer) error {
-	nc, err := nats.Connect(cfg.URL, nats.Name("fanin-runtime-"+cfg.ID), nats.MaxReconnects(-1))
+	nopts := []nats.Option{nats.Name("fanin-runtime-" + cfg.ID), nats.MaxReconnects(-1)}
+	if cfg.NATSConfig != "" {
+		ns, err := embed.FromFile(cfg.NATSConfig)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			ns.Shutdown()
+			ns.WaitForShutdown()
+		}()
+		cfg.URL = ns.ClientURL()
+		nopts = append(nopts, nats.InProcessServer(ns))
+	}
+	nc, err := nats.Connect(cfg.URL, nopts...)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
+	if cfg.NATSConfig != "" {
+		// A cluster's JetStream answers once its servers elected a meta leader: until then the
+		// runtime would size its buckets' replicas for a server alone.
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return err
+		}
+		if err := waitFor(ctx, time.Minute, func() error {
+			actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			_, err := js.AccountInfo(actx)
+			return err
+		}); err != nil {
+			return fmt.Errorf("JetStream of %s: %w", cfg.NATSConfig, err)
+		}
+	}
 	log := slog.New(slog.DiscardHandler)
 	if cfg.Log {
 		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -227,8 +261,10 @@ type costRun struct {
 }
 
 // serviceCostRun brings up the service as processes (see the scenario) for w, runs one worker
-// process of warmup+steps steps against it, and returns what each process spent meanwhile.
-func serviceCostRun(ctx context.Context, rs *runState, w workload, warmup, steps int) (costRun, error) {
+// process of warmup+steps steps against it, and returns what each process spent meanwhile. With
+// embedded, each runtime process runs a NATS server of its own (`fanin runtime --nats-config`),
+// the servers one cluster, and the workers connect to the first one's.
+func serviceCostRun(ctx context.Context, rs *runState, w workload, embedded bool, warmup, steps int) (costRun, error) {
 	dir, err := os.MkdirTemp("", "fanin-bench-cost-")
 	if err != nil {
 		return costRun{}, err
@@ -240,12 +276,46 @@ func serviceCostRun(ctx context.Context, rs *runState, w workload, warmup, steps
 	if err != nil {
 		return costRun{}, err
 	}
-	ns, err := embed.Start(embed.Config{Port: -1, StoreDir: dir})
-	if err != nil {
-		return costRun{}, err
+	var procs []*runtimeProc
+	defer func() {
+		for _, p := range procs {
+			_ = p.stop()
+		}
+	}()
+	var url string
+	// brokerBytes reads the bytes in and out that every NATS server counted.
+	var brokerBytes func() (in, out float64, err error)
+	if embedded {
+		monitors, err := startEmbeddedRuntimes(ctx, exe, dir, w.Runtimes, &procs)
+		if err != nil {
+			return costRun{}, err
+		}
+		url = monitors[0].client
+		brokerBytes = func() (in, out float64, err error) {
+			for _, m := range monitors {
+				v, err := m.varz(ctx)
+				if err != nil {
+					return 0, 0, err
+				}
+				in, out = in+float64(v.InBytes), out+float64(v.OutBytes)
+			}
+			return in, out, nil
+		}
+	} else {
+		ns, err := embed.Start(embed.Config{Port: -1, StoreDir: dir})
+		if err != nil {
+			return costRun{}, err
+		}
+		defer ns.Shutdown()
+		url = ns.ClientURL()
+		brokerBytes = func() (in, out float64, err error) {
+			v, err := ns.Varz(nil)
+			if err != nil {
+				return 0, 0, err
+			}
+			return float64(v.InBytes), float64(v.OutBytes), nil
+		}
 	}
-	defer ns.Shutdown()
-	url := ns.ClientURL()
 	cp, err := startControlPlane(ctx, rs, func(name string) (*nats.Conn, error) {
 		return nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1))
 	}, w.Runtimes, nil)
@@ -255,13 +325,7 @@ func serviceCostRun(ctx context.Context, rs *runState, w workload, warmup, steps
 	defer cp.close()
 	gw := cp.gw
 
-	var procs []*runtimeProc
-	defer func() {
-		for _, p := range procs {
-			_ = p.stop()
-		}
-	}()
-	for i := range w.Runtimes {
+	for i := len(procs); i < w.Runtimes; i++ {
 		p, err := startRuntimeProc(ctx, exe, url, fmt.Sprintf("rt-%d", i), runtimeCores)
 		if err != nil {
 			return costRun{}, err
@@ -291,7 +355,7 @@ func serviceCostRun(ctx context.Context, rs *runState, w workload, warmup, steps
 	if err != nil {
 		return costRun{}, err
 	}
-	v0, err := ns.Varz(nil)
+	in0, out0, err := brokerBytes()
 	if err != nil {
 		return costRun{}, err
 	}
@@ -306,7 +370,7 @@ func serviceCostRun(ctx context.Context, rs *runState, w workload, warmup, steps
 		return costRun{}, fmt.Errorf("workers: %v: %s", err, tail(errOut.Bytes(), 2000))
 	}
 	brokerCPU := processCPU() - cpu0
-	v1, err := ns.Varz(nil)
+	in1, out1, err := brokerBytes()
 	if err != nil {
 		return costRun{}, err
 	}
@@ -319,7 +383,7 @@ func serviceCostRun(ctx context.Context, rs *runState, w workload, warmup, steps
 		return costRun{}, fmt.Errorf("workers printed %q: %w", tail(out.Bytes(), 500), err)
 	}
 	run := costRun{steps: warmup + steps, brokerCPU: brokerCPU, stepsPerSec: rep.StepsPerSec, load: load0 + " -> " + loadAverage(),
-		brokerIn: float64(v1.InBytes - v0.InBytes), brokerOut: float64(v1.OutBytes - v0.OutBytes)}
+		brokerIn: in1 - in0, brokerOut: out1 - out0}
 	for i := range procs {
 		run.runtimeCPU += rt1[i].CPU - rt0[i].CPU
 		run.work += rt1[i].WorkTime - rt0[i].WorkTime
@@ -433,29 +497,44 @@ func runServiceCost(ctx context.Context, rs *runState) ([]Result, error) {
 	w := workload{Ranks: 8, Elements: n, ShardSize: securedShardSize, Runtimes: e2eRuntimes}
 	wd := w
 	wd.Gradients = job.GradientsDirect
-	var runs, direct []costRun
+	// One runtime holding the NATS server that the workers connect to: a service node whose
+	// server and runtime are one process. (Three such runtimes, their servers one cluster and the
+	// workers on one of them, cost more than wd: two thirds of the gradients cross a route, one
+	// TCP hop more than wd's, and the cluster replicates fanin's buckets.)
+	we := wd
+	we.Runtimes = 1
+	// The three modes, alternating: stored and direct gradients with runtime processes connected
+	// to this process's NATS server, and direct with a NATS server in each runtime's process.
+	modes := []struct {
+		w        workload
+		embedded bool
+		runs     []costRun
+	}{{w: w}, {w: wd}, {w: we, embedded: true}}
 	for i := range p.reps {
-		for _, x := range []workload{w, wd} { // stored and direct, alternating
-			rs.printf("   service-cost %s run %d/%d ...", x.name(), i+1, p.reps)
-			r, err := serviceCostRun(ctx, rs, x, p.warmup, p.steps)
+		for k := range modes {
+			x := &modes[k]
+			name := x.w.name() + map[bool]string{true: ",embedded"}[x.embedded]
+			rs.printf("   service-cost %s run %d/%d ...", name, i+1, p.reps)
+			r, err := serviceCostRun(ctx, rs, x.w, x.embedded, p.warmup, p.steps)
 			if err != nil {
-				return nil, fmt.Errorf("service-cost %s: %w", x.name(), err)
+				return nil, fmt.Errorf("service-cost %s: %w", name, err)
 			}
 			rs.printf("   service-cost %s: broker %.1f s, runtimes %.1f s (work %.1f s) of CPU for %.2f GB of gradient, %.3f steps/s",
-				x.name(), r.brokerCPU.Seconds(), r.runtimeCPU.Seconds(), r.work.Seconds(), r.gradBytes/1e9, r.stepsPerSec)
-			if x.Gradients == "" {
-				runs = append(runs, r)
-			} else {
-				direct = append(direct, r)
-			}
+				name, r.brokerCPU.Seconds(), r.runtimeCPU.Seconds(), r.work.Seconds(), r.gradBytes/1e9, r.stepsPerSec)
+			x.runs = append(x.runs, r)
 		}
 	}
-	out, m, err := costRows(rs, w, p, model, runs)
+	out, m, err := costRows(rs, w, false, p, model, modes[0].runs)
 	if err != nil {
 		return out, err
 	}
-	dout, d, err := costRows(rs, wd, p, model, direct)
+	dout, d, err := costRows(rs, wd, false, p, model, modes[1].runs)
 	out = append(out, dout...)
+	if err != nil {
+		return out, err
+	}
+	eout, e, err := costRows(rs, we, true, p, model, modes[2].runs)
+	out = append(out, eout...)
 	if err != nil {
 		return out, err
 	}
@@ -464,13 +543,16 @@ func runServiceCost(ctx context.Context, rs *runState) ([]Result, error) {
 		Baseline: storedBaseline, Fanin: whole(d), Base: whole(m), Setup: out[0].Setup,
 		Notes: fmt.Sprintf("the medians of each mode's runs; NATS server alone: %.3g (direct) vs %.3g (stored) GB per core-second; steps/s %.3f vs %.3f",
 			d.gradBytes/1e9/d.brokerCPU.Seconds(), m.gradBytes/1e9/m.brokerCPU.Seconds(), d.stepsPerSec, m.stepsPerSec)}))
+	out = append(out, throughput(Result{Scenario: "service-cost", Case: "whole service, embedded vs not," + wd.name(), Metric: "GB of gradient per core-second",
+		Baseline: fmt.Sprintf("the same direct job, %d runtime processes on TCP to the NATS server", wd.Runtimes), Fanin: whole(e), Base: whole(d), Setup: eout[0].Setup,
+		Notes: fmt.Sprintf("the medians of each mode's runs; steps/s %.3f (one runtime with the NATS server in its process) vs %.3f", e.stepsPerSec, d.stepsPerSec)}))
 	return out, nil
 }
 
 // costRows are the service-cost rows of one workload's runs: the median run by the whole
 // service's CPU per byte, which it also returns. The stored workload writes --cost-out, the
-// direct one --cost-out-direct.
-func costRows(rs *runState, w workload, p e2ePlan, model string, runs []costRun) ([]Result, costRun, error) {
+// direct one --cost-out-direct, the direct one with embedded servers --cost-out-embedded.
+func costRows(rs *runState, w workload, embedded bool, p e2ePlan, model string, runs []costRun) ([]Result, costRun, error) {
 	// The median run by the whole service's CPU per byte.
 	slices.SortFunc(runs, func(a, b costRun) int {
 		return cmp.Compare((a.brokerCPU+a.runtimeCPU).Seconds()/a.gradBytes, (b.brokerCPU+b.runtimeCPU).Seconds()/b.gradBytes)
@@ -487,10 +569,36 @@ func costRows(rs *runState, w workload, p e2ePlan, model string, runs []costRun)
 	}
 	setup := fmt.Sprintf("%s, %d ranks, sgd, shards of %s, JetStream memory storage; this process runs the NATS server, the gateway and an autoscaler placing shards (no pool driver); %d runtime processes (`fanin %s`, %d cores each) and one worker process holding the ranks; CPU is each process's user and system time over the worker process's run (%d warm-up and %d timed steps), the NATS server's bytes in and out are its own counters; the median of %d runs by the whole service's CPU per byte; gradients stored and direct alternating",
 		model, w.Ranks, mib(w.ShardSize), w.Runtimes, RuntimeCommand, runtimeCores, p.warmup, p.steps, p.reps)
+	name := w.name()
+	if embedded {
+		name += ",embedded"
+		setup = fmt.Sprintf("%s, %d ranks, sgd, shards of %s, JetStream memory storage; %d runtime process (`fanin %s --nats-config`, %d cores) running the NATS server in its process and connected to it in-process, the worker process connected to that server; this process runs the gateway and an autoscaler placing shards, idle while the job steps; CPU is each process's user and system time over the worker process's run (%d warm-up and %d timed steps), the servers' bytes in and out their own counters, summed; the median of %d runs by the whole service's CPU per byte",
+			model, w.Ranks, mib(w.ShardSize), w.Runtimes, RuntimeCommand, runtimeCores, p.warmup, p.steps, p.reps)
+	}
 	notes := "every run, whole service: " + strings.Join(all, ", ")
 	row := func(part string, cpu time.Duration, note string) Result {
-		return throughput(Result{Scenario: "service-cost", Case: part + "," + w.name(), Metric: "GB of gradient per core-second",
+		return throughput(Result{Scenario: "service-cost", Case: part + "," + name, Metric: "GB of gradient per core-second",
 			Baseline: serviceCostBaseline, Fanin: gb(cpu), Base: bytepsGBPerCoreSecond, Setup: setup, Notes: note})
+	}
+	if embedded {
+		out := []Result{
+			row("whole service", m.brokerCPU+m.runtimeCPU, notes),
+			row("runtime with the NATS server", m.runtimeCPU, fmt.Sprintf("the process's whole CPU: %.3g ns per gradient byte; the server counted %.2f GB in, %.2f GB out",
+				1e9*m.runtimeCPU.Seconds()/m.gradBytes, m.brokerIn/1e9, m.brokerOut/1e9)),
+			row("runtimes' work", m.work, "fold and function (what the runtimes report as a shard's Work): the kernels alone"),
+		}
+		if dst := rs.cfg.CostOutEmbedded; dst != "" {
+			c := serviceCost(m, w, p, model)
+			c.Source += ", one runtime with the NATS server in its process (--nats-config)"
+			c.Notes = "The runtime process ran the NATS server the workers connected to: runtime_cpu_s_per_byte is its whole CPU, the server's included; " +
+				"the broker figures are this process's alone, the gateway and an autoscaler, idle while the job stepped. Simulate it with --broker in-runtimes: the broker is in the runtimes and grows with the pool. " +
+				"All are per gradient byte summed in the steps."
+			if err := os.WriteFile(dst, c.MarshalIndent(), 0o644); err != nil {
+				return out, m, fmt.Errorf("service-cost: %w", err)
+			}
+			rs.printf("   wrote %s", dst)
+		}
+		return out, m, nil
 	}
 	out := []Result{
 		row("whole service", m.brokerCPU+m.runtimeCPU, notes),
