@@ -39,7 +39,10 @@ type clusterCase struct {
 	// more case, e.g. {name: "spread,direct", layout: spreadOverWorkers, spec: func(s *job.Spec)
 	// { s.Gradients = "direct" }, goal: 1}.
 	spec func(*job.Spec)
-	goal float64 // the issue's goal for the ratio to gloo's steps/s, 0 for none
+	// embedded: each node's NATS server runs in a runtime's process (`fanin runtime
+	// --nats-config`), which it connects to in-process; otherwise a nats-server process of its own.
+	embedded bool
+	goal     float64 // the issue's goal for the ratio to gloo's steps/s, 0 for none
 }
 
 // clusterCases run in this order, gloo once before each pair of them (cases 0, 2, 4, ...).
@@ -54,6 +57,10 @@ var clusterCases = []clusterCase{
 	// no node holds all of a job's gradients, so spread, each byte crosses the network once.
 	{name: "spread,direct", layout: spreadOverWorkers, spec: directGradients, goal: 1},
 	{name: "spread,direct,bf16", layout: spreadOverWorkers, bf16: true, spec: directGradients, goal: 1.8},
+	// Each node's NATS server in a runtime's process (the service node's in the first of its
+	// runtimes, the other two connected over loopback): nothing between them crosses the kernel.
+	{name: "spread,direct,embedded", layout: spreadOverWorkers, spec: directGradients, embedded: true, goal: 1},
+	{name: "service node,4x link,bf16,embedded", layout: onServiceNode, link: 4, bf16: true, embedded: true, goal: 2.3},
 }
 
 // directGradients makes a job send its gradients to the runtimes as core NATS requests.

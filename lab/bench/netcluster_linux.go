@@ -279,11 +279,53 @@ func runFaninCluster(ctx context.Context, rs *runState, env *clusterEnv, c clust
 			t.Stop()
 		}
 	}()
-	for _, n := range servers {
+	// The runtimes, stopped before the NATS servers (deferred after them).
+	var rts []*runtimeProc
+	defer func() {
+		for _, p := range rts {
+			_ = p.stop()
+		}
+	}()
+	local := fmt.Sprintf("nats://127.0.0.1:%d", clusterNATSPort)
+	// startRuntime starts runtime i on node n with the runtime process's arguments before its
+	// own (the NATS server it connects to).
+	startRuntime := func(n *netNode, i int, natsArgs ...string) error {
+		id := fmt.Sprintf("rt-%s-%d", n.Name, i)
+		// The runtime tells the autoscaler its node's link rate, so that a job's shards are placed
+		// by the bytes each node's link can carry (a node's NATS server names the node).
+		args := append([]string{RuntimeCommand, "--id", id, "--cores", strconv.Itoa(runtimeCores)}, natsArgs...)
+		args = append(args, "--nic-bytes", strconv.Itoa(n.Mbit*1_000_000/8))
+		var log io.Writer
+		if rs.cfg.Logs != "" {
+			f, err := logFile(id)
+			if err != nil {
+				return err
+			}
+			args, log = append(args, "--log"), f
+		}
+		p, err := startRuntimeCmd(id, n.command(ctx, env.exe, args...), log)
+		if err != nil {
+			return err
+		}
+		rts = append(rts, p)
+		name := id
+		if len(natsArgs) > 0 && natsArgs[0] == "--nats-config" {
+			name = "nats-server + " + id
+		}
+		procs = append(procs, &tracked{name: name, pid: p.cmd.Process.Pid})
+		return nil
+	}
+	for i, n := range servers {
 		conf := natsServerConf(n, servers, filepath.Join(dir, n.Name))
 		path := filepath.Join(dir, n.Name+".conf")
 		if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
 			return clusterRun{}, err
+		}
+		if c.embedded { // the node's server runs in its first runtime's process
+			if err := startRuntime(n, i, "--nats-config", path); err != nil {
+				return clusterRun{}, err
+			}
+			continue
 		}
 		cmd := n.command(ctx, env.natsServer, "-c", path)
 		logf, err := logFile("nats-" + n.Name)
@@ -344,34 +386,11 @@ func runFaninCluster(ctx context.Context, rs *runState, env *clusterEnv, c clust
 	}
 	defer cp.close()
 
-	// The runtimes, each connected to its own node's server.
-	var rts []*runtimeProc
-	defer func() {
-		for _, p := range rts {
-			_ = p.stop()
-		}
-	}()
-	local := fmt.Sprintf("nats://127.0.0.1:%d", clusterNATSPort)
-	for i := range clusterRuntimes(c) {
-		n := servers[i%len(servers)]
-		id := fmt.Sprintf("rt-%s-%d", n.Name, i)
-		// The runtime tells the autoscaler its node's link rate, so that a job's shards are placed
-		// by the bytes each node's link can carry (a node's NATS server names the node).
-		args := append(runtimeArgs(local, id, runtimeCores), "--nic-bytes", strconv.Itoa(n.Mbit*1_000_000/8))
-		var log io.Writer
-		if rs.cfg.Logs != "" {
-			f, err := logFile(id)
-			if err != nil {
-				return clusterRun{}, err
-			}
-			args, log = append(args, "--log"), f
-		}
-		p, err := startRuntimeCmd(id, n.command(ctx, env.exe, args...), log)
-		if err != nil {
+	// The runtimes, each connected to its own node's server (those in a server's process are).
+	for i := len(rts); i < clusterRuntimes(c); i++ {
+		if err := startRuntime(servers[i%len(servers)], i, "--nats", local); err != nil {
 			return clusterRun{}, err
 		}
-		rts = append(rts, p)
-		procs = append(procs, &tracked{name: id, pid: p.cmd.Process.Pid})
 	}
 	if err := cp.waitRuntimes(ctx, len(rts)); err != nil {
 		return clusterRun{}, err
