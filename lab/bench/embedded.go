@@ -82,17 +82,23 @@ func startEmbeddedRuntimes(ctx context.Context, exe, dir string, n int, procs *[
 				return err
 			}
 			defer nc.Close()
-			js, err := jetstream.New(nc)
-			if err != nil {
-				return err
-			}
-			actx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			defer cancel()
-			_, err = js.AccountInfo(actx)
-			return err
+			return jetStreamAnswers(ctx, nc)
 		}); err != nil {
 			return nil, fmt.Errorf("the NATS server of a runtime at %s: %w", s.client, err)
 		}
 	}
 	return servers, nil
+}
+
+// jetStreamAnswers is nil once JetStream answers on nc: on a cluster, once its servers elected a
+// meta leader.
+func jetStreamAnswers(ctx context.Context, nc *nats.Conn) error {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_, err = js.AccountInfo(ctx)
+	return err
 }

@@ -354,14 +354,7 @@ func runFaninCluster(ctx context.Context, rs *runState, env *clusterEnv, c clust
 				}
 				conns[n] = nc
 			}
-			js, err := jetstream.New(conns[n])
-			if err != nil {
-				return err
-			}
-			actx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			defer cancel()
-			_, err = js.AccountInfo(actx)
-			return err
+			return jetStreamAnswers(ctx, conns[n])
 		}); err != nil {
 			log, _ := os.ReadFile(filepath.Join(logs, "nats-"+n.Name+".log"))
 			return clusterRun{}, fmt.Errorf("nats-server on %s: %w: %s", n.Name, err, tail(log, 1000))

@@ -21,7 +21,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanin-ml/fanin/autoscaler"
 	"github.com/fanin-ml/fanin/gateway"
@@ -115,16 +114,7 @@ func RunRuntime(ctx context.Context, cfg RuntimeConfig, in io.Reader, out io.Wri
 	if cfg.NATSConfig != "" {
 		// A cluster's JetStream answers once its servers elected a meta leader: until then the
 		// runtime would size its buckets' replicas for a server alone.
-		js, err := jetstream.New(nc)
-		if err != nil {
-			return err
-		}
-		if err := waitFor(ctx, time.Minute, func() error {
-			actx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			defer cancel()
-			_, err := js.AccountInfo(actx)
-			return err
-		}); err != nil {
+		if err := waitFor(ctx, time.Minute, func() error { return jetStreamAnswers(ctx, nc) }); err != nil {
 			return fmt.Errorf("JetStream of %s: %w", cfg.NATSConfig, err)
 		}
 	}
