@@ -62,3 +62,24 @@ func TestDirectServiceCostFile(t *testing.T) {
 		t.Errorf("direct broker %.3g s per byte, stored default %.3g: want less", c.BrokerCPUPerByteIn, def.BrokerCPUPerByteIn)
 	}
 }
+
+// The measured file for runtimes that run the NATS servers (--broker in-runtimes) is valid and
+// says so: the runtime's rate holds the server's CPU, so it is dearer per byte than a runtime's
+// alone, and what is left to the broker (the idle control plane) is small beside it.
+func TestEmbeddedServiceCostFile(t *testing.T) {
+	c, err := ReadServiceCost("service-cost-embedded.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(c.Source, "--nats-config") || !strings.Contains(c.Notes, "--broker in-runtimes") {
+		t.Errorf("source %q, notes %q: want the layout and how to simulate it named", c.Source, c.Notes)
+	}
+	direct, err := ReadServiceCost("service-cost-direct.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.RuntimeCPUPerByte <= direct.RuntimeCPUPerByte || c.BrokerCPUPerByteIn > c.RuntimeCPUPerByte/10 {
+		t.Errorf("runtime %.3g s per byte (a runtime alone: %.3g), broker %.3g: want the server's CPU in the runtime's",
+			c.RuntimeCPUPerByte, direct.RuntimeCPUPerByte, c.BrokerCPUPerByteIn)
+	}
+}
