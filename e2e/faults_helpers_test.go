@@ -29,11 +29,12 @@ var serverReady = regexp.MustCompile(`Server is ready`)
 // file storage: one server, or a cluster routed on loopback. A node can be killed with SIGKILL and
 // started again on its ports and store, as after a crash.
 type natsNodes struct {
-	t     *testing.T
-	confs []string
-	ports []int
-	mon   []int // monitoring ports (/stacksz, /jsz)
-	procs []*natsProc
+	t      *testing.T
+	confs  []string
+	ports  []int
+	mon    []int // monitoring ports (/stacksz, /jsz)
+	routes []int // cluster ports (n > 1)
+	procs  []*natsProc
 }
 
 type natsProc struct {
@@ -55,6 +56,9 @@ func startNATSIn(t *testing.T, n int, dir string) *natsNodes {
 		nn.ports = append(nn.ports, testutil.FreePort(t))
 		nn.mon = append(nn.mon, testutil.FreePort(t))
 		routes[i] = testutil.FreePort(t)
+	}
+	if n > 1 {
+		nn.routes = routes
 	}
 	for i := range n {
 		conf := fmt.Sprintf("server_name: n%d\nlisten: 127.0.0.1:%d\nhttp: 127.0.0.1:%d\nmax_payload: 8MB\nmax_pending: 256MB\n"+

@@ -160,6 +160,12 @@ func (tt *timedTrainer) checkUpdates(url string) {
 
 func (f *faninProcs) train(spec job.Spec) *timedTrainer {
 	f.t.Helper()
+	return f.trainAt(spec, f.nn.url())
+}
+
+// trainAt is train with the workers connected to url.
+func (f *faninProcs) trainAt(spec job.Spec, url string) *timedTrainer {
+	f.t.Helper()
 	var rec *job.Record
 	testutil.CheckFor(f.t, 60*time.Second, 250*time.Millisecond, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -171,7 +177,7 @@ func (f *faninProcs) train(spec job.Spec) *timedTrainer {
 		rec = r
 		return err
 	})
-	tt := &timedTrainer{trainer: newTrainer(f.t, f.nn.url(), rec), rec: rec}
+	tt := &timedTrainer{trainer: newTrainer(f.t, url, rec), rec: rec}
 	tt.onStall = func() { f.nn.dumpJob(rec); f.dumpLogs() }
 	return tt
 }
