@@ -570,39 +570,37 @@ func costRows(rs *runState, w workload, embedded bool, p e2ePlan, model string, 
 		return throughput(Result{Scenario: "service-cost", Case: part + "," + name, Metric: "GB of gradient per core-second",
 			Baseline: serviceCostBaseline, Fanin: gb(cpu), Base: bytepsGBPerCoreSecond, Setup: setup, Notes: note})
 	}
-	if embedded {
-		out := []Result{
+	var out []Result
+	dst := rs.cfg.CostOut
+	switch {
+	case embedded:
+		out = []Result{
 			row("whole service", m.brokerCPU+m.runtimeCPU, notes),
 			row("runtime with the NATS server", m.runtimeCPU, fmt.Sprintf("the process's whole CPU: %.3g ns per gradient byte; the server counted %.2f GB in, %.2f GB out",
 				1e9*m.runtimeCPU.Seconds()/m.gradBytes, m.brokerIn/1e9, m.brokerOut/1e9)),
 			row("runtimes' work", m.work, "fold and function (what the runtimes report as a shard's Work): the kernels alone"),
 		}
-		if dst := rs.cfg.CostOutEmbedded; dst != "" {
-			c := serviceCost(m, w, p, model)
+		dst = rs.cfg.CostOutEmbedded
+	default:
+		out = []Result{
+			row("whole service", m.brokerCPU+m.runtimeCPU, notes),
+			row("NATS server", m.brokerCPU, fmt.Sprintf("with the gateway and the autoscaler, idle while the job steps: %.3g ns per byte it counted in or out (%.2f GB in, %.2f GB out)",
+				1e9*m.brokerCPU.Seconds()/(m.brokerIn+m.brokerOut), m.brokerIn/1e9, m.brokerOut/1e9)),
+			row("runtimes", m.runtimeCPU, fmt.Sprintf("the processes' whole CPU: %.3g ns per gradient byte", 1e9*m.runtimeCPU.Seconds()/m.gradBytes)),
+			row("runtimes' work", m.work, "fold and function (what the runtimes report as a shard's Work): the kernels alone"),
+		}
+		if w.Gradients != "" {
+			dst = rs.cfg.CostOutDirect
+		}
+	}
+	if dst != "" {
+		c := serviceCost(m, w, p, model)
+		if embedded {
 			c.Source += ", one runtime with the NATS server in its process (--nats-config)"
 			c.Notes = "The runtime process ran the NATS server the workers connected to: runtime_cpu_s_per_byte is its whole CPU, the server's included; " +
 				"the broker figures are this process's alone, the gateway and an autoscaler, idle while the job stepped. Simulate it with --broker in-runtimes: the broker is in the runtimes and grows with the pool. " +
 				"All are per gradient byte summed in the steps."
-			if err := os.WriteFile(dst, c.MarshalIndent(), 0o644); err != nil {
-				return out, m, fmt.Errorf("service-cost: %w", err)
-			}
-			rs.printf("   wrote %s", dst)
 		}
-		return out, m, nil
-	}
-	out := []Result{
-		row("whole service", m.brokerCPU+m.runtimeCPU, notes),
-		row("NATS server", m.brokerCPU, fmt.Sprintf("with the gateway and the autoscaler, idle while the job steps: %.3g ns per byte it counted in or out (%.2f GB in, %.2f GB out)",
-			1e9*m.brokerCPU.Seconds()/(m.brokerIn+m.brokerOut), m.brokerIn/1e9, m.brokerOut/1e9)),
-		row("runtimes", m.runtimeCPU, fmt.Sprintf("the processes' whole CPU: %.3g ns per gradient byte", 1e9*m.runtimeCPU.Seconds()/m.gradBytes)),
-		row("runtimes' work", m.work, "fold and function (what the runtimes report as a shard's Work): the kernels alone"),
-	}
-	dst := rs.cfg.CostOut
-	if w.Gradients != "" {
-		dst = rs.cfg.CostOutDirect
-	}
-	if dst != "" {
-		c := serviceCost(m, w, p, model)
 		if err := os.WriteFile(dst, c.MarshalIndent(), 0o644); err != nil {
 			return out, m, fmt.Errorf("service-cost: %w", err)
 		}
