@@ -49,6 +49,30 @@ type Spec struct {
 	// gradients until they hold the next step's parameters and send them again on a gap (bsp
 	// only; docs/PROTOCOL.md, "Direct gradients").
 	Gradients string `json:"gradients,omitempty"`
+	// GradientStreams is how many JetStream streams keep a stored job's gradients: 1 (the
+	// default; 0 or absent means 1) up to MaxGradientStreams, at most one per shard. Shard s's
+	// gradients go to stream s mod n. On a NATS cluster, one stream puts every gradient byte of
+	// the job on one server, and from there on to the runtimes' nodes; with several, the gateway
+	// places them on the nodes of the pool's runtimes and the autoscaler places each shard on a
+	// runtime connected to its stream's server, so that a gradient crosses the network once. Workers
+	// see no difference. Refused with gradients: direct (no gradient stream). See
+	// GradStreams and docs/KUBERNETES.md.
+	GradientStreams int `json:"gradient_streams,omitempty"`
+}
+
+// MaxGradientStreams bounds Spec.GradientStreams.
+const MaxGradientStreams = 64
+
+// GradStreams is how many streams keep the job's gradients: GradientStreams, or 1 when it is 0
+// (records stored before the field existed), and 0 for a direct-gradients job, which has none.
+func (s *Spec) GradStreams() int {
+	switch {
+	case s.DirectGradients():
+		return 0
+	case s.GradientStreams > 1:
+		return s.GradientStreams
+	}
+	return 1
 }
 
 // Gradient delivery modes of Spec.Gradients.
@@ -348,11 +372,21 @@ func (s *Spec) Validate() error {
 	default:
 		bad("gradients", "must be stored (default) or direct, got %q", s.Gradients)
 	}
+	switch {
+	case s.GradientStreams < 0 || s.GradientStreams > MaxGradientStreams:
+		bad("gradient_streams", "must be 1..%d, got %d", MaxGradientStreams, s.GradientStreams)
+	case s.GradientStreams > 1 && s.DirectGradients():
+		bad("gradient_streams", "a job with gradients: direct has no gradient stream; leave gradient_streams out or set it to 1")
+	}
 	if len(errs) == 0 && total > 0 {
 		if n := s.shardCount(); n > MaxShards {
 			bad("shard_size", "gives %d shards, more than %d: use larger shards", n, MaxShards)
 		} else if s.Init.Kind == "upload" && n > MaxUploadShards {
 			bad("shard_size", "gives %d shards, more than %d for init upload (its upload stream names each shard): use larger shards", n, MaxUploadShards)
+		} else if s.GradientStreams > 1 && n > MaxUploadShards {
+			bad("shard_size", "gives %d shards, more than %d with gradient_streams (each gradient stream names its shards): use larger shards", n, MaxUploadShards)
+		} else if int64(s.GradientStreams) > n {
+			bad("gradient_streams", "%d streams for %d shards: at most one stream per shard", s.GradientStreams, n)
 		}
 	}
 	if len(errs) > 0 {

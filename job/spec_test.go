@@ -57,6 +57,13 @@ func TestValidateSpecificErrors(t *testing.T) {
 		{"gradients", func(s *Spec) { s.Gradients = "core" }, "gradients", `must be stored (default) or direct, got "core"`},
 		{"gradients ssp", func(s *Spec) { s.Sync, s.Staleness, s.Gradients = "ssp", 2, "direct" }, "gradients", "direct is offered for bsp only: ssp applies"},
 		{"gradients asp", func(s *Spec) { s.Sync, s.Gradients = "asp", "direct" }, "gradients", "direct is offered for bsp only: asp applies"},
+		{"gradient_streams negative", func(s *Spec) { s.GradientStreams = -1 }, "gradient_streams", "must be 1..64, got -1"},
+		{"gradient_streams many", func(s *Spec) { s.GradientStreams = 65 }, "gradient_streams", "must be 1..64, got 65"},
+		{"gradient_streams direct", func(s *Spec) { s.Gradients, s.GradientStreams = "direct", 2 }, "gradient_streams", "gradients: direct has no gradient stream"},
+		{"gradient_streams beyond shards", func(s *Spec) { s.GradientStreams = 64 }, "gradient_streams", "64 streams for "},
+		{"gradient_streams shards", func(s *Spec) {
+			s.GradientStreams, s.ShardSize, s.Tensors = 2, 4<<10, []Tensor{{Name: "w", Shape: []int{1024, 4097}}}
+		}, "shard_size", "gives 4097 shards, more than 4096 with gradient_streams"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -307,6 +314,23 @@ func TestParseJSONStrict(t *testing.T) {
 	for i, x := range v {
 		if math.IsInf(float64(x), 0) || math.IsNaN(float64(x)) {
 			t.Fatalf("element %d is %v", i, x)
+		}
+	}
+}
+
+// GradStreams is 1 for a stored job that asks for none or one (records from before the field),
+// what it asks for beyond, and 0 for a direct job.
+func TestGradStreams(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		gradients string
+		asked     int
+		want      int
+	}{{"", 0, 1}, {"stored", 1, 1}, {"stored", 3, 3}, {"direct", 0, 0}} {
+		s := validSpec()
+		s.Gradients, s.GradientStreams = c.gradients, c.asked
+		if got := s.GradStreams(); got != c.want {
+			t.Errorf("gradients %q, gradient_streams %d: GradStreams() = %d, want %d", c.gradients, c.asked, got, c.want)
 		}
 	}
 }
