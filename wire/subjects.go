@@ -145,8 +145,32 @@ func NodeToken(node string) string {
 	return string(b) + "-" + strconv.FormatUint(uint64(h.Sum32()), 16)
 }
 
-// GradStream is the JetStream stream that stores a job's gradients.
+// GradStream is the JetStream stream that stores a job's gradients, or with several gradient
+// streams (spec gradient_streams > 1) the prefix of their names: see GradStreamOf.
 func GradStream(job string) string { return "FANIN_GRAD_" + job }
+
+// GradStreamOf is the stream that stores shard's gradients of a job whose gradients are kept in
+// streams streams: with one, GradStream(job); with more, GradStream(job) + "_" + the shard's group,
+// shard mod streams. A job id has no '_', so no other job's stream has such a name.
+func GradStreamOf(job string, streams, shard int) string {
+	if streams <= 1 {
+		return GradStream(job)
+	}
+	return GradGroupStream(job, shard%streams)
+}
+
+// GradGroupStream is the stream of group g of a job with several gradient streams.
+func GradGroupStream(job string, g int) string { return GradStream(job) + "_" + strconv.Itoa(g) }
+
+// GradGroupSubjects are the gradient subjects of the shards of group g of a job of shards shards
+// kept in streams streams: g, g+streams, g+2*streams, ...
+func GradGroupSubjects(job string, streams, g, shards int) []string {
+	out := make([]string, 0, (shards-g+streams-1)/streams)
+	for s := g; s < shards; s += streams {
+		out = append(out, GradSubject(job, s))
+	}
+	return out
+}
 
 // ParamsStream is the JetStream stream that keeps the latest parameters and checkpoint per shard.
 func ParamsStream(job string) string { return "FANIN_PARAMS_" + job }

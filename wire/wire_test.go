@@ -2,6 +2,7 @@ package wire
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -349,5 +350,33 @@ func TestNodeToken(t *testing.T) {
 	}
 	if NodeTag("Worker-3") != "fanin-node:worker-3" {
 		t.Errorf("NodeTag(Worker-3) = %q", NodeTag("Worker-3"))
+	}
+}
+
+// A job's gradient groups split its shards by their id mod the number of streams, every shard in
+// exactly one, and name their streams apart from every other job's (job ids have no '_').
+func TestGradGroups(t *testing.T) {
+	t.Parallel()
+	if got := GradStreamOf("j", 1, 5); got != GradStream("j") {
+		t.Errorf("one stream: %q, want %q", got, GradStream("j"))
+	}
+	seen := map[string]string{}
+	for g := range 3 {
+		for _, sj := range GradGroupSubjects("j", 3, g, 7) {
+			shard, _ := ShardFromSubject(sj)
+			if other, dup := seen[sj]; dup {
+				t.Fatalf("%s in groups %s and %d", sj, other, g)
+			}
+			seen[sj] = strconv.Itoa(g)
+			if got, want := GradStreamOf("j", 3, shard), GradGroupStream("j", g); got != want {
+				t.Errorf("shard %d: stream %q, want %q", shard, got, want)
+			}
+		}
+	}
+	if len(seen) != 7 {
+		t.Errorf("%d shards in the groups, want 7", len(seen))
+	}
+	if got := GradGroupStream("j", 2); got != "FANIN_GRAD_j_2" {
+		t.Errorf("GradGroupStream = %q", got)
 	}
 }
