@@ -146,10 +146,26 @@ func (s *Server) create(ctx context.Context, spec job.Spec, g grant) (*api.JobCr
 	return created, nil
 }
 
+// runtimeNodes are the nodes of the pool's live runtimes, as their load reports name them, sorted:
+// where a job with several gradient streams gets them (store.CreateJobStreams).
+func (s *Server) runtimeNodes() []string {
+	snap := s.view.Snapshot()
+	seen := map[string]bool{}
+	var nodes []string
+	for id, rt := range snap.Runtimes {
+		if l, ok := snap.Loads[id]; ok && l.Node != "" && !rt.Expired(snap.Now) && !seen[l.Node] {
+			seen[l.Node] = true
+			nodes = append(nodes, l.Node)
+		}
+	}
+	slices.Sort(nodes)
+	return nodes
+}
+
 // setup creates the job's streams, initial parameters, token and credentials.
 func (s *Server) setup(ctx context.Context, rec *job.Record, c *api.JobCreated) error {
 	id := rec.Spec.ID
-	if err := store.CreateJobStreams(ctx, s.js, rec, s.nc.MaxPayload()); err != nil {
+	if err := store.CreateJobStreams(ctx, s.js, rec, s.nc.MaxPayload(), s.runtimeNodes()); err != nil {
 		var apiErr *jetstream.APIError
 		switch {
 		case errors.Is(err, jetstream.ErrStreamNameAlreadyInUse):

@@ -351,7 +351,7 @@ func TestFailedStartIsRetried(t *testing.T) {
 		}
 		return nil
 	})
-	if err := store.CreateJobStreams(ctx, js, &rec, nc.MaxPayload()); err != nil {
+	if err := store.CreateJobStreams(ctx, js, &rec, nc.MaxPayload(), nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := store.PublishInitial(ctx, js, &rec); err != nil {

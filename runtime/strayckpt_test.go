@@ -165,7 +165,7 @@ func TestNodeCheckpointOfAnEarlierIncarnationIsDeleted(t *testing.T) {
 		Init:     job.Init{Kind: "normal", Seed: 1, Scale: 0.1}}
 	spec.Normalize()
 	rec := job.NewRecord(spec, time.Now())
-	if err := store.CreateJobStreams(ctx, h.js, &rec, 8<<20); err != nil {
+	if err := store.CreateJobStreams(ctx, h.js, &rec, 8<<20, nil); err != nil {
 		t.Fatal(err)
 	}
 	params, err := h.js.Stream(ctx, wire.ParamsStream(spec.ID))

@@ -47,7 +47,7 @@ func newFakeJob(t *testing.T, s job.Spec) *fakeJob {
 	if _, err := kv.Put(ctx, s.ID, val); err != nil {
 		t.Fatal(err)
 	}
-	if err := store.CreateJobStreams(ctx, js, &rec, nc.MaxPayload()); err != nil {
+	if err := store.CreateJobStreams(ctx, js, &rec, nc.MaxPayload(), nil); err != nil {
 		t.Fatal(err)
 	}
 	return &fakeJob{t: t, url: url, nc: nc, js: js, rec: &rec}

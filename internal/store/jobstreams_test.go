@@ -56,7 +56,7 @@ func TestJobStreamStoreFailureRetried(t *testing.T) {
 		}
 	})
 	t.Cleanup(func() { store.SetOnStoreRace(nil) })
-	if err := store.CreateJobStreams(ctx, js, &rec, 1<<20); err != nil {
+	if err := store.CreateJobStreams(ctx, js, &rec, 1<<20, nil); err != nil {
 		t.Fatalf("the streams of a job whose gradient store could not be created at first: %v", err)
 	}
 	if len(retried) == 0 || retried[0] != wire.GradStream(spec.ID) {

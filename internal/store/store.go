@@ -446,9 +446,14 @@ func FirstSeq(rec *job.Record) uint64 {
 // (JobStorageBound), and what happens beyond them: refusal at publish time (DiscardNew), never the
 // eviction of an accepted gradient.
 //
+// A job with several gradient streams (spec gradient_streams) gets one per group of shards
+// (wire.GradStreamOf), each bound to its shards' subjects and bounded for them; stream g is placed
+// on the servers of nodes[g mod len(nodes)] (by their JetStream tag, wire.NodeTag) where such
+// servers are, else where JetStream chooses.
+//
 // Each stream's sequences start at FirstSeq(rec), above any sequence an earlier job of the same id
 // used: see FirstSeq.
-func CreateJobStreams(ctx context.Context, js jetstream.JetStream, rec *job.Record, maxPayload int64) error {
+func CreateJobStreams(ctx context.Context, js jetstream.JetStream, rec *job.Record, maxPayload int64, nodes []string) error {
 	id := rec.Spec.ID
 	first := FirstSeq(rec)
 	storage := jetstream.MemoryStorage
@@ -459,7 +464,8 @@ func CreateJobStreams(ctx context.Context, js jetstream.JetStream, rec *job.Reco
 	shards := int64(rec.Layout.NumShards())
 	// A direct-gradients job has no gradient stream: its gradients go to the runtimes as core NATS
 	// requests, and a stream bound to their subjects would store them and answer for the runtime.
-	if !rec.Spec.DirectGradients() {
+	switch n := rec.Spec.GradStreams(); {
+	case n == 1:
 		if err := createStream(ctx, js, jetstream.StreamConfig{
 			Name:        wire.GradStream(id),
 			Description: "fanin gradients of job " + id,
@@ -475,6 +481,26 @@ func CreateJobStreams(ctx context.Context, js jetstream.JetStream, rec *job.Reco
 			FirstSeq:    first,
 		}); err != nil {
 			return fmt.Errorf("create gradient stream of job %s: %w", id, err)
+		}
+	case n > 1:
+		for g := range n {
+			cfg := jetstream.StreamConfig{
+				Name:        wire.GradGroupStream(id, g),
+				Description: fmt.Sprintf("fanin gradients of job %s, shards %d mod %d", id, g, n),
+				Subjects:    wire.GradGroupSubjects(id, n, g, int(shards)),
+				Storage:     storage,
+				Replicas:    rec.Spec.Replicas,
+				Retention:   jetstream.LimitsPolicy,
+				Discard:     jetstream.DiscardNew,
+				MaxMsgSize:  min(GradMaxMsgSize(rec), int32(min(maxPayload, 1<<31-1))),
+				MaxBytes:    groupGradBound(rec, n, g),
+				MaxMsgs:     int64(rec.Spec.Ranks) * int64(len(wire.GradGroupSubjects(id, n, g, int(shards)))) * GradWindow(&rec.Spec),
+				Duplicates:  2 * time.Minute,
+				FirstSeq:    first,
+			}
+			if err := createPlaced(ctx, js, cfg, nodes, g); err != nil {
+				return fmt.Errorf("create gradient stream %d of %d of job %s: %w", g, n, id, err)
+			}
 		}
 	}
 	if err := createStream(ctx, js, jetstream.StreamConfig{
@@ -523,6 +549,40 @@ func CreateJobStreams(ctx context.Context, js jetstream.JetStream, rec *job.Reco
 	return nil
 }
 
+// groupGradBound is the bytes the gradient stream of group g (of n) of rec's job may hold: its
+// shards' part of JobStorageBound.
+func groupGradBound(rec *job.Record, n, g int) int64 {
+	var b int64
+	for _, s := range rec.Layout.Shards {
+		if s.ID%n == g {
+			b += int64(rec.Spec.Ranks) * (int64(s.Bytes()) + MaxGradHeaders)
+		}
+	}
+	return b * GradWindow(&rec.Spec)
+}
+
+// createPlaced creates the stream of cfg on the servers of node nodes[g mod len(nodes)] (those
+// tagged wire.NodeTag of it), or, where no server of the cluster carries that tag (or nodes is
+// empty), where JetStream places it. A server that is no cluster's member ignores the tag.
+func createPlaced(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig, nodes []string, g int) error {
+	if len(nodes) > 0 {
+		placed := cfg
+		placed.Placement = &jetstream.Placement{Tags: []string{wire.NodeTag(nodes[g%len(nodes)])}}
+		err := createStream(ctx, js, placed)
+		if !noPeers(err) {
+			return err
+		}
+	}
+	return createStream(ctx, js, cfg)
+}
+
+// noPeers reports whether err is JetStream's refusal to place a stream: no server (or not enough
+// of them for its replicas) carries the placement's tags, or none has room.
+func noPeers(err error) bool {
+	var apiErr *jetstream.APIError
+	return peersUnknown(err) || errors.As(err, &apiErr) && apiErr.ErrorCode == errInsufficientResources
+}
+
 // createStream creates one of a job's streams, and again, up to 8 times over about 4 s, while a server
 // of the cluster fails to create its store (storeRace: on a file-storage cluster, a job created while
 // a server sets up the account's directory, or deleted and created again at once). JetStream treats
@@ -563,6 +623,15 @@ func DeleteJobStreams(ctx context.Context, js jetstream.JetStream, id string) er
 	}
 	if err := names.Err(); err != nil && !errors.Is(err, jetstream.ErrEndOfData) {
 		errs = append(errs, fmt.Errorf("list the node checkpoint streams of job %s: %w", id, err))
+	}
+	grads := js.StreamNames(ctx, jetstream.WithStreamListSubject(wire.GradWildcard(id)))
+	for name := range grads.Name() {
+		if strings.HasPrefix(name, wire.GradStream(id)+"_") { // the job's gradient groups
+			all = append(all, name)
+		}
+	}
+	if err := grads.Err(); err != nil && !errors.Is(err, jetstream.ErrEndOfData) {
+		errs = append(errs, fmt.Errorf("list the gradient streams of job %s: %w", id, err))
 	}
 	for _, name := range all {
 		if err := js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {

@@ -87,7 +87,7 @@ func run() error {
 	if _, err := kv.Put(ctx, s.ID, val); err != nil {
 		return err
 	}
-	if err := store.CreateJobStreams(ctx, js, &f.rec, nc.MaxPayload()); err != nil {
+	if err := store.CreateJobStreams(ctx, js, &f.rec, nc.MaxPayload(), nil); err != nil {
 		return err
 	}
 	p0 := make([]float32, f.rec.Layout.Elements)

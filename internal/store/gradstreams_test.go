@@ -1,0 +1,87 @@
+package store_test
+
+import (
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fanin-ml/fanin/internal/store"
+	"github.com/fanin-ml/fanin/job"
+	"github.com/fanin-ml/fanin/lab/testutil"
+	"github.com/fanin-ml/fanin/wire"
+)
+
+// A job with several gradient streams gets one per group of shards (shard mod streams), each on
+// the servers of its node (their JetStream tag) and bounded for its own shards; a gradient lands in
+// its shard's stream, one for a shard outside the layout finds none; a node no server is tagged
+// for leaves the stream where JetStream puts it; deleting the job deletes them all.
+func TestGradientStreamsPlacedOnNodes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node cluster")
+	}
+	opts := testutil.ClusterOptions(t, 3)
+	for i, node := range []string{"a", "b", "c"} {
+		opts[i].Tags = []string{wire.NodeTag(node)}
+	}
+	c := testutil.StartClusterOf(t, opts)
+	_, js := testutil.Connect(t, c.URLs())
+	ctx := t.Context()
+
+	spec := job.Spec{
+		ID:              "spread",
+		Tensors:         []job.Tensor{{Name: "w", Shape: []int{6 * 1024}}},
+		Ranks:           2,
+		Function:        job.Function{Name: "sgd", Hyper: map[string]float64{"lr": 0.1}},
+		ShardSize:       4 << 10,
+		GradientStreams: 3,
+	}
+	spec.Normalize()
+	if err := spec.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	rec := job.NewRecord(spec, time.Now())
+	if n := rec.Layout.NumShards(); n != 6 {
+		t.Fatalf("%d shards, want 6", n)
+	}
+	// Node "x" has no server: group 1's stream goes where JetStream chooses.
+	if err := store.CreateJobStreams(ctx, js, &rec, 1<<20, []string{"c", "x", "a"}); err != nil {
+		t.Fatal(err)
+	}
+	wantOn := map[int]string{0: "n2", 2: "n0"} // groups 0 and 2 on nodes c and a
+	for g := range 3 {
+		st, err := js.Stream(ctx, wire.GradGroupStream(spec.ID, g))
+		if err != nil {
+			t.Fatalf("group %d: %v", g, err)
+		}
+		info := st.CachedInfo()
+		if want, ok := wantOn[g]; ok && info.Cluster.Leader != want {
+			t.Errorf("group %d's stream on %s, want %s (its node's server)", g, info.Cluster.Leader, want)
+		}
+		if want := wire.GradGroupSubjects(spec.ID, 3, g, 6); !slices.Equal(info.Config.Subjects, want) {
+			t.Errorf("group %d's subjects %v, want %v", g, info.Config.Subjects, want)
+		}
+		if info.Config.MaxMsgs != int64(2*2)*store.GradWindow(&rec.Spec) {
+			t.Errorf("group %d holds %d messages, want ranks x its 2 shards x %d steps", g, info.Config.MaxMsgs, store.GradWindow(&rec.Spec))
+		}
+	}
+	if _, err := js.Stream(ctx, wire.GradStream(spec.ID)); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Errorf("the one-stream name of the job: %v, want no such stream", err)
+	}
+	ack, err := js.Publish(ctx, wire.GradSubject(spec.ID, 4), []byte("g"))
+	if err != nil || ack.Stream != wire.GradGroupStream(spec.ID, 1) {
+		t.Errorf("shard 4's gradient: %+v, %v; want it in group 1's stream", ack, err)
+	}
+	if _, err := js.Publish(ctx, wire.GradSubject(spec.ID, 6), []byte("g")); !errors.Is(err, jetstream.ErrNoStreamResponse) && !errors.Is(err, nats.ErrNoResponders) {
+		t.Errorf("a gradient for shard 6 of 6: %v, want no stream to answer", err)
+	}
+	if err := store.DeleteJobStreams(ctx, js, spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	for name := range js.StreamNames(ctx).Name() {
+		t.Errorf("stream %s left after the job was deleted", name)
+	}
+}
