@@ -51,12 +51,14 @@ func (ji *jobInfo) namesAnother(m *jetstream.RawStreamMsg) bool {
 	return ok && ji.inc != "" && inc != ji.inc
 }
 
-// current checks every stream of the incarnation (current of each).
-func (ji *jobInfo) current(ctx context.Context) error {
-	for _, ref := range ji.streams {
-		if err := ref.current(ctx); err != nil {
+// current checks the streams of the shard's incarnation that it writes to or reads from: its
+// gradient stream (none for direct gradients) and the parameter stream (current of each). A job
+// with several gradient streams has the others checked by their own shards.
+func (x *shardExec) current(ctx context.Context) error {
+	if x.grads.stream != nil {
+		if err := x.grads.current(ctx); err != nil {
 			return err
 		}
 	}
-	return nil
+	return x.ji.streams[len(x.ji.streams)-1].current(ctx)
 }

@@ -83,7 +83,7 @@ type Runtime struct {
 // jobInfo is what the shards of one job share on this runtime.
 type jobInfo struct {
 	rec    *job.Record
-	grads  jetstream.Stream
+	grads  []jetstream.Stream // shard s's is grads[s mod len(grads)]: see gradStream
 	params jetstream.Stream
 	init   jetstream.Stream // init "upload" jobs: the uploaded initial parameters; nil otherwise
 	refs   int
@@ -93,7 +93,8 @@ type jobInfo struct {
 	// inc is the incarnation in the message ids of its parameters and checkpoints
 	// (wire.Incarnation).
 	inc string
-	// streams are the gradient and parameter streams as this incarnation created them: an executor
+	// streams are the gradient streams, then the parameter stream, as this incarnation created
+	// them (the parameter stream is the last): an executor
 	// checks them (current) before it creates a consumer, purges, or retries a publish, so that
 	// nothing it does lands in the streams of the job created again under the same id.
 	streams []streamRef
@@ -660,10 +661,12 @@ func (r *Runtime) acquireJob(ctx context.Context, id string) (*jobInfo, error) {
 	if rec.Paused {
 		return nil, fmt.Errorf("%w: job %s is paused", errPermanent, id)
 	}
-	var grads jetstream.Stream // a direct-gradients job has no gradient stream
-	if !rec.Spec.DirectGradients() {
-		if grads, err = r.js.Stream(ctx, wire.GradStream(id)); err != nil {
-			return nil, fmt.Errorf("open gradient stream of job %s: %w", id, err)
+	// A direct-gradients job has no gradient stream; a job may have several (spec gradient_streams).
+	grads := make([]jetstream.Stream, rec.Spec.GradStreams())
+	for g := range grads {
+		name := wire.GradStreamOf(id, len(grads), g)
+		if grads[g], err = r.js.Stream(ctx, name); err != nil {
+			return nil, fmt.Errorf("open gradient stream %s of job %s: %w", name, id, err)
 		}
 	}
 	params, err := r.js.Stream(ctx, wire.ParamsStream(id))
@@ -687,16 +690,24 @@ func (r *Runtime) acquireJob(ctx context.Context, id string) (*jobInfo, error) {
 	return ji, nil
 }
 
-// newJobInfo is the jobInfo of one incarnation of rec's job, with one reference.
-func newJobInfo(rec *job.Record, grads, params, init jetstream.Stream) *jobInfo {
+// newJobInfo is the jobInfo of one incarnation of rec's job, with one reference. grads are its
+// gradient streams, in the order of their groups (none for direct gradients).
+func newJobInfo(rec *job.Record, grads []jetstream.Stream, params, init jetstream.Stream) *jobInfo {
 	ji := &jobInfo{rec: rec, grads: grads, params: params, init: init, refs: 1,
 		incarnation: rec.Spec.ID + "@" + strconv.FormatInt(rec.Created.UnixNano(), 36), inc: wire.Incarnation(rec.Created)}
-	if grads != nil {
-		ji.streams = []streamRef{newStreamRef(grads), newStreamRef(params)}
-	} else { // direct gradients: nothing may use streams[0] as the gradient stream (purgeGrads)
-		ji.streams = []streamRef{newStreamRef(params)}
+	for _, g := range grads {
+		ji.streams = append(ji.streams, newStreamRef(g))
 	}
+	ji.streams = append(ji.streams, newStreamRef(params))
 	return ji
+}
+
+// gradRef is the gradient stream of shard, or the zero streamRef for a direct-gradients job.
+func (ji *jobInfo) gradRef(shard int) streamRef {
+	if len(ji.grads) == 0 {
+		return streamRef{}
+	}
+	return ji.streams[shard%len(ji.grads)]
 }
 
 func (r *Runtime) releaseJob(ji *jobInfo) {

@@ -37,6 +37,7 @@ type shardExec struct {
 	key    string
 	log    *slog.Logger
 	gradSj string
+	grads  streamRef // the stream of the shard's gradients (jobInfo.gradRef); zero for direct gradients
 
 	weighted bool
 	finite   bool       // reject NaN and Inf
@@ -144,6 +145,7 @@ func newShardExec(r *Runtime, ji *jobInfo, shard int, epoch uint64) (*shardExec,
 		key:       wire.PlacementKey(ji.rec.Spec.ID, shard),
 		log:       r.log.With("job", ji.rec.Spec.ID, "shard", shard),
 		gradSj:    wire.GradSubject(ji.rec.Spec.ID, shard),
+		grads:     ji.gradRef(shard),
 		weighted:  functions.IsWeighted(fn),
 		finite:    !ji.rec.Spec.AllowNonFinite,
 		paramsDt:  ji.rec.Spec.ParamsDtype(),
@@ -240,7 +242,7 @@ func (x *shardExec) serve(ctx context.Context) error {
 	// Pull room for at least two of the largest messages the job's stream accepts: a message the
 	// consumer could not pull would stall the shard for good.
 	msgBytes := max(x.shard.Bytes()+wire.Headroom, int(store.GradMaxMsgSize(x.ji.rec)))
-	gc := newGradConsumer(x.ji.streams[0], x.gradSj, start, x.handle,
+	gc := newGradConsumer(x.grads, x.gradSj, start, x.handle,
 		// Buffer up to two steps of this shard's gradients in the client, within maxPullBytes (and
 		// at least two messages): flow control, never a slow-consumer drop. (Were one to happen,
 		// the consumer starts over from the last sequence seen: a replay, not a loss.)
@@ -311,7 +313,7 @@ func (x *shardExec) restore(ctx context.Context) error {
 	from := x.seq + 1 // the snapshot's replay start (load)
 	x.mu.Unlock()
 	if from > 1 {
-		x.r.purger.schedule(x.ji.streams[0], x.gradSj, from)
+		x.r.purger.schedule(x.grads, x.gradSj, from)
 	}
 	return nil
 }
@@ -390,14 +392,14 @@ func (x *shardExec) foreignSnapshot(ck, pm *jetstream.RawStreamMsg) *jetstream.R
 			return m
 		}
 	}
-	if x.direct != nil || len(x.ji.streams) < 2 || x.ji.streams[0].first <= 1 {
+	if x.direct != nil || x.grads.stream == nil || x.grads.first <= 1 {
 		return nil
 	}
 	for _, m := range []*jetstream.RawStreamMsg{ck, pm} {
 		if m == nil || snapStep(m) == 0 {
 			continue
 		}
-		if seq, err := wire.ParseSeq(m.Header); err == nil && seq > 0 && seq < x.ji.streams[0].first {
+		if seq, err := wire.ParseSeq(m.Header); err == nil && seq > 0 && seq < x.grads.first {
 			return m
 		}
 	}
@@ -548,7 +550,7 @@ func (x *shardExec) handleSeq(m jetstream.Msg, seq uint64) {
 	if rej != nil {
 		// A refusal is never applied, and the message goes at once: it must not hold a place in
 		// the stream's bound (purger says why that is safe).
-		x.r.purger.remove(x.ji.streams[0], x.gradSj, seq)
+		x.r.purger.remove(x.grads, x.gradSj, seq)
 	}
 	if rej != nil && seq <= x.sync.quietTo {
 		return // decided (and reported) before the restore this replay follows
@@ -756,7 +758,7 @@ func (x *shardExec) publishParams() {
 		purgeTo = x.replayFrom()
 	}
 	step := x.step
-	x.r.acks.submit(ob.msg, x.ji.current, func(ok bool) {
+	x.r.acks.submit(ob.msg, x.current, func(ok bool) {
 		done.acked(ok)
 		if ok {
 			x.purgeGrads(purgeTo)
@@ -775,7 +777,7 @@ func (x *shardExec) checkpointAsync() {
 	x.fillCkpt()
 	purgeTo := x.replayFrom()
 	step := x.step
-	x.r.acks.submit(x.ckptBuf.msg, x.ji.current, func(ok bool) {
+	x.r.acks.submit(x.ckptBuf.msg, x.current, func(ok bool) {
 		if ok {
 			x.purgeGrads(purgeTo)
 			storeMax(&x.ckptAt, step)
@@ -824,7 +826,7 @@ func (x *shardExec) checkpointSync(ctx context.Context, onlyNewer bool) error {
 	x.mu.Unlock()
 	// Written when the shard starts or stops, perhaps long after its job was deleted and created
 	// again: the checkpoint must not land in the new incarnation's stream.
-	if err := x.ji.current(ctx); err != nil {
+	if err := x.current(ctx); err != nil {
 		return fmt.Errorf("checkpoint at step %d: %w", step, err)
 	}
 	if _, err := x.r.js.PublishMsg(ctx, x.ckptBuf.msg, noResend); err != nil { // checked just now: no resend later (noResend)
@@ -840,7 +842,7 @@ func (x *shardExec) checkpointSync(ctx context.Context, onlyNewer bool) error {
 // gradient stream; a direct-gradients job has none.
 func (x *shardExec) purgeGrads(upTo uint64) {
 	if x.direct == nil && upTo > 0 {
-		x.r.purger.schedule(x.ji.streams[0], x.gradSj, upTo)
+		x.r.purger.schedule(x.grads, x.gradSj, upTo)
 	}
 }
 

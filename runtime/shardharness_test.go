@@ -44,7 +44,7 @@ func (h *shardHarness) job(t *testing.T, spec job.Spec) (rec job.Record, grads, 
 	t.Helper()
 	spec.Normalize()
 	rec = job.NewRecord(spec, time.Now())
-	if err := store.CreateJobStreams(h.ctx, h.js, &rec, 8<<20); err != nil {
+	if err := store.CreateJobStreams(h.ctx, h.js, &rec, 8<<20, nil); err != nil {
 		t.Fatal(err)
 	}
 	grads, err := h.js.Stream(h.ctx, wire.GradStream(spec.ID))
@@ -72,7 +72,11 @@ func (h *shardHarness) runtime(t *testing.T) *Runtime {
 // shard is r's executor of shard 0 of rec, not started.
 func (h *shardHarness) shard(t *testing.T, r *Runtime, rec *job.Record, grads, params jetstream.Stream) *shardExec {
 	t.Helper()
-	x, err := newShardExec(r, newJobInfo(rec, grads, params, nil), 0, 1)
+	var gs []jetstream.Stream // none for a direct-gradients job
+	if grads != nil {
+		gs = []jetstream.Stream{grads}
+	}
+	x, err := newShardExec(r, newJobInfo(rec, gs, params, nil), 0, 1)
 	if err != nil {
 		t.Fatal(err)
 	}

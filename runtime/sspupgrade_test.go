@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/job"
@@ -79,7 +80,7 @@ func TestRestoreFromOlderParametersKeepsHeldGradients(t *testing.T) {
 
 	// The new runtime takes the shard over.
 	r1 := h.runtime(t)
-	x1, err := newShardExec(r1, newJobInfo(&rec, grads, params, nil), 0, 2)
+	x1, err := newShardExec(r1, newJobInfo(&rec, []jetstream.Stream{grads}, params, nil), 0, 2)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,9 +21,15 @@ const maxSweptSubjects = 256
 // created again under its id with more shards, in a stream of the same name. Swept with the old
 // layout, the new job's gradients of its higher shards were rejected and purged: its first step
 // never completed.
+//
+// A job with several gradient streams has none to sweep: each stream binds its shards' subjects
+// only, and a gradient for another finds no stream (its publisher is told "no responders").
 func (x *shardExec) sweepUnknownShards(ctx context.Context) {
-	info, err := x.ji.grads.Info(ctx, jetstream.WithSubjectFilter(wire.GradWildcard(x.ji.rec.Spec.ID)))
-	if err != nil || !info.Created.Equal(x.ji.streams[0].created) {
+	if len(x.ji.grads) > 1 {
+		return
+	}
+	info, err := x.grads.stream.Info(ctx, jetstream.WithSubjectFilter(wire.GradWildcard(x.ji.rec.Spec.ID)))
+	if err != nil || !info.Created.Equal(x.grads.created) {
 		return
 	}
 	n := x.ji.rec.Layout.NumShards()
@@ -44,7 +50,7 @@ func (x *shardExec) sweepUnknownShards(ctx context.Context) {
 // rejectSubjects rejects every message on subjects through one short-lived consumer, then purges
 // what it read and deletes the consumer.
 func (x *shardExec) rejectSubjects(ctx context.Context, subjects []string, shards int) {
-	cons, err := x.ji.grads.CreateConsumer(ctx, jetstream.ConsumerConfig{
+	cons, err := x.grads.stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
 		FilterSubjects:    subjects,
 		AckPolicy:         jetstream.AckNonePolicy,
 		InactiveThreshold: 30 * time.Second, // removed by the server should the delete below fail
@@ -56,7 +62,7 @@ func (x *shardExec) rejectSubjects(ctx context.Context, subjects []string, shard
 	defer func() {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		_ = x.ji.grads.DeleteConsumer(dctx, cons.CachedInfo().Name)
+		_ = x.grads.stream.DeleteConsumer(dctx, cons.CachedInfo().Name)
 	}()
 	last := map[string]uint64{}
 	for {
@@ -88,10 +94,10 @@ func (x *shardExec) rejectSubjects(ctx context.Context, subjects []string, shard
 	}
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if len(last) == 0 || x.ji.streams[0].current(pctx) != nil {
+	if len(last) == 0 || x.grads.current(pctx) != nil {
 		return // the sequences read are not the stream's now: the job was created again meanwhile
 	}
 	for subject, seq := range last {
-		_ = x.ji.grads.Purge(pctx, jetstream.WithPurgeSubject(subject), jetstream.WithPurgeSequence(seq+1))
+		_ = x.grads.stream.Purge(pctx, jetstream.WithPurgeSubject(subject), jetstream.WithPurgeSequence(seq+1))
 	}
 }
