@@ -111,12 +111,13 @@ type Controller struct {
 
 	ready chan struct{} // closed once Run follows the state (buckets set, current values in)
 
-	// leaders are, per job, the NATS server leading its parameter stream and when it was asked;
-	// only Step, which is never concurrent with itself, reads and writes them (paramsLeaders).
+	// leaders are, per stream of a job, the NATS server leading it and when it was asked; only
+	// Step, which is never concurrent with itself, reads and writes them (streamLeaders).
 	leaders map[string]streamLeader
 }
 
 type streamLeader struct {
+	job    string
 	server string
 	at     time.Time
 }
@@ -311,7 +312,7 @@ func (c *Controller) Step(ctx context.Context) (Decision, error) {
 	healthy := c.registryCheck(ctx)
 	now := c.now()
 	snap := c.view.Snapshot()
-	leaders := c.paramsLeaders(ctx, snap, now)
+	leaders := c.streamLeaders(ctx, snap, now)
 	c.mu.Lock()
 	switch {
 	case !healthy:
@@ -335,7 +336,14 @@ func (c *Controller) Step(ctx context.Context) (Decision, error) {
 	obs := c.observe(snap, now, writable)
 	c.mu.Unlock()
 	for i := range obs.Shards {
-		obs.Shards[i].Leader = leaders[obs.Shards[i].Job]
+		sh := &obs.Shards[i]
+		sh.Leader = leaders[wire.ParamsStream(sh.Job)]
+		if rec, ok := snap.Jobs[sh.Job]; ok && rec.Spec.GradStreams() > 1 {
+			n := rec.Spec.GradStreams()
+			if id, ok := wire.ShardFromSubject(sh.Key); ok {
+				sh.GradLeader = leaders[wire.GradStreamOf(sh.Job, n, id)]
+			}
+		}
 	}
 	d := c.decider.Decide(pol, obs, now)
 	c.observeDecision(obs, d)
@@ -728,10 +736,12 @@ const (
 	leaderBudget  = time.Second
 )
 
-// paramsLeaders returns, per job, the NATS server leading its parameter stream (for placement's
-// preference among equal runtimes), asked of JetStream at most every leaderRefresh per job and for
-// at most leaderBudget per decision; nil while no runtime reports its server (nothing to match).
-func (c *Controller) paramsLeaders(ctx context.Context, snap view.Snapshot, now time.Time) map[string]string {
+// streamLeaders returns, by stream name, the NATS server leading each job's parameter stream (for
+// placement's preference among equal runtimes) and, for a job with several gradient streams, each
+// of those (placement puts a shard on a runtime connected to its stream's leader: see
+// ShardObs.GradLeader). Each is asked of JetStream at most every leaderRefresh and for at most
+// leaderBudget per decision; nil while no runtime reports its server (nothing to match).
+func (c *Controller) streamLeaders(ctx context.Context, snap view.Snapshot, now time.Time) map[string]string {
 	servers := false
 	for _, l := range snap.Loads {
 		servers = servers || l.Server != ""
@@ -739,26 +749,35 @@ func (c *Controller) paramsLeaders(ctx context.Context, snap view.Snapshot, now 
 	if !servers {
 		return nil
 	}
-	for id := range c.leaders {
-		if _, ok := snap.Jobs[id]; !ok {
-			delete(c.leaders, id)
+	for name, l := range c.leaders {
+		if _, ok := snap.Jobs[l.job]; !ok {
+			delete(c.leaders, name)
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, leaderBudget)
 	defer cancel()
 	out := make(map[string]string, len(snap.Jobs))
 	for _, id := range sortedKeys(snap.Jobs) {
-		l, ok := c.leaders[id]
-		if (!ok || now.Sub(l.at) >= leaderRefresh) && ctx.Err() == nil {
-			l = streamLeader{at: now}
-			if st, err := c.js.Stream(ctx, wire.ParamsStream(id)); err == nil {
-				if cl := st.CachedInfo().Cluster; cl != nil {
-					l.server = cl.Leader
-				}
+		rec := snap.Jobs[id]
+		names := []string{wire.ParamsStream(id)}
+		if n := rec.Spec.GradStreams(); n > 1 {
+			for g := range n {
+				names = append(names, wire.GradGroupStream(id, g))
 			}
-			c.leaders[id] = l
 		}
-		out[id] = l.server
+		for _, name := range names {
+			l, ok := c.leaders[name]
+			if (!ok || now.Sub(l.at) >= leaderRefresh) && ctx.Err() == nil {
+				l = streamLeader{job: id, at: now}
+				if st, err := c.js.Stream(ctx, name); err == nil {
+					if cl := st.CachedInfo().Cluster; cl != nil {
+						l.server = cl.Leader
+					}
+				}
+				c.leaders[name] = l
+			}
+			out[name] = l.server
+		}
 	}
 	return out
 }

@@ -30,9 +30,10 @@ func Snapshot(c *Controller) view.Snapshot { return c.view.Snapshot() }
 // LeaseFor is how long after a renewal began a leader acts without another.
 const LeaseFor = leaseFor
 
-// ParamsLeaders is what c learns, at now, of which server leads each job's parameter stream.
-func ParamsLeaders(c *Controller, ctx context.Context, snap view.Snapshot, now time.Time) map[string]string {
-	return c.paramsLeaders(ctx, snap, now)
+// StreamLeaders is what c learns, at now, of which server leads each job's parameter stream and
+// gradient streams, by stream name.
+func StreamLeaders(c *Controller, ctx context.Context, snap view.Snapshot, now time.Time) map[string]string {
+	return c.streamLeaders(ctx, snap, now)
 }
 
 // LeaderRefresh is how long c trusts what it learnt of a parameter stream's leader.

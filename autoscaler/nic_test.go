@@ -434,3 +434,54 @@ func TestNoisyRatesDoNotMoveAJobsShards(t *testing.T) {
 		t.Errorf("%d moves in 40 decisions of a job evened already (3, 3, 2, 2), want none: %v", len(moved), moved)
 	}
 }
+
+// A job with several gradient streams has each shard placed on a runtime connected to its stream's
+// server, where one has room, even when another is emptier: otherwise every gradient of the shard
+// crosses the network twice. When no runtime has room (the NICs past their target), the shard
+// still goes to its stream's server. Where that runtime takes no shards, it goes elsewhere.
+func TestPlacementFollowsGradientStreams(t *testing.T) {
+	t.Parallel()
+	p := DefaultPolicy()
+	p.MinRuntimes = 4 // the pool keeps a runtime on every node: placement's choice alone is tested
+	for _, nic := range []float64{0, mbit100} {
+		t.Run(fmt.Sprintf("nic=%v", nic), func(t *testing.T) {
+			t.Parallel()
+			nodes := []string{"n0", "n1", "n2", "n3"}
+			rts := onNodes(runtimes(4), nic, nodes...)
+			job := bytesJob("j", 8, 1e6)
+			if nic > 0 {
+				job = bytesJob("j", 8, 6e6) // two shards fill a node's NIC past its target: no room anywhere
+			}
+			for i := range job {
+				job[i].GradLeader = nodes[(i*3)%4] // not the order placement would choose
+			}
+			dec, left := settle(t, p, rts, slices.Clone(job))
+			onServer := map[string]string{}
+			for _, r := range left {
+				onServer[r.ID] = r.Server
+			}
+			placed := 0
+			for _, s := range job {
+				rt := dec.Placement[s.Key]
+				if onServer[rt] == s.GradLeader {
+					placed++
+					continue
+				}
+				if slices.ContainsFunc(left, func(r RuntimeObs) bool { return r.Server == s.GradLeader }) {
+					t.Errorf("shard %s on %s (server %s), want a runtime of its stream's server %s", s.Key, rt, onServer[rt], s.GradLeader)
+				}
+			}
+			if placed != len(job) || len(left) != 4 {
+				t.Errorf("%d of %d shards on their stream's server, %d runtimes left: placement %v", placed, len(job), len(left), dec.Placement)
+			}
+			// The runtime of n1 being drained: the shards of n1's stream go elsewhere.
+			rts[1].Draining = true
+			d := NewDecider().Decide(p, Observations{Runtimes: rts, Shards: job}, t0)
+			for _, s := range job {
+				if rt := d.Placement[s.Key]; rt == "" || s.GradLeader == "n1" && rt == "rt-2" {
+					t.Errorf("shard %s on %q with its stream's runtime rt-2 draining, want another", s.Key, rt)
+				}
+			}
+		})
+	}
+}

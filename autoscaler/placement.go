@@ -295,10 +295,22 @@ func (pl *placer) onLeader(i int, s *shardState) bool {
 	return s.obs.Leader != "" && pl.rts[i].obs.Server == s.obs.Leader
 }
 
-// better reports whether runtime a, at fill fa, is a better place for shard s than b at fb: less
-// full, or as full and connected to the leader of the job's parameter stream when b is not (its
-// parameters then cross the network once, not twice).
+// onGradLeader reports whether runtime i is connected to the NATS server that leads the stream of
+// shard s's gradients, when its job has several (ShardObs.GradLeader).
+func (pl *placer) onGradLeader(i int, s *shardState) bool {
+	return s.obs.GradLeader != "" && pl.rts[i].obs.Server == s.obs.GradLeader
+}
+
+// better reports whether runtime a, at fill fa, is a better place for shard s than b at fb:
+// connected to the leader of the shard's gradient stream when b is not (every gradient of the
+// shard then crosses the network once, not twice: the job has several gradient streams so that
+// its shards' bytes stay on their streams' nodes); else less full; else as full and connected to
+// the leader of the job's parameter stream when b is not (its parameters then cross the network
+// once, not twice). Whether a has room is the caller's question (target).
 func (pl *placer) better(s *shardState, a int, fa fill, b int, fb fill) bool {
+	if ga, gb := pl.onGradLeader(a, s), pl.onGradLeader(b, s); ga != gb {
+		return ga
+	}
 	if c := fa.compare(fb); c != 0 {
 		return c < 0
 	}
@@ -387,12 +399,13 @@ func (pl *placer) placeAll(ks []int) int {
 		s := &pl.shards[k]
 		to := pl.target(k, -1)
 		if to < 0 {
-			for i, r := range pl.rts { // fallback: least loaded, eligible ones first
+			// Fallback: least loaded, eligible ones first, and among those the runtimes on the
+			// shard's gradient stream's server: its bytes load that node's NIC wherever it runs.
+			for i, r := range pl.rts {
 				if r.draining {
 					continue
 				}
-				if to < 0 || r.eligible() && !pl.rts[to].eligible() ||
-					r.eligible() == pl.rts[to].eligible() && r.fillFor(s.cls).compare(pl.rts[to].fillFor(s.cls)) < 0 {
+				if to < 0 || pl.fallbackBefore(s, i, to) {
 					to = i
 				}
 			}
@@ -411,6 +424,19 @@ func (pl *placer) placeAll(ks []int) int {
 		s.to = to
 	}
 	return failed
+}
+
+// fallbackBefore orders the runtimes of placeAll's fallback for shard s: eligible first, then on
+// the shard's gradient stream's server, then less full.
+func (pl *placer) fallbackBefore(s *shardState, a, b int) bool {
+	ra, rb := pl.rts[a], pl.rts[b]
+	if ra.eligible() != rb.eligible() {
+		return ra.eligible()
+	}
+	if ga, gb := pl.onGradLeader(a, s), pl.onGradLeader(b, s); ga != gb {
+		return ga
+	}
+	return ra.fillFor(s.cls).compare(rb.fillFor(s.cls)) < 0
 }
 
 // move moves one placed shard to another eligible runtime where it fits; it reports whether it did.

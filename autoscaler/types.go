@@ -59,6 +59,11 @@ type ShardObs struct {
 	// connected to it publishes the parameters without a hop, so among equal choices placement
 	// prefers it.
 	Leader string
+	// GradLeader is the NATS server leading the stream of the shard's gradients when its job has
+	// several (spec gradient_streams; "" otherwise, or unknown): every gradient of the shard is
+	// stored there, and a runtime connected to another server takes each across the network again.
+	// Placement puts the shard on a runtime connected to it where one has room.
+	GradLeader string
 }
 
 // Priority classes of ShardObs.Priority.
