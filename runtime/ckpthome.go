@@ -14,7 +14,9 @@ import (
 )
 
 // Node checkpoints. A direct-gradients shard whose parameters message is no snapshot (bf16
-// parameters, an optimizer with state) checkpoints after every step (direct.go, rule 2). In the
+// parameters, an optimizer with state) checkpoints after every step (direct.go, rule 2), and so
+// does a stored one with bf16 parameters; those of a job with several gradient streams, placed on
+// the runtimes' nodes, are kept on the nodes as a direct job's are. In the
 // job's one parameter stream, every such checkpoint crossed the network to the node of the
 // stream's server: spread over a cluster, that node received a checkpoint of every shard served
 // elsewhere each step (f32, twice the bytes of bf16 parameters). So a runtime writes these
@@ -45,7 +47,7 @@ func (r *Runtime) ckptHome(ctx context.Context, ji *jobInfo) string {
 		return ji.homeTok
 	}
 	rec := ji.rec
-	if !rec.Spec.DirectGradients() || rec.Spec.Replicas > 1 {
+	if !(rec.Spec.DirectGradients() || rec.Spec.GradStreams() > 1) || rec.Spec.Replicas > 1 {
 		ji.homeKnown = true
 		return ""
 	}
@@ -109,7 +111,7 @@ func (ji *jobInfo) paramsCreated() string {
 // useCkptHome points the shard's checkpoints at the job's stream on the runtime's node, if it
 // has one (ckptHome), once no checkpoint is in flight.
 func (x *shardExec) useCkptHome(ctx context.Context) error {
-	if x.ckptBuf == nil || x.direct == nil {
+	if x.ckptBuf == nil || !x.nodeCkpts() {
 		return nil
 	}
 	tok := x.r.ckptHome(ctx, x.ji)
@@ -129,16 +131,21 @@ func (x *shardExec) useCkptHome(ctx context.Context) error {
 	return nil
 }
 
-// lastCkpt returns the shard's newest checkpoint: its parameter stream's, and for a direct-
-// gradients job the newest of those in the job's node checkpoint streams of this incarnation;
-// nil if there is none.
+// nodeCkpts reports whether the shard's job may keep checkpoints on the nodes that write them: a
+// direct-gradients job, and a job with several gradient streams (each on a node, so that the
+// shards' bytes stay there: their checkpoints should too).
+func (x *shardExec) nodeCkpts() bool { return x.direct != nil || len(x.ji.grads) > 1 }
+
+// lastCkpt returns the shard's newest checkpoint: its parameter stream's, and for a job whose
+// checkpoints may be on nodes (nodeCkpts) the newest of those in the job's node checkpoint streams
+// of this incarnation; nil if there is none.
 func (x *shardExec) lastCkpt(ctx context.Context) (*jetstream.RawStreamMsg, error) {
 	id := x.ji.rec.Spec.ID
 	ck, err := lastFromLeader(ctx, x.r.nc, wire.ParamsStream(id), wire.CkptSubject(id, x.shard.ID))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		ck, err = nil, nil
 	}
-	if err != nil || x.direct == nil || x.ckptBuf == nil {
+	if err != nil || !x.nodeCkpts() || x.ckptBuf == nil {
 		return ck, err
 	}
 	prefix, incarnation := wire.NodeCkptStreamPrefix(id), x.ji.paramsCreated()

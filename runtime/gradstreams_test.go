@@ -15,7 +15,8 @@ import (
 // TestGradientStreamsBitExact: a job whose gradients are kept in three streams (shard mod 3)
 // trains bit-exact on three runtimes, through a runtime's stop in the middle (its shards, with
 // optimizer state, restore and replay from their own group's stream on another runtime); every
-// group's stream took its shards' gradients, and the job has no stream under the one-stream name.
+// group's stream took its shards' gradients, the checkpoints are in node streams, and the job has
+// no stream under the one-stream name.
 func TestGradientStreamsBitExact(t *testing.T) {
 	t.Parallel()
 	st := testutil.Stack(t, 3)
@@ -55,6 +56,15 @@ func TestGradientStreamsBitExact(t *testing.T) {
 		if got, want := info.State.LastSeq-info.Config.FirstSeq+1, uint64(12*rec.Spec.Ranks*groupShards); got < want {
 			t.Errorf("gradient stream %d stored %d messages, want at least %d (12 steps x %d ranks x %d shards)", g, got, want, rec.Spec.Ranks, groupShards)
 		}
+	}
+	// The shards' checkpoints (adam's state, every step) are kept on their runtimes' node, as a
+	// direct job's are.
+	ckpts := 0
+	for range js.StreamNames(ctx, jetstream.WithStreamListSubject(wire.NodeCkptFilter(rec.Spec.ID))).Name() {
+		ckpts++
+	}
+	if ckpts == 0 {
+		t.Errorf("no node checkpoint stream: the checkpoints went to the parameter stream")
 	}
 	if _, err := js.Stream(ctx, wire.GradStream(rec.Spec.ID)); !errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Errorf("the one-stream name: %v, want no such stream", err)
