@@ -50,6 +50,12 @@ func startNATS(t *testing.T, n int) *natsNodes {
 // startNATSIn is startNATS with the servers' stores and configurations in dir.
 func startNATSIn(t *testing.T, n int, dir string) *natsNodes {
 	t.Helper()
+	return startNATSWith(t, n, dir, nil)
+}
+
+// startNATSWith is startNATSIn with extra(i) appended to server i's configuration (nil: nothing).
+func startNATSWith(t *testing.T, n int, dir string, extra func(i int) string) *natsNodes {
+	t.Helper()
 	nn := &natsNodes{t: t, procs: make([]*natsProc, n)}
 	routes := make([]int, n)
 	for i := range n {
@@ -69,6 +75,9 @@ func startNATSIn(t *testing.T, n int, dir string) *natsNodes {
 				rs = append(rs, fmt.Sprintf("nats://127.0.0.1:%d", r))
 			}
 			conf += fmt.Sprintf("cluster { name: fanin-e2e, listen: 127.0.0.1:%d, routes: [%s] }\n", routes[i], strings.Join(rs, ", "))
+		}
+		if extra != nil {
+			conf += extra(i)
 		}
 		path := filepath.Join(dir, fmt.Sprintf("n%d.conf", i))
 		if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
