@@ -237,7 +237,7 @@ func (r *round) nicFloor() int {
 }
 
 // nicOverflow returns the shards to move off node n, whose NIC is past its move cap: the shards of
-// its eligible runtimes re-added job by job, the jobs with the fewest bytes on the node first
+// its eligible runtimes (but those at home on their gradient stream's server: atHome) re-added job by job, the jobs with the fewest bytes on the node first
 // (they stay), until the next no longer fits; the rest move, so that a large job spreads.
 func (r *round) nicOverflow(n *nodeState, moving map[int]bool) []int {
 	type held struct {
@@ -252,7 +252,7 @@ func (r *round) nicOverflow(n *nodeState, moving map[int]bool) []int {
 		}
 		for _, k := range r.byRuntime[i] {
 			s := &r.shards[k]
-			if moving[k] {
+			if moving[k] || atHome(r.rts, s) {
 				continue
 			}
 			ks = append(ks, held{k, max(s.in, s.out)})
@@ -322,7 +322,7 @@ func (r *round) balanceBytes(pl *placer, budget int) int {
 		best, bestTo, bestAfter := -1, -1, 0.0
 		for k := range r.shards {
 			s := &r.shards[k]
-			if s.to < 0 || r.rts[s.to].node != hi || !r.rts[s.to].eligible() || s.size() <= 0 {
+			if s.to < 0 || r.rts[s.to].node != hi || !r.rts[s.to].eligible() || s.size() <= 0 || atHome(r.rts, s) {
 				continue
 			}
 			limit := hi.ratio() - s.size()/hi.fit/2

@@ -443,15 +443,23 @@ func TestPlacementFollowsGradientStreams(t *testing.T) {
 	t.Parallel()
 	p := DefaultPolicy()
 	p.MinRuntimes = 4 // the pool keeps a runtime on every node: placement's choice alone is tested
-	for _, nic := range []float64{0, mbit100} {
-		t.Run(fmt.Sprintf("nic=%v", nic), func(t *testing.T) {
+	for _, c := range []struct {
+		nic    float64
+		shards int
+		bytes  float64
+	}{
+		{0, 8, 1e6},
+		// Two shards fill a node's NIC past its target: no room anywhere.
+		{mbit100, 8, 6e6},
+		// The cluster bench's job: its share fills each node's NIC to 82% of the target, so the
+		// last shards placed find their stream's node full while another still has room.
+		{mbit100, 24, 1.7e6},
+	} {
+		t.Run(fmt.Sprintf("nic=%v,shards=%d", c.nic, c.shards), func(t *testing.T) {
 			t.Parallel()
 			nodes := []string{"n0", "n1", "n2", "n3"}
-			rts := onNodes(runtimes(4), nic, nodes...)
-			job := bytesJob("j", 8, 1e6)
-			if nic > 0 {
-				job = bytesJob("j", 8, 6e6) // two shards fill a node's NIC past its target: no room anywhere
-			}
+			rts := onNodes(runtimes(4), c.nic, nodes...)
+			job := bytesJob("j", c.shards, c.bytes)
 			for i := range job {
 				job[i].GradLeader = nodes[(i*3)%4] // not the order placement would choose
 			}
@@ -483,5 +491,29 @@ func TestPlacementFollowsGradientStreams(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A shard whose stream's node has no NIC room left goes there all the same, though another node
+// has room: its gradients cross into its stream's node wherever it runs. Served on the other node
+// they would cross out again, and load both links.
+func TestPlacementKeepsAShardOnItsStreamsFullNode(t *testing.T) {
+	t.Parallel()
+	p := DefaultPolicy()
+	p.MinRuntimes = 2
+	rts := onNodes(runtimes(2), mbit100, "n0", "n1")
+	job := bytesJob("j", 4, 1e6)
+	for _, k := range []int{0, 1} { // two of these pass n0's NIC at its 80% target
+		job[k].Bytes *= 6 // the job's rates are planned in proportion to its shards' bytes (jobRates)
+		job[k].BytesIn, job[k].BytesOut = 6e6, 6e6
+	}
+	for i, node := range []string{"n0", "n0", "n1", "n1"} {
+		job[i].GradLeader = node
+	}
+	dec, _ := settle(t, p, rts, slices.Clone(job))
+	for i, want := range []string{"rt-1", "rt-1", "rt-2", "rt-2"} {
+		if got := dec.Placement[job[i].Key]; got != want {
+			t.Errorf("shard %s on %s, want %s on its stream's node (placement %v)", job[i].Key, got, want, dec.Placement)
+		}
 	}
 }

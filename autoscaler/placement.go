@@ -323,6 +323,9 @@ func (pl *placer) better(s *shardState, a int, fa fill, b int, fb fill) bool {
 // holds other jobs, and one on a node whose NIC carries the job's bytes more than one on another.
 func (pl *placer) target(k, not int) int {
 	s := &pl.shards[k]
+	if h := pl.home(k, not); h >= 0 {
+		return h
+	}
 	var best [candidates]int
 	n := 0
 	for _, i := range pl.elig {
@@ -424,6 +427,35 @@ func (pl *placer) placeAll(ks []int) int {
 		s.to = to
 	}
 	return failed
+}
+
+// home returns the eligible runtime other than not, connected to the server of shard k's gradient
+// stream (ShardObs.GradLeader), whose cores have room for it at target, the least full of them;
+// -1 if there is none. Its node's NIC is not asked: the shard's gradients cross into that node to
+// their stream wherever the shard runs, and served elsewhere they cross out again.
+func (pl *placer) home(k, not int) int {
+	s := &pl.shards[k]
+	if s.obs.GradLeader == "" {
+		return -1
+	}
+	to := -1
+	for _, i := range pl.elig {
+		r := pl.rts[i]
+		if i == not || !pl.onGradLeader(i, s) || r.loadFor(s.cls).demandAfter(s.g, s.w) > r.capFor(s.cls)+eps {
+			continue
+		}
+		if to < 0 || r.fillAfter(s).compare(pl.rts[to].fillAfter(s)) < 0 {
+			to = i
+		}
+	}
+	return to
+}
+
+// atHome reports whether shard s is placed on a runtime connected to its gradient stream's server:
+// moving it to another node for its NIC's sake would not take its gradients off this node's link,
+// and would send them out again.
+func atHome(rts []*rtState, s *shardState) bool {
+	return s.obs.GradLeader != "" && s.to >= 0 && rts[s.to].obs.Server == s.obs.GradLeader
 }
 
 // fallbackBefore orders the runtimes of placeAll's fallback for shard s: eligible first, then on
