@@ -57,6 +57,10 @@ var clusterCases = []clusterCase{
 	// no node holds all of a job's gradients, so spread, each byte crosses the network once.
 	{name: "spread,direct", layout: spreadOverWorkers, spec: directGradients, goal: 1},
 	{name: "spread,direct,bf16", layout: spreadOverWorkers, bf16: true, spec: directGradients, goal: 1.8},
+	// Stored gradients in a stream per worker node (spec gradient_streams), each shard served on
+	// its stream's node: as with direct gradients, each gradient byte crosses the network once.
+	{name: "spread,streams", layout: spreadOverWorkers, spec: nodeStreams, goal: 1},
+	{name: "spread,streams,bf16", layout: spreadOverWorkers, bf16: true, spec: nodeStreams, goal: 1.8},
 	// Each node's NATS server in a runtime's process (the service node's in the first of its
 	// runtimes, the other two connected over loopback): nothing between them crosses the kernel.
 	{name: "spread,direct,embedded", layout: spreadOverWorkers, spec: directGradients, embedded: true, goal: 1},
@@ -65,6 +69,9 @@ var clusterCases = []clusterCase{
 
 // directGradients makes a job send its gradients to the runtimes as core NATS requests.
 func directGradients(s *job.Spec) { s.Gradients = job.GradientsDirect }
+
+// nodeStreams keeps a job's gradients in one stream per worker node.
+func nodeStreams(s *job.Spec) { s.GradientStreams = clusterWorkers }
 
 const (
 	clusterWorkers  = 4

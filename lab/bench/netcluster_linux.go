@@ -25,6 +25,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/wire"
 )
 
@@ -466,8 +467,57 @@ func runFaninCluster(ctx context.Context, rs *runState, env *clusterEnv, c clust
 		"; parameters fetched / gradients sent again, timed steps: " + strings.Join(fetched, ", ")
 	if c.layout == spreadOverWorkers {
 		run.observed += "; " + streamLeaders(ctx, conns[ctl], created.Spec.ID)
+		if n := created.Spec.GradStreams(); n > 1 {
+			run.observed += "; " + shardsAway(ctx, conns[ctl], cp, &created.Record)
+		}
 	}
 	return run, nil
+}
+
+// shardsAway counts the shards of a job with several gradient streams that a runtime on another
+// server than their stream's serves: each of their gradients crosses the network twice.
+func shardsAway(ctx context.Context, nc *nats.Conn, cp *controlPlane, rec *job.Record) string {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return "placement: " + err.Error()
+	}
+	pool, err := cp.gw.Pool(ctx)
+	if err != nil {
+		return "placement: " + err.Error()
+	}
+	server := map[string]string{}
+	for _, rt := range pool.Runtimes {
+		server[rt.ID] = rt.Server
+	}
+	kv, err := js.KeyValue(ctx, wire.PlacementBucket)
+	if err != nil {
+		return "placement: " + err.Error()
+	}
+	n, leaders := rec.Spec.GradStreams(), map[int]string{}
+	var away []string
+	for _, sh := range rec.Layout.Shards {
+		g := sh.ID % n
+		if _, ok := leaders[g]; !ok {
+			if st, err := js.Stream(ctx, wire.GradGroupStream(rec.Spec.ID, g)); err == nil && st.CachedInfo().Cluster != nil {
+				leaders[g] = st.CachedInfo().Cluster.Leader
+			}
+		}
+		e, err := kv.Get(ctx, wire.PlacementKey(rec.Spec.ID, sh.ID))
+		if err != nil {
+			return "placement: " + err.Error()
+		}
+		var p wire.Placement
+		if err := json.Unmarshal(e.Value(), &p); err != nil {
+			return "placement: " + err.Error()
+		}
+		if server[p.Runtime] != leaders[g] {
+			away = append(away, fmt.Sprintf("%d on %s, its stream on %s", sh.ID, p.Runtime, leaders[g]))
+		}
+	}
+	if len(away) == 0 {
+		return "every shard served on its gradient stream's server"
+	}
+	return fmt.Sprintf("%d shards served away from their gradient stream's server (%s)", len(away), strings.Join(away, "; "))
 }
 
 // workerNodes are the lab's worker nodes, w0 to w(clusterWorkers-1), with links of mbit.
@@ -511,15 +561,21 @@ func streamLeaders(ctx context.Context, nc *nats.Conn, jobID string) string {
 	}
 	var parts []string
 	names := []string{wire.GradStream(jobID), wire.ParamsStream(jobID)}
-	ckpts := js.StreamNames(ctx, jetstream.WithStreamListSubject(wire.NodeCkptFilter(jobID)))
-	for name := range ckpts.Name() {
-		names = append(names, name)
+	for _, filter := range []string{wire.GradWildcard(jobID), wire.NodeCkptFilter(jobID)} {
+		more := js.StreamNames(ctx, jetstream.WithStreamListSubject(filter))
+		for name := range more.Name() {
+			if name != wire.GradStream(jobID) {
+				names = append(names, name)
+			}
+		}
 	}
 	for _, name := range names {
 		s, err := js.Stream(ctx, name)
 		switch {
 		case errors.Is(err, jetstream.ErrStreamNotFound) && name == wire.GradStream(jobID):
-			parts = append(parts, "no gradient stream (direct gradients)")
+			if len(names) == 2 { // nor any gradient group's
+				parts = append(parts, "no gradient stream (direct gradients)")
+			}
 		case err != nil:
 			parts = append(parts, name+": "+err.Error())
 		case s.CachedInfo().Cluster == nil:
