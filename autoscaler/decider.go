@@ -342,6 +342,7 @@ func (r *round) place(strag, over, vict []int) (homeless float64) {
 	if left := len(strag) + len(over) + len(vict) - (r.p.MigrationBudget - budget) - noRoom; left > 0 {
 		r.say("migration budget %d spent; %d voluntary moves wait for the next decisions", r.p.MigrationBudget, left)
 	}
+	budget -= pl.homecoming(budget)
 	r.balanceBytes(pl, budget)
 	return pl.homeless
 }

@@ -517,3 +517,33 @@ func TestPlacementKeepsAShardOnItsStreamsFullNode(t *testing.T) {
 		}
 	}
 }
+
+// A shard served away from its gradient stream's server (its runtime there had died, say) goes back
+// to a runtime of that server once one has room, as a voluntary move with its reason, within the
+// migration budget.
+func TestShardGoesBackToItsStreamsServer(t *testing.T) {
+	t.Parallel()
+	p := DefaultPolicy()
+	p.MinRuntimes = 2
+	rts := onNodes(runtimes(2), 0, "n0", "n1")
+	job := bytesJob("j", 2, 1e6)
+	for i := range job {
+		job[i].GradLeader, job[i].Runtime = "n0", "rt-1"
+	}
+	job[1].Runtime = "rt-2" // away from n0
+	dec := NewDecider().Decide(p, Observations{Runtimes: rts, Shards: job}, t0)
+	if got := dec.Placement["j.1"]; got != "rt-1" {
+		t.Fatalf("j.1 on %s, want back on rt-1 of its stream's server n0", got)
+	}
+	found := false
+	for _, m := range dec.Moves {
+		found = found || m.Shard == "j.1" && strings.Contains(m.Reason, "back to the server of its gradient stream")
+	}
+	if !found {
+		t.Errorf("moves %+v: want j.1's with its reason", dec.Moves)
+	}
+	p.MigrationBudget = 0
+	if got := NewDecider().Decide(p, Observations{Runtimes: rts, Shards: job}, t0).Placement["j.1"]; got != "rt-2" {
+		t.Errorf("with no migration budget j.1 moved to %s", got)
+	}
+}

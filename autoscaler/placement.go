@@ -482,6 +482,28 @@ func (pl *placer) move(k int) bool {
 	return true
 }
 
+// homecoming moves shards that this decision left where they were, away from their gradient
+// stream's server, back to a runtime of it with room (home): after their runtime there died or was
+// full, say. At most budget moves; it returns how many it made.
+func (pl *placer) homecoming(budget int) int {
+	moves := 0
+	for k := range pl.shards {
+		if moves >= budget {
+			break
+		}
+		s := &pl.shards[k]
+		if s.obs.GradLeader == "" || s.from < 0 || s.to != s.from || atHome(pl.rts, s) {
+			continue
+		}
+		if h := pl.home(k, s.to); h >= 0 {
+			s.cause = "back to the server of its gradient stream, " + s.obs.GradLeader
+			pl.relocate(s, h)
+			moves++
+		}
+	}
+	return moves
+}
+
 // relocate moves placed shard s from its runtime to runtime to.
 func (pl *placer) relocate(s *shardState, to int) {
 	pl.rts[s.to].unplace(s)
