@@ -4,14 +4,17 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/lab/testutil"
 	"github.com/fanin-ml/fanin/sdk"
 	"github.com/fanin-ml/fanin/wire"
@@ -23,43 +26,8 @@ import (
 // without a second hop), and the job trains bit-exact, every stored update counted.
 func TestGradientStreamsOnTheirNodes(t *testing.T) {
 	skipShort(t)
-	nn := startNATSWith(t, 3, t.TempDir(), func(i int) string {
-		return fmt.Sprintf("server_tags: [%q]\n", wire.NodeTag("n"+strconv.Itoa(i)))
-	})
-	gw := start(t, "gateway", "gateway", "--nats", nn.url(), "--http", "127.0.0.1:0")
-	f := &faninProcs{t: t, nn: nn, api: gw.waitFor(t, httpURL, 30*time.Second), gw: gw}
-	// A pool of three runtimes kept: with the default policy this small job would be packed on one.
-	policy := filepath.Join(t.TempDir(), "policy.yaml")
-	if err := os.WriteFile(policy, []byte("min_runtimes: 3\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	start(t, "autoscaler", "autoscaler", "--nats", nn.url(), "--interval", "200ms", "--policy", policy)
-	// Runtimes named against their servers' order, so that placing shards round-robin by name
-	// would not put them on their streams' servers by chance.
-	onServer := map[string]string{"n0": "rt-c", "n1": "rt-a", "n2": "rt-b"}
-	for i, port := range nn.ports {
-		id := onServer["n"+strconv.Itoa(i)]
-		start(t, id, "runtime", "--nats", fmt.Sprintf("nats://127.0.0.1:%d", port), "--id", id, "--nic-bandwidth", "0")
-	}
-	// The gateway places the streams on the nodes of the runtimes it has heard from.
-	ctx := context.Background()
-	admin := sdk.NewAdmin(f.api)
-	testutil.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
-		pool, err := admin.Pool(ctx)
-		if err != nil {
-			return err
-		}
-		reported := 0
-		for _, rt := range pool.Runtimes {
-			if rt.Reported != nil && rt.Node != "" {
-				reported++
-			}
-		}
-		if reported < 3 {
-			return fmt.Errorf("%d of 3 runtimes reported their node", reported)
-		}
-		return nil
-	})
+	g := startGroups(t)
+	f, nn, onServer, admin, ctx := g.f, g.nn, g.onServer, g.admin, context.Background()
 
 	spec := clusterSpec("groups", "momentum")
 	spec.GradientStreams = 3
@@ -107,4 +75,126 @@ func TestGradientStreamsOnTheirNodes(t *testing.T) {
 	if _, err := js.Stream(ctx, wire.GradStream(spec.ID)); err == nil {
 		t.Errorf("the job has a stream under the one-stream name too")
 	}
+}
+
+// groupsCluster is a cluster of three nats-server processes tagged with their nodes (n0..n2), the
+// gateway and an autoscaler keeping three runtimes, and a runtime process on each server, named
+// against the servers' order; every runtime has reported its node.
+type groupsCluster struct {
+	f        *faninProcs
+	nn       *natsNodes
+	admin    *sdk.Admin
+	onServer map[string]string // server -> the runtime connected to it
+	rts      map[string]*proc  // runtime id -> its process
+}
+
+func startGroups(t *testing.T) *groupsCluster {
+	t.Helper()
+	nn := startNATSWith(t, 3, t.TempDir(), func(i int) string {
+		return fmt.Sprintf("server_tags: [%q]\n", wire.NodeTag("n"+strconv.Itoa(i)))
+	})
+	gw := start(t, "gateway", "gateway", "--nats", nn.url(), "--http", "127.0.0.1:0")
+	g := &groupsCluster{nn: nn, f: &faninProcs{t: t, nn: nn, api: gw.waitFor(t, httpURL, 30*time.Second), gw: gw},
+		onServer: map[string]string{"n0": "rt-c", "n1": "rt-a", "n2": "rt-b"}, rts: map[string]*proc{}}
+	g.admin = sdk.NewAdmin(g.f.api)
+	// A pool of three runtimes kept: with the default policy a small job would be packed on one.
+	policy := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(policy, []byte("min_runtimes: 3\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	start(t, "autoscaler", "autoscaler", "--nats", nn.url(), "--interval", "200ms", "--policy", policy)
+	for i := range nn.ports {
+		g.startRuntime(i)
+	}
+	// The gateway places the streams on the nodes of the runtimes it has heard from.
+	testutil.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+		pool, err := g.admin.Pool(context.Background())
+		if err != nil {
+			return err
+		}
+		reported := 0
+		for _, rt := range pool.Runtimes {
+			if rt.Reported != nil && rt.Node != "" {
+				reported++
+			}
+		}
+		if reported < 3 {
+			return fmt.Errorf("%d of 3 runtimes reported their node", reported)
+		}
+		return nil
+	})
+	return g
+}
+
+// startRuntime starts the runtime of server i, connected to that server only.
+func (g *groupsCluster) startRuntime(i int) {
+	id := g.onServer["n"+strconv.Itoa(i)]
+	g.rts[id] = start(g.f.t, id, "runtime", "--nats", fmt.Sprintf("nats://127.0.0.1:%d", g.nn.ports[i]), "--id", id, "--nic-bandwidth", "0")
+}
+
+// awayFromHome lists the shards of job rec served by a runtime other than their stream's server's.
+func (g *groupsCluster) awayFromHome(rec *job.Record, leaders map[int]string) ([]string, error) {
+	placement, err := g.admin.Placement(context.Background())
+	if err != nil {
+		return nil, err
+	}
+	n := rec.Spec.GradStreams()
+	var away []string
+	for _, p := range placement {
+		if p.Job == rec.Spec.ID && p.Runtime != g.onServer[leaders[p.Shard%n]] {
+			away = append(away, fmt.Sprintf("shard %d on %s, its stream on %s", p.Shard, p.Runtime, leaders[p.Shard%n]))
+		}
+	}
+	return away, nil
+}
+
+// A job with a gradient stream per node, on a machine kept busy by two other processes, through
+// faults: the SIGKILL of a runtime (its shards are served on the other nodes, then go back home
+// once a runtime of their node is up again) and the SIGKILL of a node's NATS server holding a
+// stream (file storage: it restarts with its gradients). Every step stays bit-exact and every
+// stored update is counted.
+func TestFaultsGradientStreams(t *testing.T) {
+	skipShort(t)
+	for range 2 { // other processes keeping the cores busy, as on a loaded node
+		cmd := exec.Command("sh", "-c", "while :; do :; done")
+		cmd.SysProcAttr = orphanGuard()
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	}
+	g := startGroups(t)
+	spec := clusterSpec("faults", "adam")
+	spec.GradientStreams = 3
+	spec.Tensors[0], spec.Tensors[1] = spec.Tensors[1], spec.Tensors[0]
+	tt := g.f.train(spec)
+	tt.run(5)
+	leaders := map[int]string{}
+	for i := range 3 {
+		leaders[i] = g.nn.leaderOf(wire.GradGroupStream(spec.ID, i))
+	}
+
+	// The runtime of n1's stream dies: its shards go elsewhere, and training goes on.
+	victim := g.onServer[leaders[1]]
+	g.rts[victim].stop(syscall.SIGKILL)
+	tt.run(10)
+	// Started again, its node's shards come back to it.
+	g.startRuntime(g.nn.index(leaders[1]))
+	testutil.CheckFor(t, 60*time.Second, 200*time.Millisecond, func() error {
+		tt.run(tt.step + 1)
+		away, err := g.awayFromHome(tt.rec, leaders)
+		if err == nil && len(away) > 0 {
+			err = fmt.Errorf("%d shards away from home: %v", len(away), away)
+		}
+		return err
+	})
+
+	// The server holding group 2's stream dies and comes back with its file store.
+	down := g.nn.index(leaders[2])
+	g.nn.kill(down)
+	killed := tt.step
+	g.nn.restart(down)
+	tt.run(killed + 5)
+	tt.checkUpdates(g.nn.url())
+	t.Logf("%d steps bit-exact through a runtime's and a stream server's SIGKILL", tt.step)
 }
