@@ -198,3 +198,44 @@ func connectWhileRunning(t *testing.T, url string, done <-chan error, what strin
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// The runtime connects to the server --nats-local names before those of --nats, whatever their
+// order would be shuffled to, and says so in its load reports; --nats-local beside --nats-config
+// is refused.
+func TestRuntimeNATSLocalFirst(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("starts a 3-node cluster")
+	}
+	if _, err := execute(t.Context(), runtimeCmd(), "--nats-config", "x.conf", "--nats-local", "nats://127.0.0.1:1"); err == nil ||
+		!strings.Contains(err.Error(), "--nats-local names another") {
+		t.Fatalf("--nats-config with --nats-local: %v", err)
+	}
+	cl := testutil.StartCluster(t, 3)
+	urls := strings.Split(cl.URLs(), ",")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := execute(ctx, runtimeCmd(), "--nats", urls[0]+","+urls[1], "--nats-local", urls[2],
+			"--id", "rt-local", "--cores", "1", "--nic-bandwidth", "0")
+		done <- err
+	}()
+	nc := connectWhileRunning(t, urls[0], done, "fanin runtime --nats-local")
+	defer nc.Close()
+	reports, err := nc.SubscribeSync(wire.LoadSubject("rt-local"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := reports.NextMsg(30 * time.Second)
+	if err != nil {
+		t.Fatalf("no load report from the runtime: %v", err)
+	}
+	var rep wire.LoadReport
+	if err := json.Unmarshal(m.Data, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if want := cl.Node(2).Name(); rep.Server != want {
+		t.Errorf("the runtime is connected to %q, want %s, its --nats-local", rep.Server, want)
+	}
+}

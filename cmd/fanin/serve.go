@@ -34,6 +34,9 @@ type natsFlags struct {
 	// local, if set, is a NATS server in this process (the runtime's --nats-config): connect
 	// joins it in-process, not through url.
 	local *server.Server
+	// ordered: url lists the servers in the order to try them (the runtime's --nats-local first),
+	// not shuffled as nats.go does by default.
+	ordered bool
 
 	nc   *nats.Conn // set by connect
 	dial dialState
@@ -84,6 +87,9 @@ func (f *natsFlags) connect(name string) (*nats.Conn, error) {
 	if f.local != nil {
 		opts = append(opts, nats.InProcessServer(f.local))
 	}
+	if f.ordered {
+		opts = append(opts, nats.DontRandomize())
+	}
 	nc, err := nats.Connect(f.url, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", f.url, err)
@@ -94,7 +100,7 @@ func (f *natsFlags) connect(name string) (*nats.Conn, error) {
 
 func runtimeCmd() *cobra.Command {
 	var nf natsFlags
-	var id, metricsAddr, metricsHost, node, nic, natsConfig string
+	var id, metricsAddr, metricsHost, node, nic, natsConfig, natsLocal string
 	var cores int
 	cmd := &cobra.Command{
 		Use:   "runtime",
@@ -106,9 +112,15 @@ func runtimeCmd() *cobra.Command {
 			if natsConfig != "" && cmd.Flags().Changed("nats") {
 				return errors.New("--nats-config runs this runtime's NATS server in its process, and --nats names another: give one")
 			}
+			if natsConfig != "" && natsLocal != "" {
+				return errors.New("--nats-config runs this runtime's NATS server in its process, and --nats-local names another: give one")
+			}
 			bw, err := nicBandwidth(nic)
 			if err != nil {
 				return err
+			}
+			if natsLocal != "" {
+				nf.url, nf.ordered = natsLocal+","+nf.url, true
 			}
 			if natsConfig != "" {
 				ns, err := embed.FromFile(natsConfig)
@@ -161,6 +173,8 @@ func runtimeCmd() *cobra.Command {
 		"the machine this runtime runs on: runtimes with one label share one NIC in the autoscaler's model (default: the NATS server's name)")
 	cmd.Flags().StringVar(&natsConfig, "nats-config", envOr("FANIN_NATS_CONFIG", ""),
 		"run a NATS server from this configuration file (nats-server's format: e.g. a member of the node's NATS cluster) in this process, and connect to it in-process rather than to --nats: the node's server and its runtime share a process, and no byte between them crosses the kernel (env FANIN_NATS_CONFIG)")
+	cmd.Flags().StringVar(&natsLocal, "nats-local", envOr("FANIN_NATS_LOCAL", ""),
+		"the NATS server of this runtime's own node, tried before --nats's servers (then those in their order, not shuffled): the runtime then serves the shards whose gradient streams are on its node without a network hop; on Kubernetes, a Service with internalTrafficPolicy: Local (env FANIN_NATS_LOCAL)")
 	cmd.Flags().StringVar(&nic, "nic-bandwidth", envOr("FANIN_NIC_BANDWIDTH", "auto"),
 		"the node's network bandwidth each way, e.g. 100Mbit, 10Gbit, 125MB; 0 is unknown (no limit); auto reads the default route's link speed")
 	return cmd
