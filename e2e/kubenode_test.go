@@ -556,6 +556,23 @@ patches:
 			}
 			return nil
 		})
+		// Tagged with its node, as the runtimes there name it.
+		var varz struct {
+			Tags []string `json:"tags"`
+		}
+		resp, err := http.Get(fmt.Sprintf("http://%s:8222/varz", p.Status.PodIP))
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = json.NewDecoder(resp.Body).Decode(&varz)
+		resp.Body.Close()
+		if err != nil || !slices.Contains(varz.Tags, wire.NodeTag(p.Spec.NodeName)) {
+			t.Errorf("%s on node %s: tags %v (%v), want %s", p.Name, p.Spec.NodeName, varz.Tags, err, wire.NodeTag(p.Spec.NodeName))
+		}
+	}
+	natsOn := map[string]string{} // server -> its node
+	for _, p := range pods.Items {
+		natsOn[p.Name] = p.Spec.NodeName
 	}
 
 	natsURL, api := k.serviceURL("nats", "nats"), k.serviceURL("http", "fanin-gateway")
@@ -594,6 +611,7 @@ patches:
 	admin := sdk.NewAdmin(api, sdk.WithToken(strings.TrimSpace(string(token))))
 	spec := clusterSpec("kube", "adam")
 	spec.Storage = "file"
+	spec.GradientStreams = 2 // placed by the servers' node tags
 	created, err := admin.SubmitJob(ctx, spec)
 	if err != nil {
 		t.Fatal(err)
@@ -621,6 +639,16 @@ patches:
 	tr.run(1)
 	t.Logf("first step trained %v after kubectl apply, %v after the first runtime container started",
 		time.Since(applied).Round(time.Second), time.Since(k.firstStarted("fanin-runtime")).Round(time.Second))
+	// Each runtime reports its node and is connected to a server of that node (nats-local).
+	pool, err := admin.Pool(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rt := range pool.Runtimes {
+		if rt.Reported != nil && natsOn[rt.Server] != rt.Node {
+			t.Errorf("runtime %s on node %q is connected to %s on node %q, want a server of its own node", rt.ID, rt.Node, rt.Server, natsOn[rt.Server])
+		}
+	}
 
 	// TestAttacks' suite, against the deployment.
 	t.Run("attacks", func(t *testing.T) { runAttacks(t, k.attackTarget(natsURL, api, admin, authDir)) })

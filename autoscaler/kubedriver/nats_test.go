@@ -26,6 +26,7 @@ import (
 	"github.com/fanin-ml/fanin/internal/store"
 	"github.com/fanin-ml/fanin/lab/image"
 	"github.com/fanin-ml/fanin/lab/testutil"
+	"github.com/fanin-ml/fanin/wire"
 )
 
 // natsManifest is the NATS cluster of deploy/kubernetes/nats.yaml.
@@ -131,12 +132,42 @@ func (m natsManifest) options(t *testing.T, i int, resolverDir string) *server.O
 	if err := os.WriteFile(filepath.Join(dir, m.authConf), []byte(authConf), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv(m.podEnv, m.pod(i))
+	for name, value := range m.env(t, i) {
+		t.Setenv(name, value)
+	}
 	o, err := server.ProcessConfigFile(path)
 	if err != nil {
 		t.Fatalf("nats.conf as pod %s reads it: %v", m.pod(i), err)
 	}
 	return o
+}
+
+// podNode is the node that pod i runs on, in these tests.
+func (m natsManifest) podNode(i int) string { return fmt.Sprintf("node-%d", i) }
+
+// env is the environment of pod i's container as the kubelet makes it: the pod's name and its
+// node's from the downward API, and values with $(VAR) references to the variables before them
+// expanded.
+func (m natsManifest) env(t *testing.T, i int) map[string]string {
+	t.Helper()
+	env := map[string]string{}
+	for _, e := range m.container(t).Env {
+		switch {
+		case e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.name":
+			env[e.Name] = m.pod(i)
+		case e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName":
+			env[e.Name] = m.podNode(i)
+		case e.ValueFrom != nil:
+			t.Fatalf("nats: variable %s from %+v, which this test does not know", e.Name, e.ValueFrom)
+		default:
+			v := e.Value
+			for name, value := range env {
+				v = strings.ReplaceAll(v, "$("+name+")", value)
+			}
+			env[e.Name] = v
+		}
+	}
+	return env
 }
 
 // routePod is the ordinal of the StatefulSet's pod that route u names through the headless
@@ -211,6 +242,18 @@ func TestKubernetesNATSManifest(t *testing.T) {
 			}
 		}
 	}
+	// The runtimes try their own node's server first: a Service that reaches only the pods on the
+	// client's node.
+	local := find[*corev1.Service](t, objs, "nats-local")
+	if p := local.Spec.InternalTrafficPolicy; p == nil || *p != corev1.ServiceInternalTrafficPolicyLocal ||
+		!labels.SelectorFromSet(local.Spec.Selector).Matches(podLabels) || len(local.Spec.Ports) != 1 || local.Spec.Ports[0].Port != int32(m.port(t, "client")) {
+		t.Errorf("Service nats-local: %+v, want the nats pods' client port with internalTrafficPolicy Local", local.Spec)
+	}
+	localURL := fmt.Sprintf("nats://%s.%s.svc:%d", local.Name, local.Namespace, m.port(t, "client"))
+	rt := find[*appsv1.Deployment](t, objs, "fanin-runtime")
+	if !slices.ContainsFunc(rt.Spec.Template.Spec.Containers[0].Env, func(e corev1.EnvVar) bool { return e.Name == "FANIN_NATS_LOCAL" && e.Value == localURL }) {
+		t.Errorf("Deployment fanin-runtime: no FANIN_NATS_LOCAL=%s", localURL)
+	}
 	pdb := find[*policyv1.PodDisruptionBudget](t, objs, "nats")
 	if mu := pdb.Spec.MaxUnavailable; mu == nil || mu.IntValue() != 1 || pdb.Spec.MinAvailable != nil || pdb.Spec.Selector == nil ||
 		!labels.SelectorFromSet(pdb.Spec.Selector.MatchLabels).Matches(podLabels) {
@@ -237,6 +280,11 @@ func TestKubernetesNATSManifest(t *testing.T) {
 		}
 		if o.ServerName != m.pod(i) {
 			t.Errorf("pod %s: server_name %q, want the pod's name", m.pod(i), o.ServerName)
+		}
+		// Tagged with its node as the runtimes there name it (FANIN_NODE, spec.nodeName): the
+		// streams that belong on a node are placed by it.
+		if want := wire.NodeTag(m.podNode(i)); !slices.Contains([]string(o.Tags), want) {
+			t.Errorf("pod %s on %s: server_tags %v, want %s", m.pod(i), m.podNode(i), o.Tags, want)
 		}
 		if !o.JetStream || o.StoreDir != dataMount {
 			t.Errorf("pod %s: JetStream %v, store_dir %q; want JetStream on the volume claim at %q", m.pod(i), o.JetStream, o.StoreDir, dataMount)
