@@ -128,18 +128,7 @@ func TestRuntimeWithItsNATSServer(t *testing.T) {
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	nc := connectWhileRunning(t, url, done, "fanin runtime --nats-config")
 	defer nc.Close()
-	reports, err := nc.SubscribeSync(wire.LoadSubject("rt-embedded"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := reports.NextMsg(30 * time.Second)
-	if err != nil {
-		t.Fatalf("no load report from the runtime through its own server: %v", err)
-	}
-	var rep wire.LoadReport
-	if err := json.Unmarshal(m.Data, &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep := nextLoadReport(t, nc, "rt-embedded")
 	if rep.Server != "fanin-rt-node" || rep.Node != "fanin-rt-node" {
 		t.Errorf("the runtime reports server %q, node %q: want its own server, fanin-rt-node", rep.Server, rep.Node)
 	}
@@ -223,19 +212,26 @@ func TestRuntimeNATSLocalFirst(t *testing.T) {
 	}()
 	nc := connectWhileRunning(t, urls[0], done, "fanin runtime --nats-local")
 	defer nc.Close()
-	reports, err := nc.SubscribeSync(wire.LoadSubject("rt-local"))
+	if want, rep := cl.Node(2).Name(), nextLoadReport(t, nc, "rt-local"); rep.Server != want {
+		t.Errorf("the runtime is connected to %q, want %s, its --nats-local", rep.Server, want)
+	}
+}
+
+// nextLoadReport waits up to 30 s for the next load report of runtime id through nc.
+func nextLoadReport(t *testing.T, nc *nats.Conn, id string) wire.LoadReport {
+	t.Helper()
+	reports, err := nc.SubscribeSync(wire.LoadSubject(id))
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer reports.Unsubscribe()
 	m, err := reports.NextMsg(30 * time.Second)
 	if err != nil {
-		t.Fatalf("no load report from the runtime: %v", err)
+		t.Fatalf("no load report from runtime %s: %v", id, err)
 	}
 	var rep wire.LoadReport
 	if err := json.Unmarshal(m.Data, &rep); err != nil {
 		t.Fatal(err)
 	}
-	if want := cl.Node(2).Name(); rep.Server != want {
-		t.Errorf("the runtime is connected to %q, want %s, its --nats-local", rep.Server, want)
-	}
+	return rep
 }
