@@ -768,13 +768,22 @@ func (c *Controller) streamLeaders(ctx context.Context, snap view.Snapshot, now 
 		for _, name := range names {
 			l, ok := c.leaders[name]
 			if (!ok || now.Sub(l.at) >= leaderRefresh) && ctx.Err() == nil {
-				l = streamLeader{job: id, at: now}
-				if st, err := c.js.Stream(ctx, name); err == nil {
+				// An answer is kept for leaderRefresh: the leader, or none (no such stream, or a
+				// server outside a cluster). A failed question (a timeout under load) is asked
+				// again at the next decision, and what was known before stands meanwhile: kept as
+				// "no leader" for 10 s, it placed a shard away from its stream's server.
+				st, err := c.js.Stream(ctx, name)
+				switch {
+				case err == nil:
+					l = streamLeader{job: id, at: now}
 					if cl := st.CachedInfo().Cluster; cl != nil {
 						l.server = cl.Leader
 					}
+					c.leaders[name] = l
+				case errors.Is(err, jetstream.ErrStreamNotFound):
+					l = streamLeader{job: id, at: now}
+					c.leaders[name] = l
 				}
-				c.leaders[name] = l
 			}
 			out[name] = l.server
 		}
