@@ -27,7 +27,7 @@ import (
 func TestGradientStreamsOnTheirNodes(t *testing.T) {
 	skipShort(t)
 	g := startGroups(t)
-	f, nn, onServer, admin, ctx := g.f, g.nn, g.onServer, g.admin, context.Background()
+	f, nn, admin, ctx := g.f, g.nn, g.admin, context.Background()
 
 	spec := clusterSpec("groups", "momentum")
 	spec.GradientStreams = 3
@@ -54,19 +54,23 @@ func TestGradientStreamsOnTheirNodes(t *testing.T) {
 	if len(map[string]bool{leaders[0]: true, leaders[1]: true, leaders[2]: true}) != 3 {
 		t.Errorf("the job's gradient streams are on %v: want one on each server", leaders)
 	}
+	// Every shard at home: at once, or within a few decisions when a question to JetStream about a
+	// stream's leader failed on a loaded machine (asked again at the next decision).
+	testutil.CheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
+		away, err := g.awayFromHome(tt.rec, leaders)
+		if err == nil && len(away) > 0 {
+			err = fmt.Errorf("%d shards away from their stream's server: %v", len(away), away)
+		}
+		return err
+	})
 	placement, err := admin.Placement(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	served := 0
 	for _, p := range placement {
-		if p.Job != spec.ID {
-			continue
-		}
-		served++
-		want := onServer[leaders[p.Shard%3]]
-		if p.Runtime != want {
-			t.Errorf("shard %d served by %s, its stream on %s: want %s", p.Shard, p.Runtime, leaders[p.Shard%3], want)
+		if p.Job == spec.ID {
+			served++
 		}
 	}
 	if served != tt.rec.Layout.NumShards() {
