@@ -93,6 +93,8 @@ func TestJobsAPIErrors(t *testing.T) {
 		{"unknown function", "application/yaml", strings.Replace(tinyYAML, "sgd", "lbfgs", 1), 400, "unknown_function", `unknown function "lbfgs"`},
 		{"unknown field", "application/json", `{"id":"x","colour":1}`, 400, "invalid_spec", "colour"},
 		{"f16 parameters", "application/yaml", tinyYAML + "param_dtype: f16\n", 400, "invalid_spec", "param_dtype: f16 is not offered for parameters: a parameter beyond ±65504 would become Inf"},
+		{"gradient streams beyond shards", "application/yaml", tinyYAML + "gradient_streams: 2\n", 400, "invalid_spec", "gradient_streams: 2 streams for 1 shards: at most one stream per shard"},
+		{"gradient streams direct", "application/yaml", tinyYAML + "gradients: direct\ngradient_streams: 2\n", 400, "invalid_spec", "gradient_streams: a job with gradients: direct has no gradient stream"},
 		{"not yaml", "application/yaml", "id: [", 400, "invalid_spec", "not JSON or YAML"},
 		{"content type", "text/plain", tinyYAML, 415, "unsupported_media_type", "text/plain"},
 		{"too many shards", "application/json", `{"id":"x","ranks":1,"function":{"name":"sum"},"tensors":[{"name":"w","shape":[4294967296]}],"shard_size":4096}`, 400, "invalid_spec", "more than 1048576"},
