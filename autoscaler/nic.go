@@ -237,8 +237,9 @@ func (r *round) nicFloor() int {
 }
 
 // nicOverflow returns the shards to move off node n, whose NIC is past its move cap: the shards of
-// its eligible runtimes (but those at home on their gradient stream's server: atHome) re-added job by job, the jobs with the fewest bytes on the node first
-// (they stay), until the next no longer fits; the rest move, so that a large job spreads.
+// its eligible runtimes re-added job by job, the jobs with the fewest bytes on the node first
+// (they stay), until the next no longer fits; the rest move, so that a large job spreads. A shard
+// at home on its gradient stream's server (atHome) stays and is not counted.
 func (r *round) nicOverflow(n *nodeState, moving map[int]bool) []int {
 	type held struct {
 		k     int

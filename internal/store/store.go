@@ -484,17 +484,18 @@ func CreateJobStreams(ctx context.Context, js jetstream.JetStream, rec *job.Reco
 		}
 	case n > 1:
 		for g := range n {
+			subjects := wire.GradGroupSubjects(id, n, g, int(shards))
 			cfg := jetstream.StreamConfig{
 				Name:        wire.GradGroupStream(id, g),
 				Description: fmt.Sprintf("fanin gradients of job %s, shards %d mod %d", id, g, n),
-				Subjects:    wire.GradGroupSubjects(id, n, g, int(shards)),
+				Subjects:    subjects,
 				Storage:     storage,
 				Replicas:    rec.Spec.Replicas,
 				Retention:   jetstream.LimitsPolicy,
 				Discard:     jetstream.DiscardNew,
 				MaxMsgSize:  min(GradMaxMsgSize(rec), int32(min(maxPayload, 1<<31-1))),
 				MaxBytes:    groupGradBound(rec, n, g),
-				MaxMsgs:     int64(rec.Spec.Ranks) * int64(len(wire.GradGroupSubjects(id, n, g, int(shards)))) * GradWindow(&rec.Spec),
+				MaxMsgs:     int64(rec.Spec.Ranks) * int64(len(subjects)) * GradWindow(&rec.Spec),
 				Duplicates:  2 * time.Minute,
 				FirstSeq:    first,
 			}
