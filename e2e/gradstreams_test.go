@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -78,6 +79,10 @@ func TestGradientStreamsOnTheirNodes(t *testing.T) {
 	}
 	if _, err := js.Stream(ctx, wire.GradStream(spec.ID)); err == nil {
 		t.Errorf("the job has a stream under the one-stream name too")
+	}
+	// The gateway tells the operator where the streams went.
+	if out := f.gw.output(); !strings.Contains(out, "gradient streams placed") || !strings.Contains(out, "job=groups") {
+		t.Errorf("the gateway did not log where the job's gradient streams are:\n%s", out)
 	}
 }
 

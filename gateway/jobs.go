@@ -162,10 +162,29 @@ func (s *Server) runtimeNodes() []string {
 	return nodes
 }
 
+// logGradStreams says where the n gradient streams of rec's job are, for the operator: on the
+// nodes of the runtimes heard from, or where JetStream put them (no runtime had reported its node,
+// or no server carries a node's tag: docs/KUBERNETES.md).
+func (s *Server) logGradStreams(ctx context.Context, rec *job.Record, n int, nodes []string) {
+	on := make([]string, n)
+	for g := range on {
+		on[g] = "?"
+		if st, err := s.js.Stream(ctx, wire.GradGroupStream(rec.Spec.ID, g)); err == nil && st.CachedInfo().Cluster != nil {
+			on[g] = st.CachedInfo().Cluster.Leader
+		}
+	}
+	if len(nodes) == 0 {
+		s.log.Warn("no runtime has reported its node: JetStream placed the job's gradient streams", "job", rec.Spec.ID, "servers", on)
+		return
+	}
+	s.log.Info("gradient streams placed", "job", rec.Spec.ID, "nodes", nodes, "servers", on)
+}
+
 // setup creates the job's streams, initial parameters, token and credentials.
 func (s *Server) setup(ctx context.Context, rec *job.Record, c *api.JobCreated) error {
 	id := rec.Spec.ID
-	if err := store.CreateJobStreams(ctx, s.js, rec, s.nc.MaxPayload(), s.runtimeNodes()); err != nil {
+	nodes := s.runtimeNodes()
+	if err := store.CreateJobStreams(ctx, s.js, rec, s.nc.MaxPayload(), nodes); err != nil {
 		var apiErr *jetstream.APIError
 		switch {
 		case errors.Is(err, jetstream.ErrStreamNameAlreadyInUse):
@@ -179,6 +198,9 @@ func (s *Server) setup(ctx context.Context, rec *job.Record, c *api.JobCreated) 
 				job.ErrInvalidSpec, rec.Spec.Replicas, apiErr.Description)
 		}
 		return err
+	}
+	if n := rec.Spec.GradStreams(); n > 1 {
+		s.logGradStreams(ctx, rec, n, nodes)
 	}
 	if rec.Spec.Init.Kind != "upload" {
 		if err := store.PublishInitial(ctx, s.js, rec); err != nil {
