@@ -47,7 +47,7 @@ func (r *Runtime) ckptHome(ctx context.Context, ji *jobInfo) string {
 		return ji.homeTok
 	}
 	rec := ji.rec
-	if !(rec.Spec.DirectGradients() || rec.Spec.GradStreams() > 1) || rec.Spec.Replicas > 1 {
+	if !ji.nodeCkpts() || rec.Spec.Replicas > 1 {
 		ji.homeKnown = true
 		return ""
 	}
@@ -111,7 +111,7 @@ func (ji *jobInfo) paramsCreated() string {
 // useCkptHome points the shard's checkpoints at the job's stream on the runtime's node, if it
 // has one (ckptHome), once no checkpoint is in flight.
 func (x *shardExec) useCkptHome(ctx context.Context) error {
-	if x.ckptBuf == nil || !x.nodeCkpts() {
+	if x.ckptBuf == nil || !x.ji.nodeCkpts() {
 		return nil
 	}
 	tok := x.r.ckptHome(ctx, x.ji)
@@ -131,10 +131,10 @@ func (x *shardExec) useCkptHome(ctx context.Context) error {
 	return nil
 }
 
-// nodeCkpts reports whether the shard's job may keep checkpoints on the nodes that write them: a
+// nodeCkpts reports whether the job may keep checkpoints on the nodes that write them: a
 // direct-gradients job, and a job with several gradient streams (each on a node, so that the
 // shards' bytes stay there: their checkpoints should too).
-func (x *shardExec) nodeCkpts() bool { return x.direct != nil || len(x.ji.grads) > 1 }
+func (ji *jobInfo) nodeCkpts() bool { return ji.rec.Spec.DirectGradients() || len(ji.grads) > 1 }
 
 // lastCkpt returns the shard's newest checkpoint: its parameter stream's, and for a job whose
 // checkpoints may be on nodes (nodeCkpts) the newest of those in the job's node checkpoint streams
@@ -145,7 +145,7 @@ func (x *shardExec) lastCkpt(ctx context.Context) (*jetstream.RawStreamMsg, erro
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		ck, err = nil, nil
 	}
-	if err != nil || !x.nodeCkpts() || x.ckptBuf == nil {
+	if err != nil || !x.ji.nodeCkpts() || x.ckptBuf == nil {
 		return ck, err
 	}
 	prefix, incarnation := wire.NodeCkptStreamPrefix(id), x.ji.paramsCreated()
