@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -356,5 +357,18 @@ func (nn *natsNodes) dumpJob(rec *job.Record) {
 				time.Sleep(2 * time.Second)
 			}
 		}
+	}
+}
+
+// burnCores starts n processes that keep the cores busy until the test ends, as on a loaded node.
+func burnCores(t *testing.T, n int) {
+	t.Helper()
+	for range n {
+		cmd := exec.Command("sh", "-c", "while :; do :; done")
+		cmd.SysProcAttr = orphanGuard()
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	}
 }

@@ -4,16 +4,12 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanin-ml/fanin/job"
 	"github.com/fanin-ml/fanin/lab/testutil"
@@ -39,15 +35,7 @@ func TestGradientStreamsOnTheirNodes(t *testing.T) {
 	tt.run(12)
 	tt.checkUpdates(nn.url())
 
-	nc, err := nats.Connect(nn.url())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := testutil.Connect(t, nn.url())
 	leaders := map[int]string{}
 	for g := range 3 {
 		leaders[g] = nn.leaderOf(wire.GradGroupStream(spec.ID, g))
@@ -164,14 +152,7 @@ func (g *groupsCluster) awayFromHome(rec *job.Record, leaders map[int]string) ([
 // stored update is counted.
 func TestFaultsGradientStreams(t *testing.T) {
 	skipShort(t)
-	for range 2 { // other processes keeping the cores busy, as on a loaded node
-		cmd := exec.Command("sh", "-c", "while :; do :; done")
-		cmd.SysProcAttr = orphanGuard()
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	}
+	burnCores(t, 2)
 	g := startGroups(t)
 	spec := clusterSpec("faults", "adam")
 	spec.GradientStreams = 3

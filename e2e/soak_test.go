@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"slices"
 	"sort"
 	"strconv"
@@ -40,14 +39,7 @@ func TestFaultsSoak(t *testing.T) {
 		}
 	}
 	burners, _ := strconv.Atoi(os.Getenv("FANIN_SOAK_BURN"))
-	for range burners { // other processes keeping the cores busy, as on a loaded node
-		cmd := exec.Command("sh", "-c", "while :; do :; done")
-		cmd.SysProcAttr = orphanGuard()
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	}
+	burnCores(t, burners)
 	nn := startNATS(t, 3)
 	f := startFanin(t, nn, 2)
 	spec := clusterSpec("soak", "adam")
