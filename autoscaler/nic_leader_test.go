@@ -59,7 +59,9 @@ func TestStreamLeadersFromACluster(t *testing.T) {
 	// A job with two gradient streams: both leaders are learnt.
 	var gradLeaders []string
 	for g := range 2 {
-		gs, err := js.CreateStream(cctx, jetstream.StreamConfig{Name: wire.GradGroupStream("g", g), Subjects: []string{wire.GradSubject("g", g)}, Storage: jetstream.MemoryStorage})
+		gctx, cancel := context.WithTimeout(ctx, 30*time.Second) // each its own: cctx may be nearly spent
+		gs, err := js.CreateStream(gctx, jetstream.StreamConfig{Name: wire.GradGroupStream("g", g), Subjects: []string{wire.GradSubject("g", g)}, Storage: jetstream.MemoryStorage})
+		cancel()
 		if err != nil {
 			t.Fatal(err)
 		}
