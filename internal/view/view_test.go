@@ -596,6 +596,14 @@ func TestRegisteredIsWhenTheRuntimeStarted(t *testing.T) {
 				t.Fatal(err)
 			}
 			firstOld = en.Created()
+			// The bucket keeps one value per key: a write replaced before the watch delivered it
+			// is never seen. The view must have seen this one for it to count from it.
+			testutil.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+				if _, ok := v.Runtime("rt-old"); !ok {
+					return fmt.Errorf("rt-old's first registration not in the view")
+				}
+				return nil
+			})
 		}
 	}
 	testutil.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
