@@ -1,8 +1,11 @@
 package store_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,7 +21,8 @@ import (
 // A job with several gradient streams gets one per group of shards (shard mod streams), each on
 // the servers of its node (their JetStream tag) and bounded for its own shards; a gradient lands in
 // its shard's stream, one for a shard outside the layout finds none; a node no server is tagged
-// for leaves the stream where JetStream puts it; deleting the job deletes them all.
+// for leaves the stream where JetStream puts it; a stream moves to another node with what it holds;
+// deleting the job deletes them all.
 func TestGradientStreamsPlacedOnNodes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-node cluster")
@@ -78,10 +82,61 @@ func TestGradientStreamsPlacedOnNodes(t *testing.T) {
 	if _, err := js.Publish(ctx, wire.GradSubject(spec.ID, 6), []byte("g")); !errors.Is(err, jetstream.ErrNoStreamResponse) && !errors.Is(err, nats.ErrNoResponders) {
 		t.Errorf("a gradient for shard 6 of 6: %v, want no stream to answer", err)
 	}
+	// Group 0's stream moves from node c to node b, with what it holds.
+	if _, err := js.Publish(ctx, wire.GradSubject(spec.ID, 0), []byte("g0")); err != nil {
+		t.Fatal(err)
+	}
+	moved := wire.GradGroupStream(spec.ID, 0)
+	if asked, err := store.MoveStream(ctx, js, moved, wire.NodeTag("b")); err != nil || !asked {
+		t.Fatalf("moving group 0's stream: asked %v, %v", asked, err)
+	}
+	testutil.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+		st, err := js.Stream(ctx, moved)
+		if err != nil {
+			return err
+		}
+		info := st.CachedInfo()
+		if info.Cluster.Leader != "n1" || len(info.Cluster.Replicas) > 0 || info.State.Msgs != 1 {
+			return fmt.Errorf("group 0's stream led by %s with %d other peers and %d messages; want on n1, alone, with its 1", info.Cluster.Leader, len(info.Cluster.Replicas), info.State.Msgs)
+		}
+		return nil
+	})
+	st, err := js.Stream(ctx, moved)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := st.GetLastMsgForSubject(ctx, wire.GradSubject(spec.ID, 0))
+	if err != nil || string(m.Data) != "g0" {
+		t.Errorf("after the move, shard 0's gradient: %v, %v", m, err)
+	}
+	// Moving it where it is changes nothing; a stream of three replicas is not moved.
+	if asked, err := store.MoveStream(ctx, js, moved, wire.NodeTag("b")); err != nil || asked {
+		t.Errorf("moved to where it is: asked %v, %v", asked, err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	_, err = js.CreateStream(rctx, jetstream.StreamConfig{Name: "R3", Subjects: []string{"r3"}, Storage: jetstream.MemoryStorage, Replicas: 3})
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.MoveStream(ctx, js, "R3", wire.NodeTag("a")); err == nil || !strings.Contains(err.Error(), "3 replicas") {
+		t.Errorf("moving a stream of 3 replicas: %v, want a refusal", err)
+	}
+	if err := js.DeleteStream(ctx, "R3"); err != nil {
+		t.Fatal(err)
+	}
 	if err := store.DeleteJobStreams(ctx, js, spec.ID); err != nil {
 		t.Fatal(err)
 	}
-	for name := range js.StreamNames(ctx).Name() {
-		t.Errorf("stream %s left after the job was deleted", name)
-	}
+	// A deletion is answered by the stream's own servers; the cluster's list follows soon after.
+	testutil.CheckFor(t, 10*time.Second, 100*time.Millisecond, func() error {
+		var left []string
+		for name := range js.StreamNames(ctx).Name() {
+			left = append(left, name)
+		}
+		if len(left) > 0 {
+			return fmt.Errorf("streams %v left after the job was deleted", left)
+		}
+		return nil
+	})
 }

@@ -577,6 +577,30 @@ func createPlaced(ctx context.Context, js jetstream.JetStream, cfg jetstream.Str
 	return createStream(ctx, js, cfg)
 }
 
+// MoveStream moves stream name, of one replica, to the servers tagged tag (wire.NodeTag of a node):
+// JetStream adds a peer there, catches it up, moves the stream's consumers and removes the old
+// peer, the stream taking messages throughout. It reports whether it asked for a move: a stream
+// placed by tag already is left as it is, and one of several replicas is refused (no node has
+// that many servers).
+func MoveStream(ctx context.Context, js jetstream.JetStream, name, tag string) (bool, error) {
+	st, err := js.Stream(ctx, name)
+	if err != nil {
+		return false, err
+	}
+	cfg := st.CachedInfo().Config
+	if cfg.Replicas > 1 {
+		return false, fmt.Errorf("stream %s has %d replicas: only a stream of one is moved to a node", name, cfg.Replicas)
+	}
+	if p := cfg.Placement; p != nil && len(p.Tags) == 1 && p.Tags[0] == tag {
+		return false, nil
+	}
+	cfg.Placement = &jetstream.Placement{Tags: []string{tag}}
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
 // noPeers reports whether err is JetStream's refusal to place a stream: no server (or not enough
 // of them for its replicas) carries the placement's tags, or none has room.
 func noPeers(err error) bool {
