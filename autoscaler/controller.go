@@ -113,13 +113,19 @@ type Controller struct {
 
 	// leaders are, per stream of a job, the NATS server leading it and when it was asked; only
 	// Step, which is never concurrent with itself, reads and writes them (streamLeaders).
-	leaders map[string]streamLeader
+	leaders  map[string]streamLeader
+	rehoming rehoming // what rehome keeps between decisions; only Step reads and writes it
 }
 
 type streamLeader struct {
 	job    string
 	server string
 	at     time.Time
+	// tag is the node tag (wire.NodeTag) the stream is placed by, if that is all its placement;
+	// replicas, its replicas; moving, whether a move of it is under way (more peers than replicas).
+	tag      string
+	replicas int
+	moving   bool
 }
 
 const maxRecent = 100
@@ -345,6 +351,7 @@ func (c *Controller) Step(ctx context.Context) (Decision, error) {
 			}
 		}
 	}
+	c.rehome(ctx, f.placement.Term().Rev, snap, obs, leaders, now)
 	d := c.decider.Decide(pol, obs, now)
 	c.observeDecision(obs, d)
 	ctx, span := c.traceDecision(ctx, obs, d)
@@ -775,9 +782,13 @@ func (c *Controller) streamLeaders(ctx context.Context, snap view.Snapshot, now 
 				st, err := c.js.Stream(ctx, name)
 				switch {
 				case err == nil:
-					l = streamLeader{job: id, at: now}
-					if cl := st.CachedInfo().Cluster; cl != nil {
-						l.server = cl.Leader
+					info := st.CachedInfo()
+					l = streamLeader{job: id, at: now, replicas: info.Config.Replicas}
+					if cl := info.Cluster; cl != nil {
+						l.server, l.moving = cl.Leader, 1+len(cl.Replicas) > max(1, l.replicas)
+					}
+					if p := info.Config.Placement; p != nil && p.Cluster == "" && len(p.Tags) == 1 && strings.HasPrefix(p.Tags[0], wire.NodeTag("")) {
+						l.tag = p.Tags[0]
 					}
 					c.leaders[name] = l
 				case errors.Is(err, jetstream.ErrStreamNotFound):

@@ -41,3 +41,12 @@ const LeaderRefresh = leaderRefresh
 
 // MaxViewLag is the most of its view's lag that the controller takes off the runtimes' ages.
 const MaxViewLag = maxViewLag
+
+// Rehome is what c does, at now and in leader term 1, about the gradient streams of servers that
+// have lost their runtimes.
+func Rehome(c *Controller, ctx context.Context, snap view.Snapshot, obs Observations, leaders map[string]string, now time.Time) {
+	c.rehome(ctx, 1, snap, obs, leaders, now)
+}
+
+// HomelessAfter is how long a gradient stream's server has no live runtime before c moves it.
+const HomelessAfter = homelessAfter

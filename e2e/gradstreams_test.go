@@ -36,10 +36,7 @@ func TestGradientStreamsOnTheirNodes(t *testing.T) {
 	tt.checkUpdates(nn.url())
 
 	_, js := testutil.Connect(t, nn.url())
-	leaders := map[int]string{}
-	for g := range 3 {
-		leaders[g] = nn.leaderOf(wire.GradGroupStream(spec.ID, g))
-	}
+	leaders := g.leaders(spec.ID, 3)
 	if len(map[string]bool{leaders[0]: true, leaders[1]: true, leaders[2]: true}) != 3 {
 		t.Errorf("the job's gradient streams are on %v: want one on each server", leaders)
 	}
@@ -83,6 +80,7 @@ type groupsCluster struct {
 	admin    *sdk.Admin
 	onServer map[string]string // server -> the runtime connected to it
 	rts      map[string]*proc  // runtime id -> its process
+	as       *proc             // the autoscaler
 }
 
 func startGroups(t *testing.T) *groupsCluster {
@@ -99,7 +97,7 @@ func startGroups(t *testing.T) *groupsCluster {
 	if err := os.WriteFile(policy, []byte("min_runtimes: 3\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	start(t, "autoscaler", "autoscaler", "--nats", nn.url(), "--interval", "200ms", "--policy", policy)
+	g.as = start(t, "autoscaler", "autoscaler", "--nats", nn.url(), "--interval", "200ms", "--policy", policy)
 	for i := range nn.ports {
 		g.startRuntime(i)
 	}
@@ -129,6 +127,27 @@ func (g *groupsCluster) startRuntime(i int) {
 	g.rts[id] = start(g.f.t, id, "runtime", "--nats", fmt.Sprintf("nats://127.0.0.1:%d", g.nn.ports[i]), "--id", id, "--nic-bandwidth", "0")
 }
 
+// train starts job id, updated by function fn, with a gradient stream per server and its small
+// tensor first (as TestGradientStreamsOnTheirNodes), runs it to step 5 and returns it with its
+// streams' leaders.
+func (g *groupsCluster) train(id, fn string) (*timedTrainer, map[int]string) {
+	spec := clusterSpec(id, fn)
+	spec.GradientStreams = 3
+	spec.Tensors[0], spec.Tensors[1] = spec.Tensors[1], spec.Tensors[0]
+	tt := g.f.train(spec)
+	tt.run(5)
+	return tt, g.leaders(spec.ID, 3)
+}
+
+// leaders are the servers leading job id's n gradient streams, by group.
+func (g *groupsCluster) leaders(id string, n int) map[int]string {
+	leaders := map[int]string{}
+	for i := range n {
+		leaders[i] = g.nn.leaderOf(wire.GradGroupStream(id, i))
+	}
+	return leaders
+}
+
 // awayFromHome lists the shards of job rec served by a runtime other than their stream's server's.
 func (g *groupsCluster) awayFromHome(rec *job.Record, leaders map[int]string) ([]string, error) {
 	placement, err := g.admin.Placement(context.Background())
@@ -154,24 +173,24 @@ func TestFaultsGradientStreams(t *testing.T) {
 	skipShort(t)
 	burnCores(t, 2)
 	g := startGroups(t)
-	spec := clusterSpec("faults", "adam")
-	spec.GradientStreams = 3
-	spec.Tensors[0], spec.Tensors[1] = spec.Tensors[1], spec.Tensors[0]
-	tt := g.f.train(spec)
-	tt.run(5)
-	leaders := map[int]string{}
-	for i := range 3 {
-		leaders[i] = g.nn.leaderOf(wire.GradGroupStream(spec.ID, i))
-	}
+	tt, leaders := g.train("faults", "adam")
+	spec := tt.rec.Spec
 
 	// The runtime of n1's stream dies: its shards go elsewhere, and training goes on.
 	victim := g.onServer[leaders[1]]
 	g.rts[victim].stop(syscall.SIGKILL)
+	killed := time.Now()
 	tt.run(10)
-	// Started again, its node's shards come back to it.
+	// Started again, its node's shards come back to it, and its stream stays: it was back well
+	// within the 30 s after which the stream would have moved to another runtime's server
+	// (TestGradientStreamLeavesANodeWithoutRuntimes).
 	g.startRuntime(g.nn.index(leaders[1]))
+	back := time.Since(killed)
 	testutil.CheckFor(t, 60*time.Second, 200*time.Millisecond, func() error {
 		tt.run(tt.step + 1)
+		if now := g.leaders(spec.ID, 3); now[1] != leaders[1] {
+			t.Fatalf("group 1's stream moved from %s to %s; its runtime was restarted %v after its SIGKILL", leaders[1], now[1], back.Round(time.Second))
+		}
 		away, err := g.awayFromHome(tt.rec, leaders)
 		if err == nil && len(away) > 0 {
 			err = fmt.Errorf("%d shards away from home: %v", len(away), away)
@@ -182,9 +201,43 @@ func TestFaultsGradientStreams(t *testing.T) {
 	// The server holding group 2's stream dies and comes back with its file store.
 	down := g.nn.index(leaders[2])
 	g.nn.kill(down)
-	killed := tt.step
+	at := tt.step
 	g.nn.restart(down)
-	tt.run(killed + 5)
+	tt.run(at + 5)
 	tt.checkUpdates(g.nn.url())
 	t.Logf("%d steps bit-exact through a runtime's and a stream server's SIGKILL", tt.step)
+}
+
+// A job with a gradient stream per node whose node loses its runtime for good while its NATS
+// server runs on: after the autoscaler's grace period (30 s) the stream moves, with what it holds,
+// to a server that has a runtime, its shards are served there, and the job trains on bit-exact.
+func TestGradientStreamLeavesANodeWithoutRuntimes(t *testing.T) {
+	skipShort(t)
+	g := startGroups(t)
+	tt, leaders := g.train("leaves", "momentum")
+	spec := tt.rec.Spec
+	left := leaders[2]
+	g.rts[g.onServer[left]].stop(syscall.SIGKILL)
+	testutil.CheckFor(t, 120*time.Second, 200*time.Millisecond, func() error {
+		tt.run(tt.step + 1)
+		if now := g.nn.leaderOf(wire.GradGroupStream(spec.ID, 2)); now == left || now == "" {
+			return fmt.Errorf("group 2's stream still on %q, whose runtime is gone", now)
+		}
+		return nil
+	})
+	moved := tt.step
+	testutil.CheckFor(t, 60*time.Second, 200*time.Millisecond, func() error {
+		tt.run(tt.step + 1)
+		away, err := g.awayFromHome(tt.rec, g.leaders(spec.ID, 3))
+		if err == nil && len(away) > 0 {
+			err = fmt.Errorf("%d shards away from their stream's server: %v", len(away), away)
+		}
+		return err
+	})
+	tt.run(tt.step + 5)
+	tt.checkUpdates(g.nn.url())
+	if out := g.as.output(); !strings.Contains(out, "moving a gradient stream") {
+		t.Errorf("the autoscaler did not log the move:\n%s", out)
+	}
+	t.Logf("group 2's stream moved off %s by step %d; %d steps bit-exact", left, moved, tt.step)
 }
