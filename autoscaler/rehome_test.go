@@ -25,11 +25,7 @@ func TestGradientStreamMovesToRuntimes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-node cluster")
 	}
-	opts := testutil.ClusterOptions(t, 3)
-	for i, node := range []string{"a", "b", "c"} {
-		opts[i].Tags = []string{wire.NodeTag(node)}
-	}
-	cl := testutil.StartClusterOf(t, opts)
+	cl := testutil.StartTaggedCluster(t, "a", "b", "c")
 	nc, js := testutil.Connect(t, cl.URLs())
 	ctx := t.Context()
 

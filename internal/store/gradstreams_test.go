@@ -27,11 +27,7 @@ func TestGradientStreamsPlacedOnNodes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-node cluster")
 	}
-	opts := testutil.ClusterOptions(t, 3)
-	for i, node := range []string{"a", "b", "c"} {
-		opts[i].Tags = []string{wire.NodeTag(node)}
-	}
-	c := testutil.StartClusterOf(t, opts)
+	c := testutil.StartTaggedCluster(t, "a", "b", "c")
 	_, js := testutil.Connect(t, c.URLs())
 	ctx := t.Context()
 

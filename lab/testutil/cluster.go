@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/fanin-ml/fanin/wire"
 )
 
 // Cluster is n embedded NATS servers with JetStream routed into one cluster on loopback, each with
@@ -28,6 +30,18 @@ type Cluster struct {
 func StartCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
 	return StartClusterOf(t, ClusterOptions(t, n))
+}
+
+// StartTaggedCluster starts a cluster of one node per name in nodes, node i (n<i>) tagged
+// wire.NodeTag(nodes[i]) as a node's NATS server is in the manifests, so that a stream placed by
+// a node's tag goes to that server.
+func StartTaggedCluster(t testing.TB, nodes ...string) *Cluster {
+	t.Helper()
+	opts := ClusterOptions(t, len(nodes))
+	for i, node := range nodes {
+		opts[i].Tags = []string{wire.NodeTag(node)}
+	}
+	return StartClusterOf(t, opts)
 }
 
 // ClusterOptions are the options of n embedded NATS servers with JetStream routed into one cluster
